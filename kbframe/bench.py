@@ -1,0 +1,238 @@
+"""Running a bench: inputs, the float64 reference, the simulation, metrics and files.
+
+Files written to the run directory (each atomically: a temporary file, then rename):
+``metrics.json``, ``op_log.jsonl`` (streamed), ``tensors.npz``.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+from hydra.utils import get_method
+from omegaconf import OmegaConf
+
+from .engine import Engine
+from .errors import ConfigError, InputsError
+from .numerics import Numerics, NumpyNumerics
+from .oplog import OpLog
+from .recipe import load_recipes
+from .timebase import ps_to_ns
+from .tl import TL
+
+
+def validate(cfg) -> None:
+    """Check values the schema cannot: ranges and choices. Raises ConfigError naming the key."""
+    missing = sorted(OmegaConf.missing_keys(cfg))
+    if missing:
+        raise ConfigError(f"missing required value(s): {', '.join(missing)}")
+    b = cfg.bench
+    for key in ("G", "d", "S_kv", "tile"):
+        if b[key] < 1:
+            raise ConfigError(f"bench.{key} must be ≥ 1, got {b[key]}")
+    for key in ("dtype", "data_dtype"):
+        if b[key] not in ("float16", "float32", "float64", "bfloat16"):
+            raise ConfigError(f"bench.{key} must be float16, float32 or float64, got '{b[key]}'")
+    if b.data_dtype == "bfloat16":
+        raise ConfigError("bench.data_dtype=bfloat16 is not supported by numpy; use float16 or float32")
+    if b.scale is not None and not (math.isfinite(b.scale) and b.scale > 0):
+        raise ConfigError(f"bench.scale must be a finite number > 0, got {b.scale}")
+    if not 0 <= b.pe < cfg.hardware.n_pes:
+        raise ConfigError(f"bench.pe={b.pe} but hardware.n_pes={cfg.hardware.n_pes}")
+    if cfg.hardware.n_pes < 1:
+        raise ConfigError(f"hardware.n_pes must be ≥ 1, got {cfg.hardware.n_pes}")
+    if not str(b.kernel).startswith("kbframe."):
+        raise ConfigError(f"bench.kernel '{b.kernel}' is outside the kbframe. namespace")
+    for key in ("clock_ghz", "hbm_gbps", "tcm_bytes"):
+        if cfg.hardware[key] <= 0:
+            raise ConfigError(f"hardware.{key} must be > 0, got {cfg.hardware[key]}")
+    for key in ("FIXED", "R"):
+        if cfg.calibration[key] < 0 or not math.isfinite(cfg.calibration[key]):
+            raise ConfigError(f"calibration.{key} must be a finite number ≥ 0, got {cfg.calibration[key]}")
+    if cfg.calibration.cap_bytes < 1:
+        raise ConfigError(f"calibration.cap_bytes must be ≥ 1, got {cfg.calibration.cap_bytes}")
+
+
+def load_inputs(path: str) -> dict:
+    """Read ``q (G, d)``, ``k (S_kv, d)``, ``v (S_kv, d)`` and optional 0-d ``scale`` from an
+    .npz (``allow_pickle=False``; other arrays are ignored).
+
+    Raises:
+        InputsError: missing/unreadable file, missing array, or inconsistent shapes.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise InputsError(f"bench.inputs.path: no such file '{path}'")
+    try:
+        with np.load(p, allow_pickle=False) as z:
+            arrays = {k: np.asarray(z[k]) for k in ("q", "k", "v", "scale") if k in z.files}
+    except Exception as e:  # zipfile/ValueError/OSError: a truncated or non-npz file
+        raise InputsError(f"bench.inputs.path: cannot read '{path}' as .npz ({type(e).__name__}: {e})") from None
+    for k in ("q", "k", "v"):
+        if k not in arrays:
+            raise InputsError(f"bench.inputs.path: '{path}' has no array '{k}' (needs q, k, v)")
+    q, k, v = arrays["q"], arrays["k"], arrays["v"]
+    if q.ndim != 2 or k.ndim != 2 or v.ndim != 2 or k.shape != v.shape or q.shape[1] != k.shape[1] \
+            or 0 in q.shape or 0 in k.shape:
+        raise InputsError(f"bench.inputs.path: inconsistent shapes in '{path}': q {q.shape}, k {k.shape}, "
+                          f"v {v.shape} (need q (G, d), k and v (S_kv, d), all non-empty)")
+    for name, a in (("q", q), ("k", k), ("v", v)):
+        if not np.issubdtype(a.dtype, np.number) or not np.all(np.isfinite(a)):
+            raise InputsError(f"bench.inputs.path: '{path}' array '{name}' must be finite numbers")
+    out = {"q": q.astype(np.float64), "k": k.astype(np.float64), "v": v.astype(np.float64)}
+    if "scale" in arrays:
+        s = arrays["scale"]
+        if s.shape != () or not np.isfinite(s) or float(s) <= 0:
+            raise InputsError(f"bench.inputs.path: '{path}' scale must be a 0-d finite number > 0, got {s!r}")
+        out["scale"] = float(s)
+    return out
+
+
+def make_inputs(b) -> dict:
+    """Generated inputs from ``bench.seed``: q (G, d), k, v (S_kv, d) float64. q is scaled so
+    the scores ``q·kᵀ·scale`` have standard deviation ``bench.inputs.peak``."""
+    rng = np.random.default_rng(b.seed)
+    scale = b.scale if b.scale is not None else 1.0 / math.sqrt(b.d)
+    q = rng.standard_normal((b.G, b.d)) * (b.inputs.peak / (scale * math.sqrt(b.d)))
+    k = rng.standard_normal((b.S_kv, b.d))
+    v = rng.standard_normal((b.S_kv, b.d))
+    return {"q": q, "k": k, "v": v, "scale": scale}
+
+
+def reference(q, k, v, scale) -> np.ndarray:
+    """float64 ``softmax(q·kᵀ·scale)·v``, ``(G, d)``."""
+    s = (q.astype(np.float64) @ k.astype(np.float64).T) * scale
+    s -= s.max(axis=1, keepdims=True)
+    p = np.exp(s)
+    return (p / p.sum(axis=1, keepdims=True)) @ v.astype(np.float64)
+
+
+def write_json_atomic(path: Path, obj) -> None:
+    """Write JSON to ``path`` via a temporary file and rename (no half-written file)."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=2, sort_keys=False)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def run_bench(cfg, out_dir: Path) -> dict:
+    """Run ``cfg.bench`` on ``cfg.hardware`` and write the run's files into ``out_dir``.
+
+    Returns:
+        The metrics dict (also written to ``metrics.json``).
+    Raises:
+        KbframeError subclasses for every bad input (ConfigError, InputsError,
+        RecipeError, ValidationError, TcmOverflowError, DeadlockError).
+    """
+    validate(cfg)
+    b = cfg.bench
+    recipes = load_recipes(cfg.get("recipes"))
+    if b.inputs.path:
+        inp = load_inputs(b.inputs.path)
+        inp.setdefault("scale", b.scale if b.scale is not None else 1.0 / math.sqrt(inp["q"].shape[1]))
+    else:
+        inp = make_inputs(b)
+    q, k, v, scale = inp["q"], inp["k"], inp["v"], float(inp["scale"])
+    G, d = q.shape
+    S_kv = k.shape[0]
+    tile = int(b.tile)
+    try:
+        kernel = get_method(b.kernel)
+    except Exception:
+        raise ConfigError(f"bench.kernel: cannot import '{b.kernel}'") from None
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    numerics = NumpyNumerics(b.data_dtype) if b.data else Numerics()
+    oplog = OpLog(out_dir / "op_log.jsonl")
+    try:
+        engine = Engine(cfg.hardware, numerics, oplog)
+        for name, arr in (("q", q), ("k", k), ("v", v), ("out", None)):
+            shape = arr.shape if arr is not None else (G, d)
+            engine.add_hbm_tensor(name, shape, b.dtype, arr)
+        pe = engine.pes[b.pe]
+        tl = TL(pe, engine.hbm, recipes, b.dtype)
+        latency_ps = engine.run({b.pe: lambda: kernel(tl, G=G, d=d, S_kv=S_kv, tile=tile, scale=scale)})
+    finally:
+        oplog.close()
+
+    ref = reference(q, k, v, scale)
+    n_tiles = -(-S_kv // tile)
+    metrics = _metrics(cfg, engine, pe, oplog, latency_ps, n_tiles, G, d, S_kv, tile)
+    tensors = {"q": q, "k": k, "v": v, "ref": ref}
+    if b.data:
+        out = numerics.read(engine.hbm["out"]).astype(np.float64)
+        tensors["out"] = out
+        err = np.abs(out - ref)
+        metrics["numerics"] = {"enabled": True, "dtype": b.data_dtype,
+                               "max_abs_err": float(err.max()),
+                               "max_rel_err": float(err.max() / max(np.abs(ref).max(), 1e-300))}
+    else:
+        metrics["numerics"] = {"enabled": False, "dtype": None, "max_abs_err": None, "max_rel_err": None}
+    tmp = out_dir / "tensors.tmp.npz"
+    np.savez(tmp, **tensors)
+    os.replace(tmp, out_dir / "tensors.npz")
+    write_json_atomic(out_dir / "metrics.json", metrics)
+    return metrics
+
+
+def _metrics(cfg, engine, pe, oplog, latency_ps, n_tiles, G, d, S_kv, tile) -> dict:
+    hw = cfg.hardware
+    cpu = pe.cpu
+    lat_ns = ps_to_ns(latency_ps)
+    gemm = pe.stage_units["gemm"]
+    hbm_ns = oplog.hbm_bytes / hw.hbm_gbps
+    compute_ns = oplog.flops / (gemm.peak_tflops * 1000.0)
+    dispatch_ns = cpu.cycles / cpu.clock_ghz
+    bounds = {"hbm": hbm_ns, "compute": compute_ns, "dispatch": dispatch_ns}
+    binding = max(bounds, key=bounds.get)
+    units = {}
+    for (pe_i, name), busy in sorted(oplog.busy_ps.items()):
+        if pe_i != pe.index:
+            continue
+        units[name] = {"busy_ns": ps_to_ns(busy), "utilisation": busy / latency_ps if latency_ps else 0.0,
+                       "count": oplog.count[(pe_i, name)], "bytes": oplog.bytes[(pe_i, name)]}
+    n_stages = sum(c for (p, u), c in oplog.count.items() if u not in ("cpu", "scheduler"))
+    return {
+        "bench": cfg.bench.name,
+        "kernel": cfg.bench.kernel,
+        "shape": {"G": G, "d": d, "S_kv": S_kv, "tile": tile, "n_tiles": n_tiles},
+        "calibration": {"FIXED": cfg.calibration.FIXED, "R": cfg.calibration.R,
+                        "cap_bytes": cfg.calibration.cap_bytes},
+        "sim": {"latency_ns": lat_ns, "events": oplog.n_records, "stages": n_stages,
+                "wall_s": engine.wall_s},
+        "dispatch": {"commands": cpu.n_commands, "cycles": cpu.cycles,
+                     "commands_per_tile": cpu.n_commands / n_tiles,
+                     "cycles_per_tile": cpu.cycles / n_tiles},
+        "roofline": {"bound_ns": bounds[binding], "binding": binding,
+                     "fraction": bounds[binding] / lat_ns if lat_ns else 0.0,
+                     "hbm_ns": hbm_ns, "compute_ns": compute_ns, "dispatch_ns": dispatch_ns,
+                     "hbm_bytes": oplog.hbm_bytes, "flops": oplog.flops},
+        "units": units,
+        "tcm": {"high_water_bytes": pe.tcm.high_water, "capacity_bytes": pe.tcm.capacity_bytes},
+    }
+
+
+def summary(metrics: dict, out_dir: Path) -> str:
+    """A short human summary of a run for the console."""
+    s, d, r, n = metrics["shape"], metrics["dispatch"], metrics["roofline"], metrics["numerics"]
+    lines = [
+        f"kbframe {metrics['bench']}: G={s['G']} d={s['d']} S_kv={s['S_kv']} tile={s['tile']} ({s['n_tiles']} tiles)",
+        f"  latency     {metrics['sim']['latency_ns']:.1f} ns simulated  ({metrics['sim']['events']} events, "
+        f"{metrics['sim']['wall_s']:.2f} s wall)",
+        f"  dispatch    {d['commands']} commands, {d['cycles']:.1f} cycles; per tile {d['commands_per_tile']:.2f} "
+        f"commands, {d['cycles_per_tile']:.1f} cycles",
+        f"  roofline    {r['binding']}-bound at {r['bound_ns']:.1f} ns; achieved {r['fraction']:.1%} of the bound "
+        f"(hbm {r['hbm_ns']:.0f} / compute {r['compute_ns']:.0f} / dispatch {r['dispatch_ns']:.0f} ns)",
+    ]
+    lines.append(f"  units       " + "  ".join(f"{k} {v['utilisation']:.0%}" for k, v in metrics["units"].items()
+                                              if k not in ("scheduler",)))
+    if n["enabled"]:
+        lines.append(f"  numerics    max_abs_err {n['max_abs_err']:.3g}, max_rel_err {n['max_rel_err']:.3g} "
+                     f"vs float64 reference ({n['dtype']})")
+    else:
+        lines.append("  numerics    off (bench.data=false)")
+    lines.append(f"  files       {out_dir}/{{metrics.json, op_log.jsonl, tensors.npz}}")
+    return "\n".join(lines)

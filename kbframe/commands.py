@@ -1,0 +1,120 @@
+"""Commands PE_CPU dispatches to PE_SCHEDULER (ADR-0065 D1–D3, DDD-0065 §4).
+
+A :class:`PrimitiveCmd` carries one :class:`OpSpec` (a DMA load/store, one GEMM or one
+MATH micro-op); a :class:`CompositeCmd` carries a flat ordered tuple of OpSpecs with at
+most one GEMM. There is no head/epilogue field: an op's *position* relative to the GEMM
+sets its phase and its :class:`Scope` its repetition (ADR-0065 D3).
+
+``logical_bytes`` is the structural size that the dispatch cost ``FIXED + R × bytes``
+charges (ADR-0064 D2 via DDD-0065 §4), never Python object size.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+from .handles import Completion, TensorHandle
+
+
+class Scope(Enum):
+    """Repetition of an op within its phase (ADR-0065 D3): KERNEL = once per command at
+    its position; K_TILE = once per K tile of the GEMM; OUTPUT_TILE = once per output tile."""
+
+    KERNEL = "kernel"
+    K_TILE = "k_tile"
+    OUTPUT_TILE = "output_tile"
+
+
+#: op kinds that move data; PE_SCHEDULER routes them to the DMA channels.
+DMA_KINDS = ("load", "store")
+
+
+@dataclass(frozen=True, eq=False)
+class OpSpec:
+    """One op of a command.
+
+    Attributes:
+        kind: ``"gemm"``, ``"load"``, ``"store"`` or a MATH micro-op name (``"rmax"`` ...).
+        scope: :class:`Scope`.
+        operands: named input handles, e.g. ``{"a": P, "b": V_j}`` or ``{"src_a": m, ...}``.
+        extra: scalars (``{"factor": 0.088}``, ``{"m": 8, "k": 64, "n": 128}``).
+        out: the handle written, or None (an epilogue op writes the GEMM accumulator).
+    """
+
+    kind: str
+    scope: Scope
+    operands: dict = field(default_factory=dict)
+    extra: dict = field(default_factory=dict)
+    out: TensorHandle | None = None
+
+    @property
+    def logical_bytes(self) -> int:
+        """DDD-0065 §4.2: opcode + scope + count + 8/operand + 8 if out + count + 4/scalar."""
+        return (1 + 1 + 1 + 8 * len(self.operands) + (8 if self.out is not None else 0)
+                + 1 + 4 * len(self.extra))
+
+
+@dataclass(frozen=True, eq=False)
+class CompositeCmd:
+    """A fused command: flat ordered ``ops`` (≤ 1 GEMM), ``rw_handles`` for the
+    cross-composite hazard tracker (ADR-0065 D6.3). ``id`` is the PE-local command id."""
+
+    completion: Completion
+    ops: tuple
+    rw_handles: tuple = ()
+    data_op: bool = True
+
+    @property
+    def id(self) -> int:
+        return self.completion.cmd_id
+
+    @property
+    def logical_bytes(self) -> int:
+        """DDD-0065 §4.1: framing 4 + op count 1 + Σ op bytes + rw count 1 + 8/rw handle."""
+        return 4 + 1 + sum(op.logical_bytes for op in self.ops) + 1 + 8 * len(self.rw_handles)
+
+
+@dataclass(frozen=True, eq=False)
+class PrimitiveCmd:
+    """A single-op command (opt3's DMA / GEMM / MATH primitives).
+
+    ``logical_bytes`` = framing 4 + the op's bytes: no op count, no rw list (kbframe's
+    reading of ADR-0064 D2 for non-composite commands).
+    """
+
+    completion: Completion
+    op: OpSpec
+
+    @property
+    def id(self) -> int:
+        return self.completion.cmd_id
+
+    @property
+    def ops(self) -> tuple:
+        return (self.op,)
+
+    @property
+    def rw_handles(self) -> tuple:
+        return ()
+
+    @property
+    def logical_bytes(self) -> int:
+        return 4 + self.op.logical_bytes
+
+
+def command_kind(cmd) -> str:
+    """Short label of a command for logs: ``composite`` or the primitive op's kind."""
+    return "composite" if isinstance(cmd, CompositeCmd) else cmd.op.kind
+
+
+def reads_and_writes(cmd) -> tuple[list, list]:
+    """Handles a command reads and writes, for the hazard tracker (DDD-0065 §8).
+
+    Reads are every op operand; writes every op ``out`` plus ``rw_handles``.
+    """
+    reads, writes = [], list(cmd.rw_handles)
+    for op in cmd.ops:
+        reads.extend(op.operands.values())
+        if op.out is not None:
+            writes.append(op.out)
+    return reads, writes

@@ -1,0 +1,104 @@
+"""The generic engine: builds every PE the topology declares, runs kernels on them as one
+SimPy simulation, and reports time. Nothing here assumes one PE or knows any kernel.
+"""
+from __future__ import annotations
+
+import time
+
+import simpy
+from hydra.errors import InstantiationException
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+
+from .errors import ConfigError, DeadlockError
+from .handles import TensorHandle, itemsize
+from .hw.pe import PE
+from .timebase import ps_to_ns
+
+
+def _check_targets(hw) -> None:
+    """Refuse ``_target_``s outside ``kbframe.`` unless ``hardware.allow_external_targets``."""
+    if hw.get("allow_external_targets", False):
+        return
+    for name, ucfg in hw.units.items():
+        target = str(ucfg.get("_target_", ""))
+        if not target.startswith("kbframe."):
+            raise ConfigError(f"hardware.units.{name}._target_ '{target}' is outside the kbframe. "
+                              f"namespace; set hardware.allow_external_targets=true to allow it")
+
+
+def build_units(hw) -> dict:
+    """Instantiate one PE's units from ``hardware.units``.
+
+    Raises:
+        ConfigError: a refused target, or a unit whose parameters its class rejects
+            (names ``hardware.units.<name>`` and the reason).
+    """
+    _check_targets(hw)
+    units = {}
+    for name, ucfg in hw.units.items():
+        try:
+            units[name] = instantiate(ucfg, _convert_="all")
+        except InstantiationException as e:
+            cause = e.__cause__ or e
+            raise ConfigError(f"hardware.units.{name}: {type(cause).__name__}: {cause}") from None
+    return units
+
+
+class Engine:
+    """A simulation of ``hardware.n_pes`` PEs sharing one HBM.
+
+    Args:
+        hw: the ``hardware`` config node.
+        numerics: a :class:`~kbframe.numerics.Numerics` (timing only) or NumpyNumerics.
+        oplog: the :class:`~kbframe.oplog.OpLog` records stream into.
+    """
+
+    def __init__(self, hw, numerics, oplog):
+        self.env = simpy.Environment()
+        self.numerics = numerics
+        self.oplog = oplog
+        self.pes = [PE(self.env, i, build_units(hw), numerics, oplog) for i in range(int(hw.n_pes))]
+        self.hbm: dict[str, TensorHandle] = {}
+        self._hbm_top = 0
+        self.wall_s = 0.0
+
+    def add_hbm_tensor(self, name: str, shape, dtype: str, value=None) -> TensorHandle:
+        """Place an HBM tensor (numbers in data mode) and return its handle."""
+        shape = tuple(int(s) for s in shape)
+        nbytes = itemsize(dtype)
+        for s in shape:
+            nbytes *= s
+        h = TensorHandle(name, shape, dtype, "hbm", self._hbm_top, f"hbm.{name}", shape)
+        self._hbm_top += -(-nbytes // 4096) * 4096
+        self.numerics.allocate(h, value)
+        self.hbm[name] = h
+        return h
+
+    def run(self, programs: dict) -> int:
+        """Run ``programs[pe_index]()`` on each PE until every event is done.
+
+        Returns:
+            Simulated latency, integer ps (the time the last event happened).
+        Raises:
+            DeadlockError: events ran out while a PE_CPU still waits or a command is stuck.
+            Whatever a kernel raises (e.g. ValidationError at emit).
+        """
+        for i, prog in programs.items():
+            self.pes[i].cpu.start(prog)
+        t0 = time.perf_counter()
+        self.env.run()
+        self.wall_s = time.perf_counter() - t0
+        for i in programs:
+            pe = self.pes[i]
+            if not pe.cpu.finished:
+                raise DeadlockError(f"deadlock at {ps_to_ns(self.env.now)} ns: PE{i} PE_CPU waits for "
+                                    f"{pe.cpu.waiting_for or 'nothing that can complete'}")
+        for pe in self.pes:
+            sched = pe.scheduler
+            if sched.queue or sched.inflight:
+                blocked = sched.blocked_on
+                what = (f"command {blocked[0].id} waits for {blocked[1]!r}" if blocked else
+                        f"{len(sched.inflight)} command(s) in flight never completed")
+                raise DeadlockError(f"deadlock at {ps_to_ns(self.env.now)} ns: PE{pe.index} PE_SCHEDULER: {what}")
+        return self.env.now

@@ -1,0 +1,102 @@
+"""PE_CPU: runs the kernel program and dispatches its commands (ADR-0064 Rev2 cost model).
+
+The kernel is a plain Python function (no ``yield``); it runs in a greenlet. Each command
+it emits switches back here, PE_CPU holds for ``FIXED + R × logical_bytes`` cycles of its
+own time, then hands the command to PE_SCHEDULER. PE_CPU blocks only when the kernel
+needs a value (``tl.wait``) or when PE_SCHEDULER's queue is full (DESIGN.md modelling
+notes); read-after-write ordering between commands is the scheduler's job.
+"""
+from __future__ import annotations
+
+from greenlet import greenlet
+
+from ..errors import ValidationError
+from ..timebase import cycles_to_ps
+
+
+class PeCpu:
+    """PE_CPU of one PE.
+
+    Args:
+        fixed_cycles: FIXED, cycles per command (ADR-0064 D1; default 40).
+        r_cycles_per_byte: R, cycles per logical byte (default 0.0625 = 16 B/cycle).
+        composite_cap_bytes: largest composite's logical bytes (ADR-0064 D7; 1024).
+        clock_ghz: PE_CPU clock, GHz.
+    Raises:
+        ValueError: a negative cost term, non-positive cap or clock.
+    """
+
+    def __init__(self, fixed_cycles: float, r_cycles_per_byte: float, composite_cap_bytes: int,
+                 clock_ghz: float, description: str = ""):
+        if fixed_cycles < 0 or r_cycles_per_byte < 0:
+            raise ValueError(f"FIXED and R must be ≥ 0, got {fixed_cycles} and {r_cycles_per_byte}")
+        if composite_cap_bytes <= 0 or clock_ghz <= 0:
+            raise ValueError(f"cap and clock must be > 0, got {composite_cap_bytes} and {clock_ghz}")
+        self.description = description
+        self.fixed_cycles = float(fixed_cycles)
+        self.r_cycles_per_byte = float(r_cycles_per_byte)
+        self.composite_cap_bytes = int(composite_cap_bytes)
+        self.clock_ghz = float(clock_ghz)
+        self.pe = None
+        self.n_commands = 0
+        self.cycles = 0.0
+        self.busy_ps = 0
+        self.waiting_for = None
+        self.finished = False
+        self.t_end_ps = 0
+        self.proc = None
+
+    def cost_cycles(self, cmd) -> float:
+        """Dispatch cost of ``cmd`` in PE_CPU cycles: ``FIXED + R × logical_bytes``."""
+        return self.fixed_cycles + self.r_cycles_per_byte * cmd.logical_bytes
+
+    def check_cap(self, cmd) -> None:
+        """Raise :class:`ValidationError` if a composite exceeds the cap (ADR-0064 D7)."""
+        nbytes = cmd.logical_bytes
+        if nbytes > self.composite_cap_bytes:
+            kinds = ",".join(op.kind for op in cmd.ops)
+            raise ValidationError(
+                f"composite over the size cap: {nbytes} logical bytes > cap "
+                f"{self.composite_cap_bytes} (calibration.cap_bytes); ops [{kinds}]; "
+                f"split it (no silent segmentation, ADR-0064 D7)")
+
+    def bind(self, pe) -> None:
+        self.pe = pe
+        self.env = pe.env
+
+    def start(self, program) -> None:
+        """Run ``program()`` (a kernel bound to its tl context) as this PE's kernel."""
+        self.proc = self.env.process(self._run(program))
+
+    def _run(self, program):
+        env, sched, oplog, idx = self.env, self.pe.scheduler, self.pe.oplog, self.pe.index
+        glet = greenlet(program)
+        req = glet.switch()
+        while not glet.dead:
+            kind, obj = req
+            if kind == "dispatch":
+                while not sched.has_room():
+                    ev = env.event()
+                    sched.room_waiters.append(ev)
+                    self.waiting_for = f"room in PE_SCHEDULER's queue for command {obj.id}"
+                    yield ev
+                cycles = self.cost_cycles(obj)
+                t0 = env.now
+                dt = cycles_to_ps(cycles, self.clock_ghz)
+                yield env.timeout(dt)
+                self.waiting_for = None
+                self.n_commands += 1
+                self.cycles += cycles
+                self.busy_ps += dt
+                oplog.dispatch(idx, obj, t0, env.now)
+                sched.submit(obj)
+            elif kind == "wait":
+                if not obj.done:
+                    ev = env.event()
+                    self.waiting_for = repr(obj)
+                    obj.on_done(lambda _c, ev=ev: ev.succeed())
+                    yield ev
+                    self.waiting_for = None
+            req = glet.switch()
+        self.finished = True
+        self.t_end_ps = env.now

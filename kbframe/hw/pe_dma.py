@@ -1,0 +1,60 @@
+"""PE_DMA: one DMA channel (read or write) between HBM and TCM.
+
+A transfer holds the channel only while its data moves (``bytes / bandwidth``); its fixed
+setup latency overlaps with other transfers in flight, up to ``max_outstanding`` at once,
+as on real DMA engines (DESIGN.md modelling notes). Reads and writes are separate
+channels, so they overlap; two reads serialize on the read channel's data phase.
+"""
+from __future__ import annotations
+
+from collections import deque
+
+from ..timebase import bytes_to_ps, ns_to_ps
+from .unit import Stage, Unit
+
+
+class DmaChannel(Unit):
+    """One DMA channel.
+
+    Args:
+        bandwidth_gbps: HBM bandwidth of this channel, GB/s (= bytes/ns).
+        setup_latency_ns: fixed latency per transfer, ns; overlaps across transfers.
+        max_outstanding: transfers whose setup may be in flight at once (≥ 1).
+    Raises:
+        ValueError: a non-positive bandwidth or outstanding count, or negative latency.
+    """
+
+    def __init__(self, bandwidth_gbps: float, setup_latency_ns: float, max_outstanding: int = 4,
+                 description: str = ""):
+        super().__init__(description)
+        if bandwidth_gbps <= 0:
+            raise ValueError(f"bandwidth_gbps must be > 0, got {bandwidth_gbps}")
+        if setup_latency_ns < 0:
+            raise ValueError(f"setup_latency_ns must be ≥ 0, got {setup_latency_ns}")
+        if int(max_outstanding) < 1:
+            raise ValueError(f"max_outstanding must be ≥ 1, got {max_outstanding}")
+        self.bandwidth_gbps = float(bandwidth_gbps)
+        self.setup_ps = ns_to_ps(setup_latency_ns)
+        self.max_outstanding = int(max_outstanding)
+        self.channels = self.max_outstanding
+        self._ends: deque = deque(maxlen=self.max_outstanding)
+
+    def transfer_ps(self, nbytes: int) -> int:
+        """Data-phase time of ``nbytes`` on this channel, integer ps."""
+        return bytes_to_ps(nbytes, self.bandwidth_gbps)
+
+    def duration_ps(self, stage: Stage) -> int:
+        """Unloaded latency of one transfer: setup + data phase."""
+        return self.setup_ps + self.transfer_ps(stage.nbytes)
+
+    def reserve(self, now: int, stage: Stage) -> None:
+        ends = self._ends
+        slot_free = ends[0] if len(ends) == self.max_outstanding else 0
+        start = now if now > slot_free else slot_free
+        ready = start + self.setup_ps
+        data_start = ready if ready > self.free_ps else self.free_ps
+        end = data_start + self.transfer_ps(stage.nbytes)
+        self.busy_ps += end - data_start
+        self.free_ps = end
+        ends.append(end)
+        stage.t_start, stage.t_data, stage.t_end = start, data_start, end

@@ -1,0 +1,37 @@
+"""PE_GEMM: the matrix unit. Latency of one GEMM stage is the larger of its compute time
+at peak (``2·m·n·k / peak``) and the time to read its operands from TCM, plus a fixed
+pipeline latency. The model never looks at the op kind (ADR-0065 D7)."""
+from __future__ import annotations
+
+from ..timebase import bytes_to_ps, ns_to_ps
+from .unit import Stage, Unit
+
+
+class GemmUnit(Unit):
+    """Matrix unit.
+
+    Args:
+        peak_tflops: peak throughput, TFLOP/s (= 1000 flop/ns).
+        operand_read_gbps: TCM read bandwidth feeding the operands, GB/s.
+        pipeline_latency_ns: fixed fill/drain latency per stage, ns.
+        tile_m / tile_n / tile_k: tile shape of the GEMM tile loop (elements).
+    Raises:
+        ValueError: a non-positive rate or tile size.
+    """
+
+    def __init__(self, peak_tflops: float, operand_read_gbps: float, pipeline_latency_ns: float = 0.0,
+                 tile_m: int = 128, tile_n: int = 128, tile_k: int = 128, description: str = ""):
+        super().__init__(description)
+        for key, val in (("peak_tflops", peak_tflops), ("operand_read_gbps", operand_read_gbps),
+                         ("tile_m", tile_m), ("tile_n", tile_n), ("tile_k", tile_k)):
+            if val <= 0:
+                raise ValueError(f"{key} must be > 0, got {val}")
+        self.peak_tflops = float(peak_tflops)
+        self.operand_read_gbps = float(operand_read_gbps)
+        self.pipeline_ps = ns_to_ps(pipeline_latency_ns)
+        self.tile_m, self.tile_n, self.tile_k = int(tile_m), int(tile_n), int(tile_k)
+
+    def duration_ps(self, stage: Stage) -> int:
+        compute = int(round(stage.flops / self.peak_tflops))  # flop / (1000 flop/ns) → ps
+        feed = bytes_to_ps(stage.nbytes, self.operand_read_gbps)
+        return self.pipeline_ps + (compute if compute > feed else feed)

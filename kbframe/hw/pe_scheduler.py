@@ -1,0 +1,129 @@
+"""PE_SCHEDULER: admits commands in dispatch order, plans their stages from the flat ops
+and feeds them to the PE's units; completes each command's handle when its last stage
+ends (ADR-0065 D3/D6, DDD-0065 §7–§8).
+
+Hazards are strict FIFO (DDD-0065 §8): a command that reads what an in-flight command
+writes (RAW), or writes what one reads or writes (WAR/WAW), waits until that command
+completes, and every later command waits behind it. Hazards compare the byte ranges
+that a command's op inputs, outputs and ``rw_handles`` name, per memory space.
+
+This module imports nothing recipe-related (ADR-0065 D6.5).
+"""
+from __future__ import annotations
+
+from collections import deque
+
+from ..commands import reads_and_writes
+from .tiling import plan_stages
+
+
+def _ranges(handles) -> list:
+    return [(h.space, *h.byte_range) for h in handles]
+
+
+def _overlap(xs, ys) -> bool:
+    for s1, lo1, hi1 in xs:
+        for s2, lo2, hi2 in ys:
+            if s1 == s2 and lo1 < hi2 and lo2 < hi1:
+                return True
+    return False
+
+
+class _InFlight:
+    __slots__ = ("cmd", "remaining", "reads", "writes", "t_admit")
+
+    def __init__(self, cmd, remaining, reads, writes, t_admit):
+        self.cmd, self.remaining, self.reads, self.writes, self.t_admit = cmd, remaining, reads, writes, t_admit
+
+
+class PeScheduler:
+    """PE_SCHEDULER of one PE.
+
+    Args:
+        max_queued_commands: commands that may wait for admission; PE_CPU blocks beyond.
+    Raises:
+        ValueError: ``max_queued_commands`` < 1.
+    """
+
+    def __init__(self, max_queued_commands: int = 64, description: str = ""):
+        if int(max_queued_commands) < 1:
+            raise ValueError(f"max_queued_commands must be ≥ 1, got {max_queued_commands}")
+        self.description = description
+        self.max_queued = int(max_queued_commands)
+        self.queue: deque = deque()
+        self.inflight: dict[int, _InFlight] = {}
+        self.blocked_on = None
+        self.room_waiters: list = []
+        self.pe = None
+        self.n_commands = 0
+
+    def bind(self, pe) -> None:
+        self.pe = pe
+        self.env = pe.env
+        for unit in pe.stage_units.values():
+            unit.bind(pe, unit.name or "", self._stage_done)
+
+    def has_room(self) -> bool:
+        return len(self.queue) < self.max_queued
+
+    def submit(self, cmd) -> None:
+        """Take a command from PE_CPU (at the end of its dispatch)."""
+        self.queue.append(cmd)
+        if self.blocked_on is None:
+            self._admit()
+
+    def _blocker(self, reads, writes):
+        for rec in self.inflight.values():  # dispatch order: the oldest conflict first
+            if _overlap(writes, rec.reads) or _overlap(writes, rec.writes) or _overlap(reads, rec.writes):
+                return rec.cmd.completion
+        return None
+
+    def _admit(self) -> None:
+        while self.queue:
+            cmd = self.queue[0]
+            r, w = reads_and_writes(cmd)
+            reads, writes = _ranges(r), _ranges(w)
+            blocker = self._blocker(reads, writes)
+            if blocker is not None:
+                self.blocked_on = (cmd, blocker)
+                blocker.on_done(self._unblock)
+                return
+            self.queue.popleft()
+            self._start(cmd, reads, writes)
+        if self.room_waiters:
+            waiters, self.room_waiters = self.room_waiters, []
+            for ev in waiters:
+                ev.succeed()
+
+    def _unblock(self, _completion) -> None:
+        self.blocked_on = None
+        self._admit()
+
+    def _start(self, cmd, reads, writes) -> None:
+        stages = plan_stages(cmd, self.pe.stage_units, self.pe.numerics)
+        self.n_commands += 1
+        self.inflight[cmd.id] = _InFlight(cmd, len(stages), reads, writes, self.env.now)
+        if not stages:
+            self._complete(cmd)
+            return
+        for st in stages:
+            if st.deps == 0:
+                st.unit.submit(st)
+
+    def _stage_done(self, stage) -> None:
+        if stage.effect is not None:
+            stage.effect()
+        self.pe.oplog.stage(self.pe.index, stage)
+        for s in stage.succs:
+            s.deps -= 1
+            if s.deps == 0:
+                s.unit.submit(s)
+        rec = self.inflight[stage.cmd.id]
+        rec.remaining -= 1
+        if rec.remaining == 0:
+            self._complete(stage.cmd)
+
+    def _complete(self, cmd) -> None:
+        rec = self.inflight.pop(cmd.id)
+        self.pe.oplog.command(self.pe.index, cmd, rec.t_admit, self.env.now)
+        cmd.completion.fire(self.env.now)

@@ -1,0 +1,77 @@
+"""TCM: a PE's on-chip tightly-coupled memory and its allocator (ADR-0063).
+
+Allocation is a bump allocator with scope marks: allocations made outside any
+``scratch_scope`` live in the kernel arena until the kernel ends; those made inside a
+scope are freed together when it exits. Every allocation is recorded (address, size,
+alloc and free times) so the sanitizer can check that live allocations never overlap.
+"""
+from __future__ import annotations
+
+from ..errors import TcmOverflowError
+
+
+class Tcm:
+    """TCM of one PE.
+
+    Args:
+        capacity_bytes: size, bytes.
+        read_gbps / write_gbps: port bandwidths, GB/s (the GEMM's operand feed uses read).
+        alignment_bytes: allocation alignment.
+    Raises:
+        ValueError: non-positive capacity, bandwidth or alignment.
+    """
+
+    def __init__(self, capacity_bytes: int, read_gbps: float, write_gbps: float,
+                 alignment_bytes: int = 64, description: str = ""):
+        for key, val in (("capacity_bytes", capacity_bytes), ("read_gbps", read_gbps),
+                         ("write_gbps", write_gbps), ("alignment_bytes", alignment_bytes)):
+            if val <= 0:
+                raise ValueError(f"{key} must be > 0, got {val}")
+        self.description = description
+        self.capacity_bytes = int(capacity_bytes)
+        self.read_gbps = float(read_gbps)
+        self.write_gbps = float(write_gbps)
+        self.alignment_bytes = int(alignment_bytes)
+        self.pe_index = 0
+        self.top = 0
+        self.high_water = 0
+        self._marks: list[int] = []
+        self.allocations: list[list] = []  # [name, addr, nbytes, t_alloc_ps, t_free_ps|None]
+        self._live: list[int] = []  # indices into allocations, stack order
+        self.now = lambda: 0
+
+    @property
+    def free_bytes(self) -> int:
+        return self.capacity_bytes - self.top
+
+    def alloc(self, nbytes: int, name: str) -> int:
+        """Allocate ``nbytes`` and return the address.
+
+        Raises:
+            TcmOverflowError: it does not fit; names the request, free bytes, capacity.
+        """
+        a = self.alignment_bytes
+        size = -(-nbytes // a) * a
+        if self.top + size > self.capacity_bytes:
+            raise TcmOverflowError(
+                f"TCM overflow on PE{self.pe_index}: request '{name}' needs {size} B, "
+                f"{self.free_bytes} B free of {self.capacity_bytes} B capacity "
+                f"(hardware.tcm_bytes)")
+        addr = self.top
+        self.top += size
+        self.high_water = max(self.high_water, self.top)
+        self._live.append(len(self.allocations))
+        self.allocations.append([name, addr, size, self.now(), None])
+        return addr
+
+    def push_scope(self) -> None:
+        """Enter a ``scratch_scope``: later allocations are freed by :meth:`pop_scope`."""
+        self._marks.append(self.top)
+
+    def pop_scope(self) -> None:
+        """Leave the innermost ``scratch_scope``, freeing everything allocated inside it."""
+        mark = self._marks.pop()
+        t = self.now()
+        while self._live and self.allocations[self._live[-1]][1] >= mark:
+            self.allocations[self._live.pop()][4] = t
+        self.top = mark

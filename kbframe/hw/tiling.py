@@ -1,0 +1,160 @@
+"""Stage plans from flat ops (ADR-0065 D3/D4/D8, DDD-0065 §7).
+
+PE_SCHEDULER calls :func:`plan_stages` with a command; it reads only the flat ``ops``
+(it knows no recipe). For a command with a GEMM at position ``g``:
+
+* ops ``0..g-1`` (KERNEL scope) run once, in order, before the tile loop;
+* the GEMM drives the tile loop over output tiles ``(m, n)`` and K tiles; a DMA_READ is
+  inserted only for an operand whose ``space`` is ``"hbm"`` (DESIGN.md decision 2) and it
+  waits for the pre-loop ops (so #2's V DMA never runs during its prologue);
+* K_TILE ops run after each K tile's GEMM stage, OUTPUT_TILE ops after each output tile,
+  on the accumulator; the tile is then written to ``out``, with a DMA_WRITE only when
+  ``out.space == "hbm"``;
+* KERNEL ops after the GEMM run once after the whole tile loop.
+
+A command with no GEMM runs its ops in order; a DMA op (``load`` / ``store``) is one
+DMA stage. Stage durations belong to the units; this module only orders stages.
+"""
+from __future__ import annotations
+
+from ..commands import Scope
+from .unit import Stage
+
+
+def _chain(e1, e2):
+    if e1 is None:
+        return e2
+    if e2 is None:
+        return e1
+
+    def both():
+        e1()
+        e2()
+    return both
+
+
+def _region_nbytes(rows: slice, cols: slice, itemsize: int) -> int:
+    return (rows.stop - rows.start) * (cols.stop - cols.start) * itemsize
+
+
+def plan_stages(cmd, units: dict, nx) -> list[Stage]:
+    """All stages of ``cmd`` with their dependencies set.
+
+    Args:
+        cmd: a ``PrimitiveCmd`` or ``CompositeCmd``.
+        units: the PE's units by port name (``dma_read``, ``dma_write``, ``gemm``, ``math``).
+        nx: the :class:`~kbframe.numerics.Numerics` that supplies numeric effects.
+    Returns:
+        Stages in a valid order; those with ``deps == 0`` are ready at once.
+    """
+    ops = cmd.ops
+    stages: list[Stage] = []
+    gi = next((i for i, op in enumerate(ops) if op.kind == "gemm"), None)
+    prev = None
+    for op in ops[:gi] if gi is not None else ops:
+        prev = _op_stage(op, cmd, units, nx, stages, prev)
+    if gi is None:
+        return stages
+    ends = _tile_loop(ops[gi], ops[gi + 1:], cmd, units, nx, stages, prev)
+    post = None
+    for op in ops[gi + 1:]:
+        if op.scope is Scope.KERNEL:
+            post = _op_stage(op, cmd, units, nx, stages, post)
+            if len(ends):
+                post.after(*ends)
+                ends = []
+    return stages
+
+
+def _op_stage(op, cmd, units, nx, stages, prev) -> Stage:
+    """One non-GEMM op: a DMA stage for load/store, else a MATH stage (HBM operands of a
+    head MATH op are staged in by DMA_READ first, ADR-0065 D4)."""
+    if op.kind in ("load", "store"):
+        src = op.operands["src"]
+        unit = units["dma_read"] if op.kind == "load" else units["dma_write"]
+        st = Stage(unit, "dma_read" if op.kind == "load" else "dma_write", cmd,
+                   nbytes=src.nbytes, effect=nx.copy((src, None), (op.out, None)))
+        stages.append(st.after(prev))
+        return st
+    srcs, dmas = [], []
+    for name, h in op.operands.items():
+        if h.space == "hbm":
+            key = f"c{cmd.id}.{len(stages)}.{name}"
+            d = Stage(units["dma_read"], "dma_read", cmd, nbytes=h.nbytes,
+                      effect=nx.copy((h, None), key)).after(prev)
+            stages.append(d)
+            dmas.append(d)
+            srcs.append(key)
+        else:
+            srcs.append((h, None))
+    n = max([h.n_elements for h in op.operands.values()] + [op.out.n_elements])
+    nbytes = sum(h.nbytes for h in op.operands.values()) + op.out.nbytes
+    st = Stage(units["math"], op.kind, cmd, n_elements=n, nbytes=nbytes,
+               effect=nx.math(op.kind, srcs, op.out, op.extra)).after(prev, *dmas)
+    stages.append(st)
+    return st
+
+
+def _tile_loop(gemm, after_ops, cmd, units, nx, stages, pre_end) -> list:
+    a, b, out = gemm.operands["a"], gemm.operands["b"], gemm.out
+    M, K = a.shape
+    N = b.shape[1]
+    gu = units["gemm"]
+    tm, tn, tk = gu.tile_m, gu.tile_n, gu.tile_k
+    k_ops = [op for op in after_ops if op.scope is Scope.K_TILE]
+    o_ops = [op for op in after_ops if op.scope is Scope.OUTPUT_TILE]
+    isz_a, isz_b = a.nbytes // a.n_elements, b.nbytes // b.n_elements
+    ends, tile = [], 0
+    for m0 in range(0, M, tm):
+        rm = slice(m0, min(M, m0 + tm))
+        for n0 in range(0, N, tn):
+            rn = slice(n0, min(N, n0 + tn))
+            ro = (rm, rn)
+            acc = f"c{cmd.id}.acc{m0}.{n0}"
+            prev = None
+            for k0 in range(0, K, tk):
+                rk = slice(k0, min(K, k0 + tk))
+                srcs, dmas = [], []
+                for name, h, reg, isz in (("a", a, (rm, rk), isz_a), ("b", b, (rk, rn), isz_b)):
+                    if h.space == "hbm":
+                        key = f"c{cmd.id}.t{tile}.{name}"
+                        d = Stage(units["dma_read"], "dma_read", cmd, tile,
+                                  nbytes=_region_nbytes(*reg, isz),
+                                  effect=nx.copy((h, reg), key)).after(pre_end)
+                        stages.append(d)
+                        dmas.append(d)
+                        srcs.append(key)
+                    else:
+                        srcs.append((h, reg))
+                mm, nn, kk = rm.stop - rm.start, rn.stop - rn.start, rk.stop - rk.start
+                g = Stage(gu, "gemm", cmd, tile, nbytes=(mm * kk) * isz_a + (kk * nn) * isz_b,
+                          flops=2 * mm * nn * kk,
+                          effect=nx.gemm(srcs[0], srcs[1], acc, first=k0 == 0))
+                g.after(*dmas, prev if prev is not None else (None if dmas else pre_end))
+                stages.append(g)
+                prev = g
+                for op in k_ops:
+                    prev = _epilogue_stage(op, cmd, units, nx, stages, prev, tile, acc, ro)
+                tile += 1
+            for op in o_ops:
+                prev = _epilogue_stage(op, cmd, units, nx, stages, prev, tile - 1, acc, ro)
+            if out.space == "hbm":
+                w = Stage(units["dma_write"], "dma_write", cmd, tile - 1,
+                          nbytes=_region_nbytes(rm, rn, out.nbytes // out.n_elements),
+                          effect=nx.writeback(acc, (out, ro))).after(prev)
+                stages.append(w)
+                ends.append(w)
+            else:
+                prev.effect = _chain(prev.effect, nx.writeback(acc, (out, ro)))
+                ends.append(prev)
+    return ends
+
+
+def _epilogue_stage(op, cmd, units, nx, stages, prev, tile, acc, region) -> Stage:
+    others = [(h, region) for h in op.operands.values()]
+    n = (region[0].stop - region[0].start) * (region[1].stop - region[1].start)
+    st = Stage(units["math"], op.kind, cmd, tile, n_elements=n,
+               nbytes=sum(h.nbytes for h in op.operands.values()),
+               effect=nx.epilogue(op.kind, acc, others, op.extra)).after(prev)
+    stages.append(st)
+    return st

@@ -1,0 +1,99 @@
+"""Base class of the PE units that execute stages (PE_DMA channels, PE_GEMM, PE_MATH).
+
+A unit takes a stage, holds it for its duration and hands it on, in arrival order (FIFO).
+Subclasses supply only the duration rule (:meth:`Unit.duration_ps`); the DMA channel also
+overrides :meth:`Unit.reserve` to overlap fixed latency across transfers in flight.
+
+Reservation is analytic: a stage that arrives at ``now`` starts at ``max(now, free)``
+and the unit schedules one SimPy timeout for its end. Arrivals are handled in simulated
+time order, so this is exactly a FIFO server with one event per stage.
+"""
+from __future__ import annotations
+
+
+class Stage:
+    """One unit of work for one unit: an op kind, its sizes, and a numeric effect.
+
+    Attributes (all times integer ps):
+        unit: the :class:`Unit` that runs it.
+        op_kind: label for logs; units never branch on it (DESIGN.md boundary).
+        cmd: the command it belongs to. tile: tile index in the command's tile loop or -1.
+        nbytes: bytes moved (DMA) or read (GEMM/MATH). flops: GEMM flops.
+        n_elements: elements a MATH stage produces.
+        effect: callable applying the numeric effect in data mode, or None.
+        succs: stages waiting on this one; deps: how many stages this one still waits on.
+        reads / writes: handles read/written, for the sanitizer's dependency check.
+    """
+
+    __slots__ = ("unit", "op_kind", "cmd", "tile", "nbytes", "flops", "n_elements",
+                 "effect", "succs", "deps", "t_start", "t_end", "t_data", "seq")
+
+    def __init__(self, unit, op_kind, cmd, tile=-1, nbytes=0, flops=0, n_elements=0, effect=None):
+        self.unit = unit
+        self.op_kind = op_kind
+        self.cmd = cmd
+        self.tile = tile
+        self.nbytes = nbytes
+        self.flops = flops
+        self.n_elements = n_elements
+        self.effect = effect
+        self.succs = []
+        self.deps = 0
+        self.t_start = self.t_end = self.t_data = -1
+        self.seq = 0
+
+    def after(self, *preds) -> "Stage":
+        """Make this stage wait for each stage in ``preds`` (None entries ignored)."""
+        for p in preds:
+            if p is not None:
+                p.succs.append(self)
+                self.deps += 1
+        return self
+
+
+class Unit:
+    """A PE unit that runs stages one at a time in arrival order.
+
+    Args:
+        description: one line on what the unit models (shown in docs and errors).
+    """
+
+    #: number of stages that may overlap on this unit (the sanitizer checks it).
+    channels = 1
+
+    def __init__(self, description: str = ""):
+        self.description = description
+        self.name = ""
+        self.pe = None
+        self.env = None
+        self.free_ps = 0
+        self.busy_ps = 0
+        self.n_stages = 0
+        self._on_done = None
+
+    def bind(self, pe, name: str, on_done) -> None:
+        """Attach to PE ``pe`` as unit ``name``; ``on_done(stage)`` is called at each end."""
+        self.pe, self.env, self.name, self._on_done = pe, pe.env, name, on_done
+
+    def duration_ps(self, stage: Stage) -> int:
+        """Integer ps the stage occupies the unit. Subclasses define it."""
+        raise NotImplementedError
+
+    def reserve(self, now: int, stage: Stage) -> None:
+        """Set ``stage.t_start`` / ``t_end`` for a FIFO single server."""
+        start = now if now > self.free_ps else self.free_ps
+        end = start + self.duration_ps(stage)
+        self.free_ps = end
+        self.busy_ps += end - start
+        stage.t_start, stage.t_end = start, end
+
+    def submit(self, stage: Stage) -> None:
+        """Accept a ready stage now; it ends (and ``on_done`` fires) at ``stage.t_end``."""
+        now = self.env.now
+        self.reserve(now, stage)
+        self.n_stages += 1
+        ev = self.env.timeout(stage.t_end - now, stage)
+        ev.callbacks.append(self._fire)
+
+    def _fire(self, ev) -> None:
+        self._on_done(ev._value)

@@ -1,0 +1,1 @@
+"""Kernels: plain Python functions ``kernel(tl, **shape)`` that emit commands through tl."""

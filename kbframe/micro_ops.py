@@ -1,0 +1,90 @@
+"""The MATH micro-op registry: the living definition of every MATH op kind.
+
+Each entry gives the op's input slots, its numeric meaning (numpy, applied in data mode
+when the stage completes) and its shape rule. Recipes (DESIGN.md decision 5) and the tl
+layer name ops from here; PE_MATH's latency model never looks at the kind.
+
+Shapes are 2-D: row vectors such as the online-softmax state ``m``, ``l`` are ``(G, 1)``,
+so reductions keep the reduced axis (keepdims) and broadcast against ``(G, TILE)``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class MicroOp:
+    """One MATH op kind.
+
+    Attributes:
+        slots: input slot names in order (``("src",)``, ``("src_a", "src_b")``...).
+        fn: ``fn(*inputs, **extra) -> ndarray``; the numeric meaning.
+        shape: ``shape(*input_shapes) -> out shape``; raises ValueError if incompatible.
+        extras: names of required scalar extras (``("factor",)``).
+    """
+
+    slots: tuple
+    fn: Callable
+    shape: Callable
+    extras: tuple = ()
+
+
+def _bcast(*shapes):
+    try:
+        return tuple(np.broadcast_shapes(*shapes))
+    except ValueError:
+        raise ValueError(f"shapes {' and '.join(map(str, shapes))} do not broadcast") from None
+
+
+def _reduce(shape):
+    return (*shape[:-1], 1)
+
+
+def _same(shape):
+    return tuple(shape)
+
+
+def _fill_shape():
+    raise ValueError("fill has no inputs; its shape comes from its out handle")
+
+
+def _exp_diff(a, b):
+    return np.exp(a - b)
+
+
+MICRO_OPS: dict[str, MicroOp] = {
+    "rmax": MicroOp(("src",), lambda x: np.max(x, axis=-1, keepdims=True), _reduce),
+    "rsum": MicroOp(("src",), lambda x: np.sum(x, axis=-1, keepdims=True), _reduce),
+    "max_elem": MicroOp(("src_a", "src_b"), np.maximum, _bcast),
+    "exp_diff": MicroOp(("src_a", "src_b"), _exp_diff, _bcast),
+    "mul_bcast": MicroOp(("src_a", "src_b"), np.multiply, _bcast),
+    "div_bcast": MicroOp(("src_a", "src_b"), np.divide, _bcast),
+    "add": MicroOp(("src_a", "src_b"), np.add, _bcast),
+    "fma": MicroOp(("src_a", "src_b", "src_c"), lambda a, b, c: a * b + c, _bcast),
+    "copy": MicroOp(("src",), lambda x: x.copy(), _same),
+    "scale": MicroOp(("src",), lambda x, factor: x * factor, _same, ("factor",)),
+    "fill": MicroOp((), None, _fill_shape, ("value",)),
+}
+
+#: epilogue ops apply to the GEMM accumulator: ``acc = fn(acc, *operands)``; the
+#: accumulator fills the op's first slot, named operands fill the rest.
+EPILOGUE_OPERANDS = {"scale": (), "add": ("other",), "mul_bcast": ("other",),
+                     "div_bcast": ("other",)}
+
+
+def get(kind: str) -> MicroOp:
+    """The registry entry for ``kind``; KeyError lists the known kinds."""
+    try:
+        return MICRO_OPS[kind]
+    except KeyError:
+        raise KeyError(f"unknown MATH micro-op '{kind}' (known: {', '.join(sorted(MICRO_OPS))})") from None
+
+
+def apply(kind: str, inputs: list, extra: dict) -> np.ndarray:
+    """Numeric effect of MATH op ``kind`` on numpy ``inputs`` with scalar ``extra``."""
+    op = MICRO_OPS[kind]
+    kw = {k: extra[k] for k in op.extras}
+    return op.fn(*inputs, **kw)

@@ -1,0 +1,334 @@
+"""The tl programming model: what a kernel (a plain Python function, Triton-like, no
+``yield``) calls to emit commands on its PE. The compiler analog (DESIGN.md layers): it
+builds commands, lowers recipes into flat OpSpecs and validates them at emit.
+
+Results are :class:`~kbframe.handles.TensorHandle` objects whose ``pending`` completion
+is the producing command (ADR-0062 lazy pattern). Kernels never wait for a value unless
+they call :meth:`TL.wait`; RAW hazards between commands are PE_SCHEDULER's job.
+"""
+from __future__ import annotations
+
+import contextlib
+import itertools
+
+from greenlet import getcurrent
+
+from . import micro_ops
+from .commands import CompositeCmd, OpSpec, PrimitiveCmd, Scope
+from .errors import ValidationError
+from .handles import Completion, TensorHandle
+from .recipe import Recipe, infer_shapes
+from .errors import RecipeError
+
+
+class TL:
+    """The tl context of one PE.
+
+    Args:
+        pe: the PE the kernel runs on (its TCM allocator, PE_CPU cap, numerics).
+        hbm: the engine's HBM tensors by name (``tl.ref`` looks them up).
+        recipes: validated recipes by name (``tl.composite(prologue=...)``).
+        dtype: timing dtype of TCM tensors (``float16``).
+    """
+
+    def __init__(self, pe, hbm: dict, recipes: dict | None = None, dtype: str = "float16"):
+        self.pe = pe
+        self.hbm = hbm
+        self.recipes = recipes or {}
+        self.dtype = dtype
+        self._ids = itertools.count(1)
+        self._scope_depth = 0
+        self._arena_slots: dict = {}
+
+    # ---- handles -------------------------------------------------------------------
+    def ref(self, name: str) -> TensorHandle:
+        """The HBM tensor ``name`` (``space="hbm"``; streamed by DMA when used)."""
+        try:
+            return self.hbm[name]
+        except KeyError:
+            raise ValidationError(f"tl.ref: no HBM tensor '{name}' (have: {', '.join(sorted(self.hbm))})") from None
+
+    def empty(self, shape, name: str = "t") -> TensorHandle:
+        """Allocate an uninitialised TCM tensor in the active scratch_scope (or the arena)."""
+        shape = tuple(int(s) for s in shape)
+        addr = self.pe.tcm.alloc(_nbytes(shape, self.dtype), name)
+        h = TensorHandle(name, shape, self.dtype, "tcm", addr, f"tcm{self.pe.index}.{next(_buf_ids)}", shape)
+        self.pe.numerics.allocate(h)
+        return h
+
+    def zeros(self, shape, name: str = "zeros") -> TensorHandle:
+        """A TCM tensor filled with 0 (one MATH ``fill`` command)."""
+        return self.full(shape, 0.0, name)
+
+    def full(self, shape, value: float, name: str = "full") -> TensorHandle:
+        """A TCM tensor filled with ``value`` (one MATH ``fill`` command)."""
+        h = self.empty(shape, name)
+        self._primitive(OpSpec("fill", Scope.KERNEL, {}, {"value": float(value)}, h), h)
+        return h
+
+    @contextlib.contextmanager
+    def scratch_scope(self):
+        """TCM allocations inside are freed when the scope exits (ADR-0063)."""
+        self.pe.tcm.push_scope()
+        self._scope_depth += 1
+        try:
+            yield
+        finally:
+            self._scope_depth -= 1
+            self.pe.tcm.pop_scope()
+
+    def wait(self, h: TensorHandle) -> TensorHandle:
+        """Block PE_CPU until ``h``'s producing command completes."""
+        if h.pending is not None and not h.pending.done:
+            getcurrent().parent.switch(("wait", h.pending))
+        return h
+
+    def value(self, h: TensorHandle):
+        """Wait for ``h`` and return its numbers (data mode only)."""
+        self.wait(h)
+        return self.pe.numerics.read(h).copy()
+
+    # ---- primitive commands ----------------------------------------------------------
+    def _completion(self, label: str) -> Completion:
+        return Completion(next(self._ids), label)
+
+    def _dispatch(self, cmd) -> None:
+        getcurrent().parent.switch(("dispatch", cmd))
+
+    def _primitive(self, op: OpSpec, out: TensorHandle) -> TensorHandle:
+        c = self._completion(op.kind)
+        self._dispatch(PrimitiveCmd(c, op))
+        out.pending = c
+        return out
+
+    def load(self, src: TensorHandle, out: TensorHandle | None = None) -> TensorHandle:
+        """DMA ``src`` (HBM) into TCM; returns the TCM handle (new unless ``out``)."""
+        _need(src.space == "hbm", f"tl.load: source {src} must be in HBM")
+        out = out if out is not None else self.empty(src.shape, f"{src.name}@tcm")
+        _same_shape("tl.load", src, out)
+        return self._primitive(OpSpec("load", Scope.KERNEL, {"src": src}, {}, out), out)
+
+    def store(self, dst: TensorHandle, src: TensorHandle) -> TensorHandle:
+        """DMA ``src`` (TCM) to ``dst`` (HBM)."""
+        _need(dst.space == "hbm" and src.space == "tcm", f"tl.store: needs TCM {src} → HBM {dst}")
+        _same_shape("tl.store", src, dst)
+        return self._primitive(OpSpec("store", Scope.KERNEL, {"src": src}, {}, dst), dst)
+
+    def dot(self, a: TensorHandle, b: TensorHandle, out: TensorHandle | None = None) -> TensorHandle:
+        """GEMM ``a (M, K) @ b (K, N)`` → ``(M, N)``; ``b`` may be a transposed view."""
+        M, K = a.shape
+        K2, N = b.shape
+        _need(K == K2, f"tl.dot: inner dimensions differ: {a} @ {b}")
+        out = out if out is not None else self.empty((M, N), "dot")
+        _need(out.shape == (M, N), f"tl.dot: out {out} must have shape {(M, N)}")
+        op = OpSpec("gemm", Scope.KERNEL, {"a": a, "b": b}, {"m": M, "k": K, "n": N}, out)
+        return self._primitive(op, out)
+
+    def math(self, kind: str, *inputs: TensorHandle, out: TensorHandle | None = None, **extra) -> TensorHandle:
+        """One MATH micro-op from :mod:`kbframe.micro_ops` as a primitive command."""
+        try:
+            spec = micro_ops.get(kind)
+        except KeyError as e:
+            raise ValidationError(f"tl.math: {e.args[0]}") from None
+        _need(len(inputs) == len(spec.slots), f"tl.{kind}: takes {len(spec.slots)} inputs, got {len(inputs)}")
+        missing = [k for k in spec.extras if k not in extra]
+        _need(not missing, f"tl.{kind}: missing scalar(s) {missing}")
+        try:
+            shape = spec.shape(*[h.shape for h in inputs])
+        except ValueError as e:
+            raise ValidationError(f"tl.{kind}: {e}") from None
+        out = out if out is not None else self.empty(shape, kind)
+        _need(out.space == "tcm", f"tl.{kind}: MATH output must be TCM, got {out}")
+        _need(tuple(out.shape) == tuple(shape), f"tl.{kind}: out {out} must have shape {shape}")
+        op = OpSpec(kind, Scope.KERNEL, dict(zip(spec.slots, inputs)), dict(extra), out)
+        return self._primitive(op, out)
+
+    def rmax(self, x, out=None):
+        """Row max ``(G, N) → (G, 1)``."""
+        return self.math("rmax", x, out=out)
+
+    def rsum(self, x, out=None):
+        """Row sum ``(G, N) → (G, 1)``."""
+        return self.math("rsum", x, out=out)
+
+    def maximum(self, a, b, out=None):
+        """Elementwise max."""
+        return self.math("max_elem", a, b, out=out)
+
+    def exp_diff(self, a, b, out=None):
+        """``exp(a − b)`` with broadcasting (``b`` may be a ``(G, 1)`` row vector)."""
+        return self.math("exp_diff", a, b, out=out)
+
+    def fma(self, a, b, c, out=None):
+        """``a · b + c``."""
+        return self.math("fma", a, b, c, out=out)
+
+    def mul_bcast(self, a, b, out=None):
+        """``a · b`` with broadcasting."""
+        return self.math("mul_bcast", a, b, out=out)
+
+    def div_bcast(self, a, b, out=None):
+        """``a / b`` with broadcasting."""
+        return self.math("div_bcast", a, b, out=out)
+
+    def add(self, a, b, out=None):
+        """``a + b``."""
+        return self.math("add", a, b, out=out)
+
+    def copy(self, src, out=None):
+        """Copy ``src`` into ``out``."""
+        return self.math("copy", src, out=out)
+
+    def scale(self, x, factor: float, out=None):
+        """``x · factor``."""
+        return self.math("scale", x, out=out, factor=float(factor))
+
+    # ---- composite (ADR-0065 D1–D8, DDD-0065 §6) ---------------------------------------
+    def composite(self, op: str | None = "gemm", a: TensorHandle | None = None,
+                  b: TensorHandle | None = None, out: TensorHandle | None = None,
+                  out_ptr: str | None = None, prologue=(), epilogue=()) -> TensorHandle | None:
+        """Emit one :class:`CompositeCmd` (DDD-0065 §6 steps 1–10) and return its output.
+
+        Args:
+            op: ``"gemm"`` (head GEMM ``a @ b``) or None (a composite of prologue ops only).
+            a, b: GEMM operands; ``a`` is auto-bound to a prologue recipe's primary_out.
+            out: output handle (HBM → DMA_WRITE, TCM → stays on chip); ``out_ptr`` names an
+                HBM tensor as shorthand; omitted → auto-allocated in TCM.
+            prologue: ``[{"op": recipe, <operand>: handle, ...}]`` run before the GEMM.
+            epilogue: ``[{"op": kind, "other": handle, <scalar>: value, "scope": ...}]``.
+        Returns:
+            The output handle (pending on this command), chainable like ``tl.dot``'s.
+        Raises:
+            ValidationError: unknown recipe or epilogue op, missing/extra recipe operand,
+                HBM recipe operand ("MATH operand must be TCM", D6.7), explicit ``a`` with a
+                primary_out recipe ("auto-bind conflict", D6.6), two GEMMs (D6.1), over
+                the size cap (ADR-0064 D7).
+        """
+        ops, rw, produced = [], [], []
+        primary = None
+        for item in prologue:
+            p_ops, p_rw, p_out = self._expand_recipe(dict(item))
+            ops += p_ops
+            rw += p_rw
+            produced.append(p_out)
+            if p_out is not None:
+                primary = p_out
+        if op == "gemm":
+            if a is not None and primary is not None:
+                raise ValidationError(
+                    f"auto-bind conflict: prologue recipe declares primary_out '{primary.name}', "
+                    f"which binds to the GEMM's a, but a={a} was also given (ADR-0065 D6.6)")
+            a = a if a is not None else primary
+            _need(a is not None and b is not None, "tl.composite: op='gemm' needs a and b (or a primary_out)")
+            M, K = a.shape
+            _need(b.shape[0] == K, f"tl.composite: GEMM inner dimensions differ: {a} @ {b}")
+            N = b.shape[1]
+            if out is None and out_ptr is not None:
+                out = self.ref(out_ptr)
+            if out is None:
+                out = self.empty((M, N), "composite_out")
+            _need(tuple(out.shape) == (M, N), f"tl.composite: out {out} must have shape {(M, N)}")
+            ops.append(OpSpec("gemm", Scope.KERNEL, {"a": a, "b": b}, {"m": M, "k": K, "n": N}, out))
+            for item in epilogue:
+                e_op = self._epilogue_op(dict(item))
+                ops.append(e_op)
+                if any(h is out for h in e_op.operands.values()):
+                    rw.append(out)  # accumulate into out (DDD-0065 §6 step 7)
+        elif op is None:
+            _need(not epilogue, "tl.composite: an epilogue needs a GEMM (op='gemm')")
+            _need(bool(prologue), "tl.composite: nothing to do (no op, no prologue)")
+        else:
+            raise ValidationError(f"tl.composite: op must be 'gemm' or None, got '{op}'")
+        n_gemm = sum(o.kind == "gemm" for o in ops)
+        if n_gemm > 1:
+            raise ValidationError(f"two GEMMs in one composite ({n_gemm} gemm ops in "
+                                  f"[{', '.join(o.kind for o in ops)}]); at most one (ADR-0065 D6.1)")
+        rw_handles = tuple(dict.fromkeys(rw))
+        cmd = CompositeCmd(self._completion("composite"), tuple(ops), rw_handles)
+        self.pe.cpu.check_cap(cmd)
+        self._dispatch(cmd)
+        for h in (*rw_handles, *[p for p in produced if p is not None], out):
+            if h is not None:
+                h.pending = cmd.completion
+        return out if op == "gemm" else primary
+
+    def _expand_recipe(self, item: dict):
+        name = item.pop("op", None)
+        recipe: Recipe | None = self.recipes.get(name)
+        if recipe is None:
+            raise ValidationError(f"unknown recipe '{name}' (known: {', '.join(sorted(self.recipes)) or 'none'})")
+        missing = [k for k in recipe.operands if k not in item]
+        if missing:
+            raise ValidationError(f"recipe '{name}': missing operand(s) {missing}")
+        extra = [k for k in item if k not in recipe.operands]
+        if extra:
+            raise ValidationError(f"recipe '{name}': unknown operand(s) {extra} (takes {list(recipe.operands)})")
+        for k, h in item.items():
+            if not isinstance(h, TensorHandle):
+                raise ValidationError(f"recipe '{name}': operand '{k}' must be a handle, got {type(h).__name__}")
+            if h.space != "tcm":
+                raise ValidationError(f"MATH operand must be TCM: recipe '{name}' operand '{k}' is {h} "
+                                      f"(ADR-0065 D6.7; tl.load it first)")
+        try:
+            shapes = infer_shapes(recipe, {k: h.shape for k, h in item.items()})
+        except RecipeError as e:
+            raise ValidationError(str(e)) from None
+        slots = dict(item)
+        for s in recipe.scratch:
+            slots[s] = self._scratch(recipe, s, shapes[s])
+        po = recipe.primary_out
+        if po is not None:
+            slots[po.name] = self._scratch(recipe, po.name, shapes[po.name])
+        ops = []
+        for st in recipe.steps:
+            operands = {k: slots[v] for k, v in st.slots.items()}
+            if st.op == "gemm":
+                operands = dict(zip(("a", "b"), operands.values()))
+            ops.append(OpSpec(st.op, Scope.KERNEL, operands, dict(st.extra), slots[st.dst]))
+        rw = [item[k] for k, tag in recipe.operands.items() if tag == "RW"]
+        return ops, rw, (slots[po.name] if po is not None else None)
+
+    def _scratch(self, recipe: Recipe, slot: str, shape) -> TensorHandle:
+        """Recipe scratch: in the active scratch_scope, else a persistent arena slot reused
+        by every call with the same shape (ADR-0065 open item 2)."""
+        if self._scope_depth > 0:
+            return self.empty(shape, f"{recipe.name}.{slot}")
+        key = (recipe.name, slot, tuple(shape))
+        h = self._arena_slots.get(key)
+        if h is None:
+            h = self._arena_slots[key] = self.empty(shape, f"{recipe.name}.{slot}")
+        return h
+
+    def _epilogue_op(self, item: dict) -> OpSpec:
+        kind = item.pop("op", None)
+        scope = Scope(item.pop("scope", "output_tile"))
+        if kind not in micro_ops.EPILOGUE_OPERANDS:
+            raise ValidationError(f"unknown epilogue op '{kind}' "
+                                  f"(known: {', '.join(sorted(micro_ops.EPILOGUE_OPERANDS))})")
+        names = micro_ops.EPILOGUE_OPERANDS[kind]
+        missing = [n for n in names if n not in item]
+        _need(not missing, f"epilogue '{kind}': missing operand(s) {missing}")
+        operands = {n: item.pop(n) for n in names}
+        for n in micro_ops.MICRO_OPS[kind].extras:
+            _need(n in item, f"epilogue '{kind}': missing scalar '{n}'")
+        return OpSpec(kind, scope, operands, item, None)
+
+
+_buf_ids = itertools.count(1)
+
+
+def _nbytes(shape, dtype) -> int:
+    from .handles import itemsize
+    n = 1
+    for s in shape:
+        n *= s
+    return n * itemsize(dtype)
+
+
+def _need(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ValidationError(msg)
+
+
+def _same_shape(what: str, x: TensorHandle, y: TensorHandle) -> None:
+    _need(tuple(x.shape) == tuple(y.shape), f"{what}: shapes differ: {x} vs {y}")
