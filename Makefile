@@ -1,0 +1,26 @@
+# Two commands do all the set-up: `make run` (the main job) and `make test`.
+# Each creates .venv and installs kbframe with its test and launcher extras when missing.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.kbframe-installed
+
+.PHONY: run test bench clean-venv
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test,joblib,submitit]'
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(PY) -m kbframe +bench=decode_opt2
+
+test: $(STAMP)
+	$(PY) -m pytest
+
+bench: $(STAMP)
+	$(PY) benchmarks/sim_speed.py
+
+clean-venv:
+	rm -rf $(VENV)
