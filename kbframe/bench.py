@@ -10,6 +10,8 @@ import math
 import os
 from pathlib import Path
 
+from dataclasses import fields
+
 import numpy as np
 from hydra.utils import get_method
 from omegaconf import OmegaConf
@@ -19,12 +21,29 @@ from .errors import ConfigError, InputsError
 from .numerics import Numerics, NumpyNumerics
 from .oplog import OpLog
 from .recipe import load_recipes
+from .schema import BenchConfig, CalibrationConfig, HardwareConfig, InputsConfig, RunConfig
 from .timebase import ps_to_ns
 from .tl import TL
 
 
+def _check_keys(node, schema_cls, where: str) -> None:
+    """Unknown keys (also ones added with ``+``, which Hydra lets into typed nodes)."""
+    known = {f.name for f in fields(schema_cls)}
+    for key in node.keys():
+        if key not in known:
+            raise ConfigError(f"unknown key '{where}.{key}' (known: {', '.join(sorted(known))})")
+
+
 def validate(cfg) -> None:
-    """Check values the schema cannot: ranges and choices. Raises ConfigError naming the key."""
+    """Check what the schema cannot: unknown keys, ranges and choices. Raises ConfigError
+    naming the key."""
+    for key in cfg.keys():
+        if key not in ("hardware", "calibration", "bench", "run", "recipes", "sweep"):
+            raise ConfigError(f"unknown top-level key '{key}'")
+    for where, cls in (("hardware", HardwareConfig), ("calibration", CalibrationConfig),
+                       ("bench", BenchConfig), ("run", RunConfig)):
+        _check_keys(cfg[where], cls, where)
+    _check_keys(cfg.bench.inputs, InputsConfig, "bench.inputs")
     missing = sorted(OmegaConf.missing_keys(cfg))
     if missing:
         raise ConfigError(f"missing required value(s): {', '.join(missing)}")
