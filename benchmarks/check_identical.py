@@ -1,0 +1,130 @@
+"""Check that engine changes leave every result unchanged (a script, not a test).
+
+``--capture`` runs a fixed set of configs with the current code into ``BASE``
+(``/tmp/speed_baseline/<case>``); the default mode runs them again into ``NEW``
+(``/tmp/speed_check/<case>``) and compares, case by case:
+
+* ``op_log.jsonl`` byte for byte;
+* ``metrics.json`` value for value, apart from ``sim.wall_s`` (keys that only the new run
+  has, e.g. ones another feature adds, are listed but do not fail the check);
+* ``tensors.npz`` array for array, bit for bit.
+
+Each case is one ``python -m kbframe`` run in a subprocess (two at a time).
+
+    python benchmarks/check_identical.py --capture     # once, before changing anything
+    python benchmarks/check_identical.py               # after each change; exit 1 on a diff
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+BASE = Path("/tmp/speed_baseline")
+NEW = Path("/tmp/speed_check")
+IGNORED = {("sim", "wall_s")}
+
+
+def cases() -> dict[str, list[str]]:
+    """Case name → CLI overrides."""
+    out = {}
+    for kernel, s_kv, data, tile, d in itertools.product(
+            ("opt2", "opt3"), (1, 65, 4096), (True, False), (64, 32), (128, 256, 80)):
+        name = f"{kernel}_s{s_kv}_{'data' if data else 'nodata'}_t{tile}_d{d}"
+        out[name] = [f"+bench=decode_{kernel}", f"bench.S_kv={s_kv}", f"bench.data={str(data).lower()}",
+                     f"bench.tile={tile}", f"bench.d={d}"]
+    for kernel, s_kv, data in itertools.product(("opt2", "opt3"), (1, 65, 4096), (True, False)):
+        name = f"{kernel}_s{s_kv}_{'data' if data else 'nodata'}_R0.25"
+        out[name] = [f"+bench=decode_{kernel}", f"bench.S_kv={s_kv}", f"bench.data={str(data).lower()}",
+                     "calibration.R=0.25"]
+    for kernel in ("opt2", "opt3"):  # a longer ragged run, timing only
+        out[f"{kernel}_s20000_nodata"] = [f"+bench=decode_{kernel}", "bench.S_kv=20000", "bench.data=false"]
+    return out
+
+
+def run_case(name: str, overrides: list[str], root: Path) -> tuple[str, int, str]:
+    cmd = [sys.executable, "-m", "kbframe", *overrides, "run.check=false", "run.progress=false",
+           f"hydra.run.dir={root / name}"]
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    return name, p.returncode, p.stderr[-2000:]
+
+
+def _flatten(d: dict, prefix=()) -> dict:
+    flat = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            flat.update(_flatten(v, prefix + (k,)))
+        else:
+            flat[prefix + (k,)] = v
+    return flat
+
+
+def compare(name: str) -> list[str]:
+    """Differences between ``BASE/name`` and ``NEW/name`` (empty if identical)."""
+    a, b = BASE / name, NEW / name
+    diffs = []
+    if (a / "op_log.jsonl").read_bytes() != (b / "op_log.jsonl").read_bytes():
+        diffs.append("op_log.jsonl differs")
+    ma = _flatten(json.loads((a / "metrics.json").read_text()))
+    mb = _flatten(json.loads((b / "metrics.json").read_text()))
+    for key in ma:
+        if key in IGNORED:
+            continue
+        if key not in mb:
+            diffs.append(f"metrics {'.'.join(key)} missing")
+        elif ma[key] != mb[key]:
+            diffs.append(f"metrics {'.'.join(key)}: {ma[key]!r} -> {mb[key]!r}")
+    extra = sorted(".".join(k) for k in mb.keys() - ma.keys())
+    if extra:
+        print(f"  {name}: new metrics keys (not compared): {', '.join(extra)}")
+    with np.load(a / "tensors.npz") as za, np.load(b / "tensors.npz") as zb:
+        if sorted(za.files) != sorted(zb.files):
+            diffs.append(f"tensors.npz arrays {sorted(za.files)} -> {sorted(zb.files)}")
+        for k in set(za.files) & set(zb.files):
+            x, y = za[k], zb[k]
+            if x.dtype != y.dtype or x.shape != y.shape or x.tobytes() != y.tobytes():
+                diffs.append(f"tensors.npz[{k}] differs")
+    return diffs
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--capture", action="store_true", help=f"write the baselines into {BASE}")
+    ap.add_argument("-j", "--jobs", type=int, default=2)
+    ap.add_argument("-k", "--filter", default="", help="only cases whose name contains this")
+    args = ap.parse_args()
+    todo = {n: o for n, o in cases().items() if args.filter in n}
+    root = BASE if args.capture else NEW
+    if args.capture and BASE.exists() and any(BASE.iterdir()):
+        print(f"{BASE} already holds baselines; remove it first to recapture", file=sys.stderr)
+        return 2
+    with ThreadPoolExecutor(args.jobs) as pool:
+        results = list(pool.map(lambda kv: run_case(kv[0], kv[1], root), todo.items()))
+    failed = [(n, err) for n, rc, err in results if rc != 0]
+    for n, err in failed:
+        print(f"FAIL {n}: exit status non-zero\n{err}")
+    if args.capture:
+        print(f"captured {len(results) - len(failed)} of {len(results)} cases into {BASE}")
+        return 1 if failed else 0
+    n_bad = len(failed)
+    for name in todo:
+        if any(n == name for n, _ in failed):
+            continue
+        diffs = compare(name)
+        if diffs:
+            n_bad += 1
+            print(f"DIFF {name}: " + "; ".join(diffs[:5]))
+    print(f"{len(todo) - n_bad} of {len(todo)} cases identical"
+          f" (op_log.jsonl bytes, metrics.json except sim.wall_s, tensors.npz)")
+    return 1 if n_bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
