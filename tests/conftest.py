@@ -1,0 +1,130 @@
+"""Shared helpers for the kbframe test suite.
+
+* :func:`compose_cfg` composes the real Hydra config in-process (much faster than a
+  subprocess), exactly as ``python -m kbframe`` would.
+* :func:`run` runs a bench in-process with :func:`kbframe.bench.run_bench`.
+* :class:`Sim` builds an :class:`~kbframe.engine.Engine` from the default hardware with
+  chosen HBM tensors, so a test can run a tiny hand-written kernel through the real tl
+  layer, PE_CPU, PE_SCHEDULER and units.
+* :func:`emit` runs a kernel only as far as the tl layer: it collects the commands the
+  kernel dispatches without simulating them (for lowering and validation tests).
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from greenlet import greenlet
+from hydra import compose, initialize_config_module
+from omegaconf import OmegaConf
+
+from kbframe import schema
+from kbframe.bench import run_bench
+from kbframe.engine import Engine
+from kbframe.numerics import Numerics, NumpyNumerics
+from kbframe.oplog import OpLog
+from kbframe.recipe import load_recipes
+from kbframe.tl import TL
+
+schema.register()
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def compose_cfg(*overrides, bench: str | None = "decode_opt2"):
+    """The composed root config with ``+bench=<bench>`` and ``overrides``."""
+    ov = ([f"+bench={bench}"] if bench else []) + list(overrides)
+    with initialize_config_module(config_module="kbframe.conf", version_base="1.3"):
+        return compose(config_name="config", overrides=ov)
+
+
+def run(out_dir: Path, *overrides, bench: str = "decode_opt2") -> dict:
+    """Run ``bench`` in-process into ``out_dir``; returns the metrics dict."""
+    return run_bench(compose_cfg(*overrides, bench=bench), Path(out_dir))
+
+
+def read_oplog(path: Path) -> list[dict]:
+    with open(path) as f:
+        return [json.loads(line) for line in f]
+
+
+def load_out(out_dir: Path) -> dict:
+    with np.load(Path(out_dir) / "tensors.npz") as z:
+        return {k: z[k] for k in z.files}
+
+
+def ref64(q, k, v, scale) -> np.ndarray:
+    """Independent float64 reference: softmax(q·kᵀ·scale)·v (not kbframe.bench.reference)."""
+    s = np.einsum("gd,sd->gs", q.astype(np.float64), k.astype(np.float64)) * scale
+    p = np.exp(s - s.max(axis=1, keepdims=True))
+    return (p @ v.astype(np.float64)) / p.sum(axis=1, keepdims=True)
+
+
+class Sim:
+    """One default-hardware Engine with named HBM tensors, a TL and an op_log file.
+
+    Args:
+        tmp_path: where ``op_log.jsonl`` goes.
+        tensors: ``{name: ndarray}`` placed in HBM (float16 timing dtype).
+        data: data mode (numpy numerics) or timing only.
+        overrides: extra config overrides (``calibration.R=0.25`` ...).
+        recipes: ``{name: raw dict}`` of extra recipes besides the configured ones.
+    """
+
+    def __init__(self, tmp_path, tensors: dict, data: bool = True, overrides=(), recipes=None):
+        self.cfg = compose_cfg(*overrides, bench=None)
+        raw = OmegaConf.to_container(self.cfg.recipes)
+        raw.update(recipes or {})
+        self.recipes = load_recipes(OmegaConf.create(raw))
+        self.numerics = NumpyNumerics("float32") if data else Numerics()
+        self.log_path = Path(tmp_path) / "op_log.jsonl"
+        self.oplog = OpLog(self.log_path)
+        self.engine = Engine(self.cfg.hardware, self.numerics, self.oplog)
+        for name, arr in tensors.items():
+            self.engine.add_hbm_tensor(name, np.shape(arr), "float16", arr)
+        self.pe = self.engine.pes[0]
+        self.tl = TL(self.pe, self.engine.hbm, self.recipes, "float16")
+
+    def run(self, kernel) -> list[dict]:
+        """Run ``kernel(tl)`` to completion; returns the op_log records."""
+        try:
+            self.engine.run({0: lambda: kernel(self.tl)})
+        finally:
+            self.oplog.close()
+        return read_oplog(self.log_path)
+
+    def read(self, h) -> np.ndarray:
+        return np.array(self.numerics.read(h), dtype=np.float64)
+
+
+def emit(kernel, tmp_path, tensors=None, **kw) -> tuple[list, Sim]:
+    """Run ``kernel(tl)`` through the tl layer only; return the dispatched commands.
+
+    PE_CPU and the scheduler are not involved: each ``dispatch`` switch is collected and
+    the kernel resumed at once (``wait`` requests are ignored).
+    """
+    sim = Sim(tmp_path, tensors or {}, data=False, **kw)
+    cmds = []
+    g = greenlet(lambda: kernel(sim.tl))
+    req = g.switch()
+    while not g.dead:
+        if req[0] == "dispatch":
+            cmds.append(req[1])
+        req = g.switch()
+    sim.oplog.close()
+    return cmds, sim
+
+
+def cli(*args, cwd=None, timeout=120):
+    """``python -m kbframe ARGS`` in a subprocess (returns the CompletedProcess)."""
+    import subprocess
+    return subprocess.run([sys.executable, "-m", "kbframe", *args], capture_output=True, text=True,
+                          cwd=cwd or REPO, timeout=timeout)
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(1234)

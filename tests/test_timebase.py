@@ -1,0 +1,35 @@
+"""kbframe.timebase: integer picoseconds, durations rounded once (issue 2, DESIGN.md "Time")."""
+from kbframe import timebase as tb
+
+
+def test_ns_to_ps_is_integer_and_exact():
+    assert tb.ns_to_ps(77.0) == 77_000
+    assert tb.ns_to_ps(41.5) == 41_500
+    assert isinstance(tb.ns_to_ps(1.25), int)
+
+
+def test_cycles_to_ps_rounds_once():
+    # 42.75 cycles at 1 GHz = 42.75 ns = 42 750 ps
+    assert tb.cycles_to_ps(42.75, 1.0) == 42_750
+    # 1 cycle at 3 GHz = 333.33… ps → 333 (rounded once); three of them sum exactly to 999
+    one = tb.cycles_to_ps(1, 3.0)
+    assert one == 333
+    assert one + one + one == 999
+    # 16 cycles at 2 GHz = 8 ns
+    assert tb.cycles_to_ps(16, 2.0) == 8_000
+
+
+def test_bytes_to_ps_at_hbm_bandwidth():
+    # 16 384 B (one 64×128 fp16 K tile) at 204.8 GB/s = 16384 / 204.8 ns = 80 ns
+    assert tb.bytes_to_ps(16384, 204.8) == 80_000
+    # 2048 B (q, 8×128 fp16) = 10 ns
+    assert tb.bytes_to_ps(2048, 204.8) == 10_000
+    # 18 432 B at 512 GB/s (TCM read port) = 36 ns
+    assert tb.bytes_to_ps(18432, 512.0) == 36_000
+    # 1 B at 3 GB/s = 333.33 ps → 333
+    assert tb.bytes_to_ps(1, 3.0) == 333
+
+
+def test_ps_to_ns_for_reports():
+    assert tb.ps_to_ns(41_500) == 41.5
+    assert tb.ps_to_ns(1) == 0.001
