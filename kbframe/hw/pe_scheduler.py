@@ -56,6 +56,8 @@ class PeScheduler:
         self.room_waiters: list = []
         self.pe = None
         self.n_commands = 0
+        #: ``[(cmd, stages)]`` in admission order when the sanitizer is on (run.check), else None
+        self.record = None
 
     def bind(self, pe) -> None:
         self.pe = pe
@@ -103,6 +105,8 @@ class PeScheduler:
         stages = plan_stages(cmd, self.pe.stage_units, self.pe.numerics)
         self.n_commands += 1
         self.inflight[cmd.id] = _InFlight(cmd, len(stages), reads, writes, self.env.now)
+        if self.record is not None:
+            self.record.append((cmd, stages))
         if not stages:
             self._complete(cmd)
             return
