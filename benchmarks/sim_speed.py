@@ -1,0 +1,179 @@
+"""Simulation speed of kbframe beside a bare SimPy pipeline (a script, not a test).
+
+Runs decode_opt2 and decode_opt3 (TILE=64, G=8, d=128) at S_kv ∈ {4096, 32768, 131072}
+with data mode off and on, each case as ``python -m kbframe ... run.check=false`` in a
+fresh subprocess (so peak RSS is per case). In this process, for each case, it times a
+bare SimPy 4-stage pipeline of processes connected by ``simpy.Store`` over the same number
+of stages (one stage = one token through one pipeline process: get, hold, put).
+
+Per case it reports: sim wall s (``metrics.json`` ``sim.wall_s``), whole-process wall s,
+simulated stages and events, µs per stage, the bare pipeline's µs per stage and the ratio,
+events per second, peak RSS; per kernel and mode the scaling ratio t(131072)/t(32768)
+(of sim wall). Writes ``outputs/bench/sim_speed.json``.
+
+    python benchmarks/sim_speed.py             # all 12 cases (issue 6)
+    python benchmarks/sim_speed.py --quick     # opt3 at 4096 and 32768, data off and on (issue 2)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import simpy
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "outputs" / "bench" / "sim_speed.json"
+TARGET_RATIO = 2.0
+TARGET_SCALING = 4.4
+TARGET_RSS_MB = 300.0
+TARGET_WALL_S = {False: 1.5, True: 3.0}  # decode_opt2 at 131072, data off / on
+
+
+def bare_pipeline_s(n_stages: int, n_pipe: int = 4) -> tuple[float, int]:
+    """Wall seconds of a bare SimPy pipeline: ``n_pipe`` processes connected by Stores, each
+    taking a token, holding it one time unit and passing it on, over ``n_stages`` stages.
+
+    Returns (wall seconds, stages simulated = tokens × n_pipe).
+    """
+    n_tokens = max(1, -(-n_stages // n_pipe))
+    env = simpy.Environment()
+    stores = [simpy.Store(env) for _ in range(n_pipe + 1)]
+
+    def source():
+        for i in range(n_tokens):
+            yield stores[0].put(i)
+
+    def stage(i):
+        get, put = stores[i].get, stores[i + 1].put
+        while True:
+            tok = yield get()
+            yield env.timeout(1)
+            yield put(tok)
+
+    def sink():
+        for _ in range(n_tokens):
+            yield stores[-1].get()
+
+    env.process(source())
+    for i in range(n_pipe):
+        env.process(stage(i))
+    done = env.process(sink())
+    t0 = time.perf_counter()
+    env.run(until=done)
+    return time.perf_counter() - t0, n_tokens * n_pipe
+
+
+def run_case(kernel: str, s_kv: int, data: bool, extra: list[str]) -> dict:
+    """One kbframe run in a fresh subprocess; its figures from metrics.json and rusage."""
+    run_dir = Path(tempfile.mkdtemp(prefix="kbframe_speed_"))
+    cmd = [sys.executable, "-m", "kbframe", f"+bench=decode_{kernel}", f"bench.S_kv={s_kv}",
+           f"bench.data={str(data).lower()}", "bench.tile=64", "bench.G=8", "bench.d=128",
+           "run.check=false", "run.progress=false", f"hydra.run.dir={run_dir}", *extra]
+    try:
+        t0 = time.perf_counter()
+        p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        _, status, ru = os.wait4(p.pid, 0)
+        process_wall = time.perf_counter() - t0
+        p.returncode = os.waitstatus_to_exitcode(status)
+        err = p.stderr.read().decode(errors="replace")
+        p.stderr.close()
+        if p.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} exited {p.returncode}:\n{err[-3000:]}")
+        m = json.loads((run_dir / "metrics.json").read_text())
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    return {"kernel": f"decode_{kernel}", "S_kv": s_kv, "data": data,
+            "wall_s": m["sim"]["wall_s"], "process_wall_s": process_wall,
+            "stages": m["sim"]["stages"], "events": m["sim"]["events"],
+            "peak_rss_mb": ru.ru_maxrss / 1024.0}  # Linux: ru_maxrss in KiB
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true",
+                    help="issue 2's subset: decode_opt3 at S_kv 4096 and 32768, data off and on")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="runs per case; the fastest (by sim wall) is kept (default 1)")
+    ap.add_argument("--kernels", default="opt2,opt3", help="comma list of opt2, opt3")
+    ap.add_argument("--s-kv", default="4096,32768,131072", help="comma list of S_kv")
+    ap.add_argument("--out", type=Path, default=OUT, help=f"JSON output (default {OUT.relative_to(ROOT)})")
+    ap.add_argument("extra", nargs="*", help="extra kbframe overrides for every case")
+    args = ap.parse_args()
+    kernels = ["opt3"] if args.quick else args.kernels.split(",")
+    s_kvs = [4096, 32768] if args.quick else [int(s) for s in args.s_kv.split(",")]
+
+    rows = []
+    for kernel in kernels:
+        for data in (False, True):
+            for s_kv in s_kvs:
+                runs = [run_case(kernel, s_kv, data, args.extra) for _ in range(max(1, args.repeat))]
+                r = min(runs, key=lambda x: x["wall_s"])
+                r["peak_rss_mb"] = max(x["peak_rss_mb"] for x in runs)
+                bare = [bare_pipeline_s(r["stages"]) for _ in range(3)]
+                bare_s, bare_stages = min(bare)
+                r["us_per_stage"] = r["wall_s"] / r["stages"] * 1e6
+                r["bare_wall_s"] = bare_s
+                r["bare_us_per_stage"] = bare_s / bare_stages * 1e6
+                r["ratio_to_bare"] = r["us_per_stage"] / r["bare_us_per_stage"]
+                r["events_per_s"] = r["events"] / r["wall_s"]
+                rows.append(r)
+                print(f"  {r['kernel']} S_kv={s_kv} data={data}: {r['wall_s']:.3f} s", file=sys.stderr)
+
+    scaling = {}
+    for kernel in kernels:
+        for data in (False, True):
+            by_s = {r["S_kv"]: r["wall_s"] for r in rows if r["kernel"] == f"decode_{kernel}" and r["data"] == data}
+            if 131072 in by_s and 32768 in by_s:
+                scaling[f"decode_{kernel}/{'data' if data else 'nodata'}"] = by_s[131072] / by_s[32768]
+    for r in rows:
+        key = f"{r['kernel']}/{'data' if r['data'] else 'nodata'}"
+        r["t131072_over_t32768"] = scaling.get(key)
+
+    hdr = (f"{'kernel':<12} {'S_kv':>7} {'data':>5} {'sim s':>7} {'proc s':>7} {'stages':>7} "
+           f"{'µs/stage':>8} {'bare µs':>7} {'ratio':>6} {'Mev/s':>6} {'RSS MB':>7}")
+    print(hdr)
+    print("-" * len(hdr))
+    for r in rows:
+        print(f"{r['kernel']:<12} {r['S_kv']:>7} {'on' if r['data'] else 'off':>5} {r['wall_s']:>7.3f} "
+              f"{r['process_wall_s']:>7.2f} {r['stages']:>7} {r['us_per_stage']:>8.2f} "
+              f"{r['bare_us_per_stage']:>7.2f} {r['ratio_to_bare']:>6.2f} {r['events_per_s'] / 1e6:>6.3f} "
+              f"{r['peak_rss_mb']:>7.0f}")
+    for key, v in scaling.items():
+        print(f"t(131072)/t(32768) {key}: {v:.2f}  (target ≤ {TARGET_SCALING})")
+
+    verdict = {}
+    for r in rows:
+        if r["kernel"] == "decode_opt2" and r["S_kv"] == 131072:
+            tag = "data" if r["data"] else "nodata"
+            verdict[f"opt2_131072_{tag}_wall_s"] = [r["wall_s"], TARGET_WALL_S[r["data"]]]
+            verdict[f"opt2_131072_{tag}_rss_mb"] = [r["peak_rss_mb"], TARGET_RSS_MB]
+    if rows:
+        verdict["worst_ratio_to_bare"] = [max(r["ratio_to_bare"] for r in rows), TARGET_RATIO]
+    for key, v in scaling.items():
+        verdict[f"scaling_{key}"] = [v, TARGET_SCALING]
+    if verdict:
+        print("targets (value / limit): " + "; ".join(
+            f"{k} {v:.3g}/{lim:g} {'ok' if v <= lim else 'MISS'}" for k, (v, lim) in verdict.items()))
+
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    doc = {"machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
+                       "platform": platform.platform(), "simpy": simpy.__version__},
+           "bare_pipeline": "4 SimPy processes connected by simpy.Store; stage = get + timeout(1) + put",
+           "quick": args.quick, "repeat": args.repeat, "extra_overrides": args.extra,
+           "cases": rows, "scaling_t131072_over_t32768": scaling,
+           "targets": {k: {"value": v, "limit": lim, "ok": v <= lim} for k, (v, lim) in verdict.items()}}
+    args.out.write_text(json.dumps(doc, indent=2) + "\n")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
