@@ -230,7 +230,7 @@ class TL:
             _need(tuple(out.shape) == (M, N), f"tl.composite: out {out} must have shape {(M, N)}")
             ops.append(OpSpec("gemm", Scope.KERNEL, {"a": a, "b": b}, {"m": M, "k": K, "n": N}, out))
             for item in epilogue:
-                e_op = self._epilogue_op(dict(item))
+                e_op = self._epilogue_op(dict(item), out)
                 ops.append(e_op)
                 if any(h is out for h in e_op.operands.values()):
                     rw.append(out)  # accumulate into out (DDD-0065 §6 step 7)
@@ -299,9 +299,17 @@ class TL:
             h = self._arena_slots[key] = self.empty(shape, f"{recipe.name}.{slot}")
         return h
 
-    def _epilogue_op(self, item: dict) -> OpSpec:
+    def _epilogue_op(self, item: dict, out: TensorHandle) -> OpSpec:
+        """An epilogue entry as an OpSpec. K_TILE / OUTPUT_TILE ops act on the GEMM
+        accumulator (``out=None``); a KERNEL-scope op runs once after the tile loop, so it
+        is lowered to a MATH op on ``out`` itself (first slot ``out``, written in place)."""
         kind = item.pop("op", None)
-        scope = Scope(item.pop("scope", "output_tile"))
+        scope_name = item.pop("scope", "output_tile")
+        try:
+            scope = Scope(scope_name)
+        except ValueError:
+            raise ValidationError(f"epilogue '{kind}': scope must be one of "
+                                  f"{[s.value for s in Scope]}, got '{scope_name}'") from None
         if kind not in micro_ops.EPILOGUE_OPERANDS:
             raise ValidationError(f"unknown epilogue op '{kind}' "
                                   f"(known: {', '.join(sorted(micro_ops.EPILOGUE_OPERANDS))})")
@@ -311,6 +319,11 @@ class TL:
         operands = {n: item.pop(n) for n in names}
         for n in micro_ops.MICRO_OPS[kind].extras:
             _need(n in item, f"epilogue '{kind}': missing scalar '{n}'")
+        if scope is Scope.KERNEL:
+            _need(out.space == "tcm", f"epilogue '{kind}' with scope kernel runs on out after the tile "
+                                      f"loop; MATH output must be TCM, got {out}")
+            slots = micro_ops.MICRO_OPS[kind].slots
+            return OpSpec(kind, scope, dict(zip(slots, [out, *operands.values()])), item, out)
         return OpSpec(kind, scope, operands, item, None)
 
 
