@@ -28,3 +28,21 @@ class TcmOverflowError(KbframeError):
 
 class DeadlockError(KbframeError):
     """The simulation ran out of events while a PE still waits; names the PE and the wait."""
+
+
+class SanitizerError(KbframeError):
+    """The simulation sanitizer (``run.check``) found a schedule real hardware could not
+    have run; names the rule, the commands and the simulated times (kbframe.sanitizer)."""
+
+    def __init__(self, message: str, rule: str = ""):
+        super().__init__(message)
+        self.rule = rule
+
+
+class OutputError(KbframeError):
+    """The run directory or one of its files cannot be written; names the path."""
+
+
+class NumericsError(KbframeError):
+    """A number the data mode needs cannot be represented (e.g. beyond fp16's range) or a
+    result is not finite; names the array or op and the limit."""

@@ -1,0 +1,467 @@
+"""The simulation sanitizer (``run.check=true``): after a run, check that the schedule the
+simulator produced is one real hardware could have run, from ``op_log.jsonl`` and the
+engine state. A violation raises :class:`~kbframe.errors.SanitizerError` naming the rule,
+the commands and the simulated times.
+
+Rules (checked in this order; ``RULES`` lists their names):
+
+1. ``commands_once`` — every dispatched command was admitted and completed exactly once,
+   each of its planned stages ran exactly once, and the stages lie inside the command's
+   admit→complete span, which starts after its dispatch ended.
+2. ``cpu_dispatch_serial`` — PE_CPU dispatch intervals never overlap and follow program
+   order (command ids increase).
+3. ``unit_capacity`` — no unit ran more stages at once than its ``channels``; on a DMA
+   channel the data phases ``[t_data, t_end)`` never overlap and at most
+   ``max_outstanding`` transfers are in flight.
+4. ``tcm_no_overlap`` — no two TCM allocations alive at once overlap, and every
+   allocation lies inside the capacity.
+5. ``rw_no_interleave`` — composites whose ``rw_handles`` share bytes did not interleave:
+   the later one was admitted after the earlier one completed (ADR-0065 D6.3).
+6. ``data_dependencies`` — per stage, from the bytes it reads and writes: no stage started
+   before the stages producing its inputs ended (RAW), and no write started before an
+   earlier read (WAR) or write (WAW) of the same bytes ended. Program order is dispatch
+   order, then each command's plan order. TCM and HBM are compared by byte address (TCM
+   freed by a ``scratch_scope`` and reused counts as the same memory), DMA staging
+   buffers and GEMM accumulators by their key.
+
+Cost: nothing while the simulation runs when ``run.check=false``. When it is on,
+PE_SCHEDULER keeps each command's stage list (``PeScheduler.record``) and the check
+afterwards re-plans every command with :class:`FootprintNumerics`, which returns, in
+place of numeric effects, the byte ranges each stage reads and writes. Cross-PE ordering
+of shared HBM is not checked (no PE↔PE synchronisation exists yet); each PE is checked
+in its own program order.
+"""
+from __future__ import annotations
+
+import heapq
+import json
+from bisect import bisect_left, bisect_right
+from collections import Counter, defaultdict
+from math import prod
+from pathlib import Path
+
+from .errors import SanitizerError
+from .handles import itemsize
+from .hw.tiling import plan_stages
+from .numerics import Numerics
+
+RULES = ("commands_once", "cpu_dispatch_serial", "unit_capacity", "tcm_no_overlap",
+         "rw_no_interleave", "data_dependencies")
+
+
+def enable(engine) -> None:
+    """Make every PE_SCHEDULER of ``engine`` keep its ``(cmd, stages)`` (call before run)."""
+    for pe in engine.pes:
+        pe.scheduler.record = []
+
+
+def read_oplog(path) -> list[dict]:
+    """The records of an ``op_log.jsonl`` file."""
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def check(engine, records) -> dict:
+    """Check a finished run against every rule in :data:`RULES`.
+
+    Args:
+        engine: the :class:`~kbframe.engine.Engine` after ``run`` (with :func:`enable`
+            called before the run; without it the stage-level rules 1 (stage counts),
+            5 and 6 cannot run and raise).
+        records: the op_log records (dicts) or a path to ``op_log.jsonl``.
+    Returns:
+        ``{"rules_checked", "rules", "commands", "stages", "accesses"}``.
+    Raises:
+        SanitizerError: the first violation, naming the rule, commands and times.
+    """
+    if isinstance(records, (str, Path)):
+        records = read_oplog(records)
+    by_pe = defaultdict(list)
+    for r in records:
+        by_pe[r["pe"]].append(r)
+    n_cmds = n_stages = n_acc = 0
+    for pe in engine.pes:
+        recs = by_pe.get(pe.index, [])
+        if pe.scheduler.record is None:
+            raise SanitizerError("sanitizer: PE_SCHEDULER kept no stage record; call "
+                                 "kbframe.sanitizer.enable(engine) before the run")
+        plan = sorted(pe.scheduler.record, key=lambda cs: cs[0].id)
+        spans = check_commands_once(pe, recs, plan)
+        check_cpu_dispatch_serial(pe.index, recs)
+        check_unit_capacity(pe, recs)
+        check_tcm_no_overlap(pe.index, pe.tcm.allocations, pe.tcm.capacity_bytes)
+        check_rw_no_interleave(pe.index, plan, spans)
+        n_acc += check_data_dependencies(pe, plan)
+        n_cmds += len(plan)
+        n_stages += sum(len(st) for _, st in plan)
+    return {"rules_checked": len(RULES), "rules": list(RULES), "commands": n_cmds,
+            "stages": n_stages, "accesses": n_acc}
+
+
+# ---- helpers ----------------------------------------------------------------------------
+def _ps(ns: float) -> int:
+    return int(round(ns * 1000))
+
+
+def _ns(ps: int) -> str:
+    return f"{ps / 1000:g} ns"
+
+
+def _fail(rule: str, msg: str):
+    raise SanitizerError(f"sanitizer: rule {rule} violated: {msg}", rule)
+
+
+# ---- rule 1 --------------------------------------------------------------------------
+def check_commands_once(pe, recs, plan) -> dict:
+    """Rule ``commands_once``. Returns ``{cmd_id: (t_admit_ps, t_done_ps)}``."""
+    rule, p = "commands_once", pe.index
+    dispatched = Counter(r["cmd"] for r in recs if r["unit"] == "cpu")
+    spans, t_disp = {}, {}
+    for r in recs:
+        if r["unit"] == "cpu":
+            t_disp[r["cmd"]] = _ps(r["t_end_ns"])
+    done = Counter(r["cmd"] for r in recs if r["unit"] == "scheduler")
+    for c, n in sorted(dispatched.items()):
+        if n != 1:
+            _fail(rule, f"PE{p} command {c} was dispatched {n} times")
+    for c in sorted(set(dispatched) | set(done)):
+        if c not in dispatched:
+            _fail(rule, f"PE{p} command {c} completed but was never dispatched")
+        if done[c] != 1:
+            times = [_ns(_ps(r["t_end_ns"])) for r in recs if r["unit"] == "scheduler" and r["cmd"] == c]
+            _fail(rule, f"PE{p} command {c} completed {done[c]} times"
+                        + (f" (at {', '.join(times)})" if times else " (never; dispatched at "
+                           f"{_ns(t_disp[c])})"))
+    for r in recs:
+        if r["unit"] == "scheduler":
+            c = r["cmd"]
+            spans[c] = (_ps(r["t_start_ns"]), _ps(r["t_end_ns"]))
+            if spans[c][0] < t_disp[c]:
+                _fail(rule, f"PE{p} command {c} was admitted at {_ns(spans[c][0])}, before its "
+                            f"dispatch ended at {_ns(t_disp[c])}")
+    if pe.cpu.n_commands != len(dispatched):
+        _fail(rule, f"PE{p} PE_CPU counted {pe.cpu.n_commands} dispatches, the op_log has {len(dispatched)}")
+    planned = {cmd.id: (cmd, stages) for cmd, stages in plan}
+    ran = Counter(r["cmd"] for r in recs if r["unit"] not in ("cpu", "scheduler"))
+    for c in sorted(set(dispatched) | set(planned)):
+        if c not in planned:
+            _fail(rule, f"PE{p} command {c} was dispatched but PE_SCHEDULER never admitted it")
+        cmd, stages = planned[c]
+        if not cmd.completion.done or cmd.completion.t_done_ps != spans[c][1]:
+            _fail(rule, f"PE{p} command {c}: its completion is done={cmd.completion.done} at "
+                        f"{cmd.completion.t_done_ps} ps, the op_log says {_ns(spans[c][1])}")
+        if ran[c] != len(stages):
+            _fail(rule, f"PE{p} command {c} planned {len(stages)} stages but {ran[c]} ran")
+        t0, t1 = spans[c]
+        for st in stages:
+            if st.t_start < t0 or st.t_end > t1:
+                _fail(rule, f"PE{p} command {c}: stage {st.op_kind} on {st.unit.name} ran "
+                            f"{_ns(st.t_start)}–{_ns(st.t_end)}, outside the command's span "
+                            f"{_ns(t0)}–{_ns(t1)}")
+    return spans
+
+
+# ---- rule 2 --------------------------------------------------------------------------
+def check_cpu_dispatch_serial(p: int, recs) -> None:
+    """Rule ``cpu_dispatch_serial``."""
+    prev = None
+    for r in sorted((r for r in recs if r["unit"] == "cpu"), key=lambda r: (r["t_start_ns"], r["cmd"])):
+        if prev is not None:
+            if _ps(r["t_start_ns"]) < _ps(prev["t_end_ns"]):
+                _fail("cpu_dispatch_serial",
+                      f"PE{p} PE_CPU dispatched command {r['cmd']} from {_ns(_ps(r['t_start_ns']))} while "
+                      f"command {prev['cmd']} was still dispatching ({_ns(_ps(prev['t_start_ns']))}–"
+                      f"{_ns(_ps(prev['t_end_ns']))})")
+            if r["cmd"] < prev["cmd"]:
+                _fail("cpu_dispatch_serial", f"PE{p} PE_CPU dispatched command {r['cmd']} at "
+                      f"{_ns(_ps(r['t_start_ns']))}, after command {prev['cmd']} (out of program order)")
+        prev = r
+
+
+# ---- rule 3 --------------------------------------------------------------------------
+def _max_concurrency(rule, p, unit, intervals, limit, what):
+    """Sweep ``[(t0, t1, cmd, tile)]``; fail when more than ``limit`` overlap."""
+    events = []
+    for iv in intervals:
+        events.append((iv[0], 1, iv))
+        events.append((iv[1], 0, iv))  # ends sort before starts at the same time
+    active = []
+    for t, kind, iv in sorted(events, key=lambda e: (e[0], e[1])):
+        if kind == 0:
+            active.remove(iv)
+            continue
+        active.append(iv)
+        if len(active) > limit:
+            desc = "; ".join(f"command {c} tile {tl} {_ns(a)}–{_ns(b)}" for a, b, c, tl in active)
+            _fail(rule, f"PE{p} {unit}: {len(active)} {what} at once at {_ns(t)}, limit {limit} ({desc})")
+
+
+def check_unit_capacity(pe, recs) -> None:
+    """Rule ``unit_capacity``."""
+    per_unit = defaultdict(list)
+    for r in recs:
+        if r["unit"] not in ("cpu", "scheduler"):
+            per_unit[r["unit"]].append(r)
+    for name, rs in sorted(per_unit.items()):
+        unit = pe.stage_units.get(name)
+        if unit is None:
+            _fail("unit_capacity", f"PE{pe.index} op_log names unit '{name}', which the PE does not have")
+        limit = int(getattr(unit, "channels", 1))
+        ivs = [(_ps(r["t_start_ns"]), _ps(r["t_end_ns"]), r["cmd"], r["tile"]) for r in rs]
+        _max_concurrency("unit_capacity", pe.index, name, ivs, limit, "stages in flight")
+        data = [(_ps(r["t_data_ns"]), _ps(r["t_end_ns"]), r["cmd"], r["tile"]) for r in rs if "t_data_ns" in r]
+        if data:
+            _max_concurrency("unit_capacity", pe.index, name, data, 1, "DMA data phases")
+
+
+# ---- rule 4 --------------------------------------------------------------------------
+def check_tcm_no_overlap(p: int, allocations, capacity: int | None = None) -> None:
+    """Rule ``tcm_no_overlap`` on ``[name, addr, size, t_alloc_ps, t_free_ps|None]`` in
+    allocation order. An allocation freed at the instant another is made is not live."""
+    rule = "tcm_no_overlap"
+    live_addr: list = []  # sorted addresses of live allocations
+    live: dict = {}  # addr -> index
+    frees: list = []  # heap of (t_free, index)
+    for j, (name, addr, size, t_alloc, t_free) in enumerate(allocations):
+        if addr < 0 or size < 0 or (capacity is not None and addr + size > capacity):
+            _fail(rule, f"PE{p} allocation '{name}' [{addr}, {addr + size}) lies outside the TCM "
+                        f"(capacity {capacity} B)")
+        while frees and frees[0][0] <= t_alloc:
+            _, i = heapq.heappop(frees)
+            a = allocations[i][1]
+            if live.get(a) == i:
+                del live[a]
+                live_addr.pop(bisect_left(live_addr, a))
+        k = bisect_right(live_addr, addr)
+        for i in ([live[live_addr[k - 1]]] if k > 0 else []) + ([live[live_addr[k]]] if k < len(live_addr) else []):
+            n2, a2, s2, ta2, tf2 = allocations[i]
+            if a2 < addr + size and addr < a2 + s2:
+                _fail(rule, f"PE{p} TCM allocation '{name}' [{addr}, {addr + size}) made at {_ns(t_alloc)} "
+                            f"overlaps live allocation '{n2}' [{a2}, {a2 + s2}) made at {_ns(ta2)}, "
+                            f"{'never freed' if tf2 is None else 'freed at ' + _ns(tf2)}")
+        if size == 0:
+            continue
+        if addr in live:  # cannot happen without an overlap above; keep the map consistent
+            _fail(rule, f"PE{p} TCM allocation '{name}' reuses live address {addr}")
+        live[addr] = j
+        live_addr.insert(k, addr)
+        if t_free is not None:
+            heapq.heappush(frees, (t_free, j))
+
+
+# ---- rule 5 --------------------------------------------------------------------------
+def _ranges(handles):
+    return [(h.space, *h.byte_range) for h in handles]
+
+
+def _overlaps(xs, ys) -> bool:
+    return any(s1 == s2 and lo1 < hi2 and lo2 < hi1 for s1, lo1, hi1 in xs for s2, lo2, hi2 in ys)
+
+
+def check_rw_no_interleave(p: int, plan, spans: dict) -> None:
+    """Rule ``rw_no_interleave``: composites sharing ``rw_handles`` bytes run one after
+    the other in dispatch order."""
+    recent = []  # (ranges, cmd_id) of composites a later one may still conflict with
+    for cmd, _stages in plan:
+        rw = getattr(cmd, "rw_handles", ())
+        if not rw:
+            continue
+        mine = _ranges(rw)
+        t_admit, t_done = spans[cmd.id]
+        keep = []
+        for ranges, cid in recent:
+            if _overlaps(mine, ranges):
+                ta, td = spans[cid]
+                if t_admit < td:
+                    shared = sorted({h.name for h in rw if _overlaps(_ranges([h]), ranges)})
+                    _fail("rw_no_interleave",
+                          f"PE{p} composite {cmd.id} (admitted {_ns(t_admit)}, done {_ns(t_done)}) "
+                          f"interleaved with composite {cid} ({_ns(ta)}–{_ns(td)}); they share "
+                          f"rw_handles {shared}")
+            covered = all(any(s == s2 and lo2 <= lo and hi <= hi2 for s2, lo2, hi2 in mine)
+                          for s, lo, hi in ranges)
+            if not covered:
+                keep.append((ranges, cid))
+        keep.append((mine, cmd.id))
+        recent = keep
+
+
+# ---- rule 6 --------------------------------------------------------------------------
+class _Access:
+    """The footprint of one numeric effect: what it reads and writes."""
+
+    __slots__ = ("sink", "reads", "writes")
+
+    def __init__(self, sink, reads, writes):
+        self.sink, self.reads, self.writes = sink, reads, writes
+
+    def __call__(self):
+        self.sink.append(self)
+
+
+class FootprintNumerics(Numerics):
+    """A :class:`~kbframe.numerics.Numerics` whose effects, instead of computing, report
+    the sources they read and the destinations they write (for re-planning a command)."""
+
+    def __init__(self):
+        self.sink: list = []
+
+    def _acc(self, reads, writes):
+        return _Access(self.sink, [s for s in reads if s is not None], [w for w in writes if w is not None])
+
+    def copy(self, src, dst):
+        return self._acc([src], [dst])
+
+    def gemm(self, a, b, acc_key, first, acc_init=None):
+        return self._acc([a, b] + ([] if first else [("acc", acc_key)]), [("acc", acc_key)])
+
+    def epilogue(self, kind, acc_key, others, extra):
+        return self._acc([("acc", acc_key), *others], [("acc", acc_key)])
+
+    def writeback(self, acc_key, dst):
+        return self._acc([("acc", acc_key)], [dst])
+
+    def math(self, kind, inputs, out, extra):
+        return self._acc([] if kind == "fill" else list(inputs), [(out, None)])
+
+    def accesses(self, stage):
+        """``(reads, writes)`` source lists of a re-planned stage."""
+        self.sink.clear()
+        if stage.effect is not None:
+            stage.effect()
+        reads, writes = [], []
+        for a in self.sink:
+            reads += a.reads
+            writes += a.writes
+        return reads, writes
+
+
+def _span(sl, n):
+    if sl is None:
+        return 0, n
+    r0, r1, _ = sl.indices(n)
+    return r0, r1
+
+
+def footprint(src) -> list:
+    """``[(space, lo, hi, label)]`` of a numerics source: ``(handle, region)``, a DMA
+    staging key (``str``) or ``("acc", key)``. Handles give byte intervals in their space
+    (one per row when a region covers only some columns); keys are their own space."""
+    if isinstance(src, str):
+        return [("stage:" + src, 0, 1, src)]
+    h, region = src
+    if h == "acc":
+        return [("acc:" + region, 0, 1, region)]
+    isz = itemsize(h.dtype)
+    R = h.buf_shape[0] if h.buf_shape else 1
+    C = prod(h.buf_shape[1:]) if len(h.buf_shape) > 1 else 1
+    w0, w1 = h.rows if h.rows is not None else (0, R)
+    rs, cs = region if region is not None else (None, None)
+    if h.trans:  # logical (C, w1-w0): region rows are buffer columns
+        c0, c1 = _span(rs, C)
+        r0, r1 = _span(cs, w1 - w0)
+    else:
+        r0, r1 = _span(rs, w1 - w0)
+        c0, c1 = _span(cs, C)
+    r0, r1 = w0 + r0, w0 + r1
+    stride = C * isz
+    if r1 <= r0 or c1 <= c0:
+        return []
+    if c0 == 0 and c1 == C:
+        return [(h.space, h.addr + r0 * stride, h.addr + r1 * stride, h.name)]
+    return [(h.space, h.addr + r * stride + c0 * isz, h.addr + r * stride + c1 * isz, h.name)
+            for r in range(r0, r1)]
+
+
+class _Space:
+    """Disjoint segments ``[lo, hi, last_writer, readers_since]`` of one memory space."""
+
+    __slots__ = ("lo", "seg")
+
+    def __init__(self):
+        self.lo: list = []
+        self.seg: list = []
+
+    def _split(self, x):
+        i = bisect_right(self.lo, x) - 1
+        if i >= 0:
+            s = self.seg[i]
+            if s[0] < x < s[1]:
+                self.lo.insert(i + 1, x)
+                self.seg.insert(i + 1, [x, s[1], s[2], list(s[3])])
+                s[1] = x
+
+    def cover(self, lo, hi) -> list:
+        """Segments exactly covering ``[lo, hi)`` (created empty where nothing was)."""
+        self._split(lo)
+        self._split(hi)
+        i = bisect_left(self.lo, lo)
+        out, pos = [], lo
+        while pos < hi:
+            if i < len(self.seg) and self.seg[i][0] == pos:
+                s = self.seg[i]
+            else:
+                end = min(self.lo[i], hi) if i < len(self.lo) else hi
+                s = [pos, end, None, []]
+                self.lo.insert(i, pos)
+                self.seg.insert(i, s)
+            out.append(s)
+            pos = s[1]
+            i += 1
+        return out
+
+
+def _stage_desc(st) -> str:
+    tile = f" tile {st.tile}" if st.tile >= 0 else ""
+    return f"{st.op_kind} on {st.unit.name} of command {st.cmd.id}{tile}"
+
+
+def _hazard(kind, later, earlier, label, lo, hi, space, t_later, t_earlier):
+    where = f"{space}[{lo}, {hi})" if space in ("tcm", "hbm") else space
+    verb = {"RAW": "reads what", "WAR": "overwrites what", "WAW": "overwrites what"}[kind]
+    did = {"RAW": "writes", "WAR": "reads", "WAW": "writes"}[kind]
+    _fail("data_dependencies",
+          f"{kind}: stage {_stage_desc(later)} started at {_ns(t_later)}, but it {verb} earlier stage "
+          f"{_stage_desc(earlier)} {did} ('{label}' {where}), and that stage ended only at {_ns(t_earlier)}")
+
+
+def check_data_dependencies(pe, plan) -> int:
+    """Rule ``data_dependencies``. Returns the number of byte-range accesses checked."""
+    nx = FootprintNumerics()
+    spaces: dict = defaultdict(_Space)
+    n = 0
+    for cmd, stages in plan:
+        replanned = plan_stages(cmd, pe.stage_units, nx)
+        if len(replanned) != len(stages) or any(
+                a.unit is not b.unit or a.op_kind != b.op_kind or a.tile != b.tile
+                for a, b in zip(replanned, stages)):
+            _fail("data_dependencies", f"PE{pe.index} command {cmd.id}: the stages that ran do not "
+                                       f"match its plan ({len(stages)} ran, {len(replanned)} planned)")
+        for rst, st in zip(replanned, stages):
+            reads, writes = nx.accesses(rst)
+            r_iv = [iv for s in reads for iv in footprint(s)]
+            w_iv = [iv for s in writes for iv in footprint(s)]
+            n += len(r_iv) + len(w_iv)
+            t0 = st.t_start
+            for space, lo, hi, label in r_iv:
+                for seg in spaces[space].cover(lo, hi):
+                    w = seg[2]
+                    if w is not None and w is not st and t0 < w.t_end:
+                        _hazard("RAW", st, w, label, seg[0], seg[1], space, t0, w.t_end)
+            for space, lo, hi, label in w_iv:
+                for seg in spaces[space].cover(lo, hi):
+                    w = seg[2]
+                    if w is not None and w is not st and t0 < w.t_end:
+                        _hazard("WAW", st, w, label, seg[0], seg[1], space, t0, w.t_end)
+                    for r in seg[3]:
+                        if r is not st and t0 < r.t_end:
+                            _hazard("WAR", st, r, label, seg[0], seg[1], space, t0, r.t_end)
+            for space, lo, hi, _ in r_iv:
+                for seg in spaces[space].cover(lo, hi):
+                    if not seg[3] or seg[3][-1] is not st:
+                        seg[3].append(st)
+            for space, lo, hi, _ in w_iv:
+                for seg in spaces[space].cover(lo, hi):
+                    seg[2] = st
+                    seg[3] = []
+    return n
