@@ -21,6 +21,7 @@ from .errors import ConfigError, InputsError
 from .numerics import Numerics, NumpyNumerics
 from .oplog import OpLog
 from .recipe import load_recipes
+from . import sanitizer
 from .schema import BenchConfig, CalibrationConfig, HardwareConfig, InputsConfig, RunConfig
 from .timebase import ps_to_ns
 from .tl import TL
@@ -165,9 +166,13 @@ def run_bench(cfg, out_dir: Path) -> dict:
 
     out_dir.mkdir(parents=True, exist_ok=True)
     numerics = NumpyNumerics(b.data_dtype) if b.data else Numerics()
-    oplog = OpLog(out_dir / "op_log.jsonl")
+    check = bool(cfg.run.check) if "run" in cfg else True
+    oplog_path = out_dir / "op_log.jsonl.partial"  # renamed once the run passed
+    oplog = OpLog(oplog_path)
     try:
         engine = Engine(cfg.hardware, numerics, oplog)
+        if check:
+            sanitizer.enable(engine)
         for name, arr in (("q", q), ("k", k), ("v", v), ("out", None)):
             shape = arr.shape if arr is not None else (G, d)
             engine.add_hbm_tensor(name, shape, b.dtype, arr)
@@ -176,10 +181,13 @@ def run_bench(cfg, out_dir: Path) -> dict:
         latency_ps = engine.run({b.pe: lambda: kernel(tl, G=G, d=d, S_kv=S_kv, tile=tile, scale=scale)})
     finally:
         oplog.close()
+    san = sanitizer.check(engine, oplog_path) if check else {"rules_checked": 0}
+    os.replace(oplog_path, out_dir / "op_log.jsonl")
 
     ref = reference(q, k, v, scale)
     n_tiles = -(-S_kv // tile)
     metrics = _metrics(cfg, engine, pe, oplog, latency_ps, n_tiles, G, d, S_kv, tile)
+    metrics["sanitizer"] = san
     tensors = {"q": q, "k": k, "v": v, "ref": ref}
     if b.data:
         out = numerics.read(engine.hbm["out"]).astype(np.float64)
