@@ -1,0 +1,118 @@
+"""The generic engine: import boundaries (ADR-0065 D5/D7, DDD §1 criterion 3), multi-PE
+construction, deadlock and TCM-overflow errors."""
+import ast
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from kbframe.engine import Engine
+from kbframe.errors import DeadlockError, TcmOverflowError
+from kbframe.handles import Completion
+from kbframe.numerics import Numerics
+from kbframe.oplog import OpLog
+from kbframe.tl import TL
+
+from conftest import REPO, Sim, compose_cfg
+
+BOUNDARY_MODULES = ["kbframe.engine", "kbframe.hw.pe", "kbframe.hw.pe_scheduler", "kbframe.hw.tiling",
+                    "kbframe.hw.unit", "kbframe.hw.pe_dma", "kbframe.hw.pe_gemm", "kbframe.hw.pe_math",
+                    "kbframe.hw.pe_cpu", "kbframe.hw.tcm"]
+RECIPE_MODULES = ("kbframe.recipe", "kbframe.tl", "kbframe.recipes", "recipes")
+
+
+def test_adr0065_scheduler_and_engines_import_nothing_recipe_related():
+    """In a fresh interpreter, importing the engine, the scheduler, tiling and every unit
+    loads no recipe-related module."""
+    code = ("import sys\n"
+            f"for m in {BOUNDARY_MODULES!r}: __import__(m)\n"
+            f"bad = sorted(m for m in sys.modules if m in {RECIPE_MODULES!r} or m.startswith('recipes.')"
+            " or m.startswith('kbframe.recipes.'))\n"
+            "print(repr(bad))\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("mod", BOUNDARY_MODULES)
+def test_boundary_module_source_has_no_recipe_imports(mod):
+    """Static check (catches lazy imports inside functions too)."""
+    path = REPO / (mod.replace(".", "/") + ".py")
+    tree = ast.parse(path.read_text())
+    imported = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            imported += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            imported += [base] + [f"{base}.{a.name}" for a in node.names]
+    assert not [m for m in imported if "recipe" in m or m.endswith(".tl") or m == "tl"], imported
+    assert "softmax_merge" not in path.read_text()
+
+
+@pytest.mark.parametrize("mod", ["kbframe/hw/pe_dma.py", "kbframe/hw/pe_gemm.py", "kbframe/hw/pe_math.py"])
+def test_engine_latency_models_never_read_op_kind(mod):
+    """Engines are op_kind-opaque (ADR-0065 D7): no attribute access to ``op_kind``."""
+    tree = ast.parse((REPO / mod).read_text())
+    assert not [n for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr == "op_kind"]
+
+
+def test_engine_builds_every_pe_and_they_run_concurrently(tmp_path):
+    """n_pes=2: two PEs with their own units; the same load on each takes the same time."""
+    cfg = compose_cfg("hardware.n_pes=2", bench=None)
+    log = OpLog(tmp_path / "op_log.jsonl")
+    eng = Engine(cfg.hardware, Numerics(), log)
+    assert len(eng.pes) == 2 and eng.pes[0].cpu is not eng.pes[1].cpu
+    assert eng.pes[0].stage_units["dma_read"] is not eng.pes[1].stage_units["dma_read"]
+    eng.add_hbm_tensor("k", (64, 128), "float16")
+    tls = [TL(pe, eng.hbm) for pe in eng.pes]
+    latency = eng.run({i: (lambda t=t: t.load(t.ref("k"))) for i, t in enumerate(tls)})
+    log.close()
+    # dispatch 41.5 ns, then 77 ns setup + 80 ns data on each PE's own read channel
+    assert latency == 41_500 + 157_000
+    assert [pe.cpu.n_commands for pe in eng.pes] == [1, 1]
+
+
+def test_deadlock_names_pe_and_wait(tmp_path):
+    sim = Sim(tmp_path, {}, data=False)
+
+    def kern(tl):
+        h = tl.zeros((8, 1), "x")
+        h.pending = Completion(99, "never")  # a completion no command will fire
+        tl.wait(h)
+
+    with pytest.raises(DeadlockError) as e:
+        sim.run(kern)
+    # the fill dispatches 0 → 41.25 ns (40 + 20/16), its MATH stage runs 1 cycle → last event 42.25 ns
+    assert str(e.value) == "deadlock at 42.25 ns: PE0 PE_CPU waits for Completion(cmd 99 never, done=False)"
+
+
+def test_tcm_overflow_names_request_free_and_capacity(tmp_path):
+    sim = Sim(tmp_path, {}, data=False, overrides=["hardware.tcm_bytes=4096"])
+
+    def kern(tl):
+        tl.empty((8, 128), "O")        # 2048 B
+        tl.empty((8, 64), "S")         # 1024 B → 3072 used, 1024 free
+        tl.empty((8, 65), "P")         # 1040 B → 1088 with 64 B alignment
+
+    with pytest.raises(TcmOverflowError) as e:
+        sim.run(kern)
+    assert str(e.value) == ("TCM overflow on PE0: request 'P' needs 1088 B, 1024 B free of 4096 B capacity "
+                            "(hardware.tcm_bytes)")
+
+
+def test_scratch_scope_frees_tcm(tmp_path):
+    sim = Sim(tmp_path, {}, data=False)
+    tops = []
+
+    def kern(tl):
+        tl.empty((8, 128), "arena")
+        tops.append(tl.pe.tcm.top)
+        with tl.scratch_scope():
+            tl.empty((8, 64), "tmp")
+            tops.append(tl.pe.tcm.top)
+        tops.append(tl.pe.tcm.top)
+
+    sim.run(kern)
+    assert tops == [2048, 3072, 2048]
