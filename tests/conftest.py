@@ -72,10 +72,11 @@ class Sim:
         data: data mode (numpy numerics) or timing only.
         overrides: extra config overrides (``calibration.R=0.25`` ...).
         recipes: ``{name: raw dict}`` of extra recipes besides the configured ones.
+        cfg: a composed root config to use instead of composing one from ``overrides``.
     """
 
-    def __init__(self, tmp_path, tensors: dict, data: bool = True, overrides=(), recipes=None):
-        self.cfg = compose_cfg(*overrides, bench=None)
+    def __init__(self, tmp_path, tensors: dict, data: bool = True, overrides=(), recipes=None, cfg=None):
+        self.cfg = cfg if cfg is not None else compose_cfg(*overrides, bench=None)
         raw = OmegaConf.to_container(self.cfg.recipes)
         raw.update(recipes or {})
         self.recipes = load_recipes(OmegaConf.create(raw))
