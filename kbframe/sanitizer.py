@@ -89,7 +89,8 @@ def check(engine, records) -> dict:
         spans = check_commands_once(pe, recs, plan)
         check_cpu_dispatch_serial(pe.index, recs)
         check_unit_capacity(pe, recs)
-        check_tcm_no_overlap(pe.index, pe.tcm.allocations, pe.tcm.capacity_bytes)
+        dispatches = sorted((_ps(r["t_start_ns"]), r["cmd"]) for r in recs if r["unit"] == "cpu")
+        check_tcm_no_overlap(pe.index, pe.tcm.allocations, pe.tcm.capacity_bytes, dispatches)
         check_rw_no_interleave(pe.index, plan, spans)
         n_acc += check_data_dependencies(pe, plan)
         n_cmds += len(plan)
@@ -155,7 +156,7 @@ def check_commands_once(pe, recs, plan) -> dict:
         t0, t1 = spans[c]
         for st in stages:
             if st.t_start < t0 or st.t_end > t1:
-                _fail(rule, f"PE{p} command {c}: stage {st.op_kind} on {st.unit.name} ran "
+                _fail(rule, f"PE{p} command {c}: stage {_stage_desc(st)} ran "
                             f"{_ns(st.t_start)}–{_ns(st.t_end)}, outside the command's span "
                             f"{_ns(t0)}–{_ns(t1)}")
     return spans
@@ -215,10 +216,16 @@ def check_unit_capacity(pe, recs) -> None:
 
 
 # ---- rule 4 --------------------------------------------------------------------------
-def check_tcm_no_overlap(p: int, allocations, capacity: int | None = None) -> None:
+def check_tcm_no_overlap(p: int, allocations, capacity: int | None = None, dispatches=()) -> None:
     """Rule ``tcm_no_overlap`` on ``[name, addr, size, t_alloc_ps, t_free_ps|None]`` in
-    allocation order. An allocation freed at the instant another is made is not live."""
+    allocation order. An allocation freed at the instant another is made is not live.
+    ``dispatches`` (sorted ``(t_start_ps, cmd)``) lets the message name the command each
+    allocation was made for (the next one PE_CPU dispatched)."""
     rule = "tcm_no_overlap"
+
+    def for_cmd(t):
+        i = bisect_left(dispatches, (t, -1))
+        return f" for command {dispatches[i][1]}" if i < len(dispatches) else ""
     live_addr: list = []  # sorted addresses of live allocations
     live: dict = {}  # addr -> index
     frees: list = []  # heap of (t_free, index)
@@ -236,8 +243,9 @@ def check_tcm_no_overlap(p: int, allocations, capacity: int | None = None) -> No
         for i in ([live[live_addr[k - 1]]] if k > 0 else []) + ([live[live_addr[k]]] if k < len(live_addr) else []):
             n2, a2, s2, ta2, tf2 = allocations[i]
             if a2 < addr + size and addr < a2 + s2:
-                _fail(rule, f"PE{p} TCM allocation '{name}' [{addr}, {addr + size}) made at {_ns(t_alloc)} "
-                            f"overlaps live allocation '{n2}' [{a2}, {a2 + s2}) made at {_ns(ta2)}, "
+                _fail(rule, f"PE{p} TCM allocation '{name}' [{addr}, {addr + size}) made at {_ns(t_alloc)}"
+                            f"{for_cmd(t_alloc)} overlaps live allocation '{n2}' [{a2}, {a2 + s2}) made at "
+                            f"{_ns(ta2)}{for_cmd(ta2)}, "
                             f"{'never freed' if tf2 is None else 'freed at ' + _ns(tf2)}")
         if size == 0:
             continue
@@ -275,8 +283,8 @@ def check_rw_no_interleave(p: int, plan, spans: dict) -> None:
                 if t_admit < td:
                     shared = sorted({h.name for h in rw if _overlaps(_ranges([h]), ranges)})
                     _fail("rw_no_interleave",
-                          f"PE{p} composite {cmd.id} (admitted {_ns(t_admit)}, done {_ns(t_done)}) "
-                          f"interleaved with composite {cid} ({_ns(ta)}–{_ns(td)}); they share "
+                          f"PE{p} composite command {cmd.id} (admitted {_ns(t_admit)}, done {_ns(t_done)}) "
+                          f"interleaved with composite command {cid} ({_ns(ta)}–{_ns(td)}); they share "
                           f"rw_handles {shared}")
             covered = all(any(s == s2 and lo2 <= lo and hi <= hi2 for s2, lo2, hi2 in mine)
                           for s, lo, hi in ranges)
@@ -413,16 +421,20 @@ class _Space:
 
 def _stage_desc(st) -> str:
     tile = f" tile {st.tile}" if st.tile >= 0 else ""
-    return f"{st.op_kind} on {st.unit.name} of command {st.cmd.id}{tile}"
+    on = "" if st.op_kind == st.unit.name else f" on {st.unit.name}"
+    return f"{st.op_kind}{on} of command {st.cmd.id}{tile}"
 
 
 def _hazard(kind, later, earlier, label, lo, hi, space, t_later, t_earlier):
-    where = f"{space}[{lo}, {hi})" if space in ("tcm", "hbm") else space
+    if space in ("tcm", "hbm"):
+        where = f"'{label}' {space}[{lo}, {hi})"
+    else:
+        where = ("DMA staging buffer " if space.startswith("stage:") else "GEMM accumulator ") + label
     verb = {"RAW": "reads what", "WAR": "overwrites what", "WAW": "overwrites what"}[kind]
     did = {"RAW": "writes", "WAR": "reads", "WAW": "writes"}[kind]
     _fail("data_dependencies",
           f"{kind}: stage {_stage_desc(later)} started at {_ns(t_later)}, but it {verb} earlier stage "
-          f"{_stage_desc(earlier)} {did} ('{label}' {where}), and that stage ended only at {_ns(t_earlier)}")
+          f"{_stage_desc(earlier)} {did} ({where}), and that stage ended only at {_ns(t_earlier)}")
 
 
 def check_data_dependencies(pe, plan) -> int:

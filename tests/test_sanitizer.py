@@ -1,0 +1,327 @@
+"""The simulation sanitizer (issue 4, ``run.check``): the shipped scheduler passes every
+rule; each rule, broken on purpose by a deliberately wrong scheduler, CPU, unit or
+allocator patched in for one test, raises a SanitizerError naming the rule, the commands
+and the times."""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+from greenlet import greenlet
+
+from conftest import Sim, read_oplog, run
+from kbframe import sanitizer
+from kbframe.errors import KbframeError, SanitizerError
+from kbframe.hw import pe_scheduler, tiling
+from kbframe.hw.pe_cpu import PeCpu
+from kbframe.hw.pe_dma import DmaChannel
+from kbframe.hw.pe_scheduler import PeScheduler, _overlap
+from kbframe.hw.tcm import Tcm
+from kbframe.hw.unit import Unit
+from kbframe.timebase import cycles_to_ps
+
+SMALL = ("bench.S_kv=200", "bench.G=4", "bench.d=32", "run.progress=false")
+
+
+def _expect(rule, fn):
+    with pytest.raises(SanitizerError) as ei:
+        fn()
+    e = ei.value
+    assert isinstance(e, KbframeError)
+    assert e.rule == rule, str(e)
+    msg = str(e)
+    assert f"rule {rule} violated" in msg
+    assert "command" in msg and re.search(r"\d ns", msg), msg
+    return msg
+
+
+# ---- the shipped scheduler passes --------------------------------------------------
+@pytest.mark.parametrize("bench", ["decode_opt2", "decode_opt3"])
+@pytest.mark.parametrize("shape", [
+    ("bench.S_kv=200",),                                       # ragged last tile
+    ("bench.d=256", "bench.S_kv=300", "bench.tile=256", "bench.G=3"),  # 2 output tiles, 2 K tiles
+    ("bench.S_kv=1",),
+])
+def test_shipped_scheduler_passes(tmp_path, bench, shape):
+    m = run(tmp_path, *shape, "run.progress=false", bench=bench)
+    s = m["sanitizer"]
+    assert s["rules_checked"] == len(sanitizer.RULES) == 6
+    assert s["rules"] == list(sanitizer.RULES)
+    assert s["commands"] == m["dispatch"]["commands"] and s["stages"] == m["sim"]["stages"]
+    assert s["accesses"] > s["stages"]
+
+
+def test_shipped_scheduler_passes_timing_only_long(tmp_path):
+    m = run(tmp_path, "bench.S_kv=4096", "bench.data=false", "run.progress=false", bench="decode_opt2")
+    assert m["sanitizer"]["rules_checked"] == 6
+
+
+def test_check_false_costs_nothing(tmp_path, monkeypatch):
+    """run.check=false: no stage record is kept and the sanitizer is never called."""
+    def boom(*a, **k):
+        raise AssertionError("sanitizer ran with run.check=false")
+    monkeypatch.setattr(sanitizer, "check", boom)
+    made = []
+    orig = PeScheduler.bind
+
+    def bind(self, pe):
+        made.append(self)
+        orig(self, pe)
+    monkeypatch.setattr(PeScheduler, "bind", bind)
+    m = run(tmp_path, *SMALL, "run.check=false")
+    assert m["sanitizer"] == {"rules_checked": 0}
+    assert made and all(s.record is None for s in made)
+
+
+# ---- rule 1: commands_once ---------------------------------------------------------------
+def test_commands_once_double_completion(tmp_path, monkeypatch):
+    """A scheduler that reports one command's completion twice."""
+    orig = PeScheduler._complete
+
+    def twice(self, cmd):
+        rec = self.inflight[cmd.id]
+        if cmd.id == 3:
+            self.pe.oplog.command(self.pe.index, cmd, rec.t_admit, self.env.now)
+        orig(self, cmd)
+    monkeypatch.setattr(PeScheduler, "_complete", twice)
+    msg = _expect("commands_once", lambda: run(tmp_path, *SMALL))
+    assert "command 3 completed 2 times" in msg
+
+
+def test_commands_once_stage_outside_span(tmp_path, monkeypatch):
+    """A scheduler that completes a command when its first stage ends, not its last."""
+    orig = PeScheduler._stage_done
+
+    def early(self, stage):
+        rec = self.inflight.get(stage.cmd.id)
+        if rec is not None and rec.remaining > 1:
+            rec.remaining = 1
+        if rec is None:  # the command was already completed: log the stage only
+            if stage.effect is not None:
+                stage.effect()
+            self.pe.oplog.stage(self.pe.index, stage)
+            for s in stage.succs:
+                s.deps -= 1
+                if s.deps == 0:
+                    s.unit.submit(s)
+            return
+        orig(self, stage)
+    monkeypatch.setattr(PeScheduler, "_stage_done", early)
+    msg = _expect("commands_once", lambda: run(tmp_path, *SMALL, "bench.data=false"))
+    assert "outside the command's span" in msg
+
+
+# ---- rule 2: cpu_dispatch_serial ---------------------------------------------------------
+def _parallel_run(self, program):
+    """A broken PE_CPU: starts each dispatch 1 ps after the previous one began."""
+    env, sched, oplog, idx = self.env, self.pe.scheduler, self.pe.oplog, self.pe.index
+    pending = []
+
+    def one(cmd, t0):
+        dt = cycles_to_ps(self.cost_cycles(cmd), self.clock_ghz)
+        yield env.timeout(dt)
+        self.n_commands += 1
+        self.cycles += self.cost_cycles(cmd)
+        oplog.dispatch(idx, cmd, t0, env.now)
+        sched.submit(cmd)
+
+    glet = greenlet(program)
+    req = glet.switch()
+    while not glet.dead:
+        kind, obj = req
+        if kind == "dispatch":
+            pending.append(env.process(one(obj, env.now)))
+            yield env.timeout(1)
+        req = glet.switch()
+    yield env.all_of(pending)
+    self.finished = True
+    self.t_end_ps = env.now
+
+
+def test_cpu_dispatch_serial(tmp_path, monkeypatch):
+    monkeypatch.setattr(PeCpu, "_run", _parallel_run)
+    msg = _expect("cpu_dispatch_serial", lambda: run(tmp_path, *SMALL, "bench.data=false", bench="decode_opt3"))
+    assert "while command" in msg and "was still dispatching" in msg
+
+
+# ---- rule 3: unit_capacity ---------------------------------------------------------------
+def test_unit_capacity_single_server_overlap(tmp_path, monkeypatch):
+    """A GEMM/MATH unit that starts every stage at once, ignoring the one in progress."""
+    def eager(self, now, stage):
+        stage.t_start, stage.t_end = now, now + self.duration_ps(stage)
+    monkeypatch.setattr(Unit, "reserve", eager)
+    msg = _expect("unit_capacity", lambda: run(tmp_path, *SMALL, "bench.data=false"))
+    assert "stages in flight at once" in msg and "limit 1" in msg
+
+
+def test_unit_capacity_dma_data_phases(tmp_path, monkeypatch):
+    """A DMA channel whose transfers move data at the same time on one channel."""
+    def no_data_channel(self, now, stage):
+        stage.t_start, stage.t_data = now, now + self.setup_ps
+        stage.t_end = stage.t_data + self.transfer_ps(stage.nbytes)
+    monkeypatch.setattr(DmaChannel, "reserve", no_data_channel)
+    msg = _expect("unit_capacity", lambda: run(tmp_path, *SMALL, "bench.data=false"))
+    assert "DMA data phases at once" in msg
+
+
+def test_unit_capacity_dma_outstanding(tmp_path, monkeypatch):
+    """A DMA channel that ignores max_outstanding (data phases still serialized)."""
+    def no_slots(self, now, stage):
+        ready = now + self.setup_ps
+        data_start = max(ready, self.free_ps)
+        end = data_start + self.transfer_ps(stage.nbytes)
+        self.free_ps = end
+        stage.t_start, stage.t_data, stage.t_end = now, data_start, end
+    monkeypatch.setattr(DmaChannel, "reserve", no_slots)
+    msg = _expect("unit_capacity", lambda: run(
+        tmp_path, *SMALL, "bench.data=false", "hardware.units.dma_read.max_outstanding=1",
+        bench="decode_opt3"))
+    assert "stages in flight at once" in msg and "dma_read" in msg
+
+
+# ---- rule 4: tcm_no_overlap --------------------------------------------------------------
+def test_tcm_no_overlap(tmp_path, monkeypatch):
+    """An allocator whose scratch_scope exit frees the whole TCM, arena included."""
+    orig = Tcm.pop_scope
+
+    def pop_all(self):
+        orig(self)
+        self.top = 0
+    monkeypatch.setattr(Tcm, "pop_scope", pop_all)
+    msg = _expect("tcm_no_overlap", lambda: run(tmp_path, *SMALL, bench="decode_opt3"))
+    assert "overlaps live allocation" in msg and "made at" in msg
+
+
+def test_tcm_no_overlap_direct():
+    allocs = [["m", 0, 64, 0, None], ["s", 64, 128, 1000, 2000], ["t", 64, 64, 2000, None],
+              ["bad", 32, 64, 2500, None]]
+    msg = _expect_direct("tcm_no_overlap", lambda: sanitizer.check_tcm_no_overlap(0, allocs, 1 << 20))
+    assert "'bad' [32, 96)" in msg and "'m' [0, 64)" in msg
+
+
+def _expect_direct(rule, fn):
+    with pytest.raises(SanitizerError) as ei:
+        fn()
+    assert ei.value.rule == rule
+    return str(ei.value)
+
+
+def test_tcm_freed_and_reused_same_instant_is_fine():
+    sanitizer.check_tcm_no_overlap(0, [["a", 0, 64, 0, 100], ["b", 0, 64, 100, None]], 128)
+
+
+# ---- rule 5: rw_no_interleave ------------------------------------------------------------
+def _no_hazards(self, reads, writes):
+    return None
+
+
+def test_rw_no_interleave(tmp_path, monkeypatch):
+    """A scheduler with no hazard tracking: opt2's #2 composites (rw m, l, O) overlap."""
+    monkeypatch.setattr(PeScheduler, "_blocker", _no_hazards)
+    msg = _expect("rw_no_interleave", lambda: run(tmp_path, *SMALL, "bench.data=false"))
+    assert "interleaved with composite command" in msg and "'O'" in msg
+
+
+# ---- rule 6: data_dependencies -----------------------------------------------------------
+def test_data_dependencies_raw_across_commands(tmp_path, monkeypatch):
+    """No hazard tracking: opt3's Q·Kᵀ starts before the DMA loading K_j has ended."""
+    monkeypatch.setattr(PeScheduler, "_blocker", _no_hazards)
+    msg = _expect("data_dependencies", lambda: run(tmp_path, *SMALL, bench="decode_opt3"))
+    assert msg.split("violated: ")[1].startswith("RAW")
+
+
+def test_data_dependencies_raw_within_command(tmp_path, monkeypatch):
+    """A planner that lets each GEMM stage start without waiting for its operand DMA."""
+    def drop_dma_edges(cmd, units, nx):
+        stages = tiling.plan_stages(cmd, units, nx)
+        for st in stages:
+            if st.op_kind == "dma_read":
+                for s in [s for s in st.succs if s.op_kind == "gemm"]:
+                    st.succs.remove(s)
+                    s.deps -= 1
+        return stages
+    monkeypatch.setattr(pe_scheduler, "plan_stages", drop_dma_edges)
+    msg = _expect("data_dependencies", lambda: run(tmp_path, *SMALL, "bench.data=false"))
+    assert "RAW: stage gemm of command" in msg and "dma_read" in msg and "DMA staging buffer" in msg
+
+
+def _raw_only(self, reads, writes):
+    for rec in self.inflight.values():
+        if _overlap(reads, rec.writes):
+            return rec.cmd.completion
+    return None
+
+
+def _sim_check(tmp_path, kernel):
+    rng = np.random.default_rng(0)
+    sim = Sim(tmp_path, {"a": rng.standard_normal((8, 64)), "b": rng.standard_normal((8, 64))})
+    sanitizer.enable(sim.engine)
+    log = sim.run(kernel)
+    return sanitizer.check(sim.engine, log)
+
+
+def test_data_dependencies_war(tmp_path, monkeypatch):
+    """A scheduler that tracks only RAW: reloading x starts while a copy still reads it."""
+    monkeypatch.setattr(PeScheduler, "_blocker", _raw_only)
+
+    def kern(tl):
+        x = tl.load(tl.ref("a"))
+        tl.copy(x)
+        tl.load(tl.ref("b"), out=x)
+    msg = _expect("data_dependencies", lambda: _sim_check(tmp_path, kern))
+    assert "WAR: stage dma_read" in msg and "copy" in msg
+
+
+def test_data_dependencies_waw(tmp_path, monkeypatch):
+    """A scheduler that tracks only RAW: two loads into x overlap."""
+    monkeypatch.setattr(PeScheduler, "_blocker", _raw_only)
+
+    def kern(tl):
+        x = tl.load(tl.ref("a"))
+        tl.load(tl.ref("b"), out=x)
+    msg = _expect("data_dependencies", lambda: _sim_check(tmp_path, kern))
+    assert "WAW: stage dma_read" in msg
+
+
+def test_same_kernels_pass_with_the_shipped_scheduler(tmp_path):
+    def kern(tl):
+        x = tl.load(tl.ref("a"))
+        tl.copy(x)
+        tl.load(tl.ref("b"), out=x)
+        tl.load(tl.ref("a"), out=x)
+    r = _sim_check(tmp_path, kern)
+    assert r["rules_checked"] == 6 and r["commands"] == 4
+
+
+# ---- footprints ---------------------------------------------------------------------------
+def test_footprint_transposed_tile_and_column_region(tmp_path):
+    """A Kᵀ tile region maps to buffer rows (keys) × columns (d range); a partial-column
+    region is one byte interval per row."""
+    rng = np.random.default_rng(0)
+    sim = Sim(tmp_path, {"k": rng.standard_normal((100, 256))})
+    k = sim.engine.hbm["k"]
+    kt = k[64:100].T  # logical (256, 36)
+    iv = sanitizer.footprint((kt, (slice(0, 128), slice(0, 36))))
+    assert len(iv) == 36
+    row = 256 * 2
+    assert iv[0][1:3] == (k.addr + 64 * row, k.addr + 64 * row + 128 * 2)
+    assert iv[-1][1:3] == (k.addr + 99 * row, k.addr + 99 * row + 128 * 2)
+    whole = sanitizer.footprint((k[64:100], None))
+    assert whole == [("hbm", k.addr + 64 * row, k.addr + 100 * row, "k[64:100]")]
+    sim.oplog.close()
+
+
+def test_sanitizer_needs_enable(tmp_path):
+    rng = np.random.default_rng(0)
+    sim = Sim(tmp_path, {"a": rng.standard_normal((8, 64))})
+    log = sim.run(lambda tl: tl.load(tl.ref("a")))
+    with pytest.raises(SanitizerError, match="enable"):
+        sanitizer.check(sim.engine, log)
+
+
+def test_cli_reports_sanitizer_error_as_one_line(tmp_path):
+    """The sanitizer's error reaches a CLI user as one kbframe error line (in-process here:
+    run_bench raises a KbframeError, which the CLI prints as ``kbframe: error: ...``)."""
+    e = SanitizerError("sanitizer: rule x violated: y", "x")
+    assert isinstance(e, KbframeError) and "\n" not in str(e)
