@@ -24,6 +24,8 @@ from .recipe import load_recipes
 from . import sanitizer
 from .schema import BenchConfig, CalibrationConfig, HardwareConfig, InputsConfig, RunConfig
 from .timebase import ps_to_ns
+from . import progress, roofline
+from .trace import write_trace
 from .tl import TL
 
 
@@ -178,11 +180,13 @@ def run_bench(cfg, out_dir: Path) -> dict:
             engine.add_hbm_tensor(name, shape, b.dtype, arr)
         pe = engine.pes[b.pe]
         tl = TL(pe, engine.hbm, recipes, b.dtype)
-        latency_ps = engine.run({b.pe: lambda: kernel(tl, G=G, d=d, S_kv=S_kv, tile=tile, scale=scale)})
+        with progress.attach(pe.cpu, cfg.run.progress, engine.hbm["k"], S_kv, tile):
+            latency_ps = engine.run({b.pe: lambda: kernel(tl, G=G, d=d, S_kv=S_kv, tile=tile, scale=scale)})
     finally:
         oplog.close()
     san = sanitizer.check(engine, oplog_path) if check else {"rules_checked": 0}
     os.replace(oplog_path, out_dir / "op_log.jsonl")
+    write_trace(out_dir / "op_log.jsonl", out_dir / "trace.json")
 
     ref = reference(q, k, v, scale)
     n_tiles = -(-S_kv // tile)
@@ -251,15 +255,13 @@ def summary(metrics: dict, out_dir: Path) -> str:
         f"{metrics['sim']['wall_s']:.2f} s wall)",
         f"  dispatch    {d['commands']} commands, {d['cycles']:.1f} cycles; per tile {d['commands_per_tile']:.2f} "
         f"commands, {d['cycles_per_tile']:.1f} cycles",
-        f"  roofline    {r['binding']}-bound at {r['bound_ns']:.1f} ns; achieved {r['fraction']:.1%} of the bound "
-        f"(hbm {r['hbm_ns']:.0f} / compute {r['compute_ns']:.0f} / dispatch {r['dispatch_ns']:.0f} ns)",
+        f"  roofline    {r['binding']}-bound at {r['bound_ns']:.1f} ns; achieved {r['fraction']:.1%} of the bound",
     ]
-    lines.append(f"  units       " + "  ".join(f"{k} {v['utilisation']:.0%}" for k, v in metrics["units"].items()
-                                              if k not in ("scheduler",)))
+    lines += roofline.table_lines(metrics, indent="    ")
     if n["enabled"]:
         lines.append(f"  numerics    max_abs_err {n['max_abs_err']:.3g}, max_rel_err {n['max_rel_err']:.3g} "
                      f"vs float64 reference ({n['dtype']})")
     else:
         lines.append("  numerics    off (bench.data=false)")
-    lines.append(f"  files       {out_dir}/{{metrics.json, op_log.jsonl, tensors.npz}}")
+    lines.append(f"  files       {out_dir}/{{metrics.json, op_log.jsonl, trace.json, tensors.npz}}")
     return "\n".join(lines)

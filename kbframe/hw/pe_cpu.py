@@ -45,6 +45,7 @@ class PeCpu:
         self.finished = False
         self.t_end_ps = 0
         self.proc = None
+        self.progress = None  # optional callable(cmd) after each dispatch (kbframe.progress)
 
     def cost_cycles(self, cmd) -> float:
         """Dispatch cost of ``cmd`` in PE_CPU cycles: ``FIXED + R × logical_bytes``."""
@@ -90,6 +91,8 @@ class PeCpu:
                 self.busy_ps += dt
                 oplog.dispatch(idx, obj, t0, env.now)
                 sched.submit(obj)
+                if self.progress is not None:
+                    self.progress(obj)
             elif kind == "wait":
                 if not obj.done:
                     ev = env.event()

@@ -1,0 +1,38 @@
+"""The roofline and unit-utilisation table of the console summary.
+
+Reads only ``metrics.json`` fields (``roofline.*``, ``units.*``, ``sim.latency_ns``):
+
+- the three lower bounds on latency: ``hbm`` = HBM bytes moved by DMA / HBM bandwidth,
+  ``compute`` = GEMM FLOPs / GEMM peak, ``dispatch`` = PE_CPU dispatch cycles / clock;
+  the largest is the binding one and ``fraction`` = bound / simulated latency;
+- per unit: busy time (a DMA channel counts its data phases, when it moves bytes), busy /
+  latency, stages (dispatches for ``cpu``), bytes (moved for DMA, read for GEMM/MATH,
+  logical bytes dispatched for ``cpu``).
+"""
+from __future__ import annotations
+
+UNIT_LABELS = {"cpu": "PE_CPU", "dma_read": "DMA read", "dma_write": "DMA write",
+               "gemm": "GEMM", "math": "MATH"}
+
+
+def table_lines(metrics: dict, indent: str = "  ") -> list[str]:
+    """Lines of the roofline/utilisation table for ``metrics``."""
+    r = metrics["roofline"]
+    lat = metrics["sim"]["latency_ns"] or 0.0
+    d = metrics.get("dispatch", {})
+    work = {"hbm": f"{r['hbm_bytes']:,} B",
+            "compute": f"{r['flops']:,} FLOP",
+            "dispatch": f"{d.get('cycles', 0):,.1f} cycles, {d.get('commands', 0):,} commands"}
+    lines = [f"{indent}{'bound':<10}{'ns':>12}{'of latency':>12}  work"]
+    for name in ("hbm", "compute", "dispatch"):
+        ns = r[f"{name}_ns"]
+        mark = "  ← binding" if name == r["binding"] else ""
+        share = f"{ns / lat:.1%}" if lat else "-"
+        lines.append(f"{indent}{name:<10}{ns:>12.1f}{share:>12}  {work[name]}{mark}")
+    lines.append(f"{indent}{'unit':<10}{'busy ns':>12}{'util':>12}{'count':>9}{'bytes':>14}")
+    for name, u in metrics.get("units", {}).items():
+        if name == "scheduler":
+            continue
+        lines.append(f"{indent}{UNIT_LABELS.get(name, name):<10}{u['busy_ns']:>12.1f}"
+                     f"{u['utilisation']:>12.1%}{u['count']:>9,}{u['bytes']:>14,}")
+    return lines
