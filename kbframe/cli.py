@@ -1,7 +1,9 @@
 """``python -m kbframe +bench=NAME [overrides]``: run a bench and report it.
 
 A user mistake is printed as one line ``kbframe: error: ...`` and exits with status 1; no
-traceback (DESIGN.md decision 6). Hydra's own composition errors (wrong types, unknown
+traceback (DESIGN.md decision 6). Every run writes ``status.json``; in a ``-m`` sweep a
+failed job is recorded and the others go on, and the sweep exits non-zero at the end
+(kbframe.jobstatus, kbframe.callbacks). Hydra's own composition errors (wrong types, unknown
 keys, unknown bench) are Hydra's messages, which name the key and list the options.
 """
 from __future__ import annotations
@@ -15,7 +17,8 @@ from omegaconf import DictConfig
 
 from . import schema
 from .bench import run_bench, summary
-from .errors import KbframeError
+from .errors import ConfigError, KbframeError
+from .jobstatus import JobStatus
 
 schema.register()
 
@@ -26,18 +29,17 @@ def _available_benches() -> list[str]:
 
 
 @hydra.main(version_base="1.3", config_path="pkg://kbframe.conf", config_name="config")
-def main(cfg: DictConfig) -> None:
-    if "bench" not in cfg:
-        print(f"kbframe: error: no bench selected; add +bench=NAME "
-              f"(available: {', '.join(_available_benches())})", file=sys.stderr)
-        sys.exit(1)
+def main(cfg: DictConfig) -> dict:
     out_dir = Path(HydraConfig.get().runtime.output_dir)
-    try:
+    # status.json in out_dir; a job of a -m sweep that fails is recorded and the sweep goes
+    # on (kbframe.jobstatus); a single run exits 1 with one line
+    with JobStatus.from_hydra() as job:
+        if "bench" not in cfg:
+            raise ConfigError(f"no bench selected; add +bench=NAME "
+                              f"(available: {', '.join(_available_benches())})")
         metrics = run_bench(cfg, out_dir)
-    except KbframeError as e:
-        print(f"kbframe: error: {e}", file=sys.stderr)
-        sys.exit(1)
-    print(summary(metrics, out_dir))
+        print(summary(metrics, out_dir))
+    return job.status
 
 
 if __name__ == "__main__":

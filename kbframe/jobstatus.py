@@ -1,0 +1,143 @@
+"""``status.json`` for every run, and failure isolation for the jobs of a sweep.
+
+Each run (a single run or one job of a ``-m`` sweep) writes ``status.json`` in its own
+directory: ``running`` when it starts, then ``ok``, ``failed`` (with the error) or
+``interrupted`` (Ctrl-C) before it exits, each write atomic (temporary file, rename). A
+``running`` status left behind means the process died without a word (killed).
+
+:class:`JobStatus` wraps a run. Outcomes:
+
+=================  ==========================================  ===========================
+exception          single run                                  job of a multirun
+=================  ==========================================  ===========================
+none               ``ok``                                      ``ok``
+KbframeError       ``kbframe: error: MSG``; exit 1             same line naming the job;
+                                                               the sweep goes on
+other Exception    traceback (a kbframe bug); exit 1           one line; traceback saved
+                                                               in status.json; goes on
+KeyboardInterrupt  ``kbframe: interrupted``; exit 130           same; the sweep stops
+=================  ==========================================  ===========================
+
+The sweep's callback (:mod:`kbframe.callbacks`) reads every job's status at the end,
+lists the failed ones and makes the command exit non-zero.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import socket
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from .errors import KbframeError
+
+STATUS_FILE = "status.json"
+#: exit status of an interrupted run (128 + SIGINT)
+EXIT_INTERRUPTED = 130
+
+
+def _now() -> str:
+    return _dt.datetime.now().astimezone().isoformat(timespec="milliseconds")
+
+
+def write_status(out_dir: Path, status: dict) -> None:
+    """Write ``status`` to ``out_dir/status.json`` atomically."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / STATUS_FILE
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w") as f:
+        json.dump(status, f, indent=2, ensure_ascii=False)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def read_status(job_dir: Path) -> dict | None:
+    """The job's status dict, or None if it has none (or it cannot be parsed)."""
+    try:
+        with open(Path(job_dir) / STATUS_FILE) as f:
+            st = json.load(f)
+        return st if isinstance(st, dict) else None
+    except (OSError, ValueError):
+        return None
+
+
+class JobStatus:
+    """Context manager around one run: records its outcome in ``status.json`` and isolates
+    failures of multirun jobs (see the module doc).
+
+    Args:
+        out_dir: the run's output directory.
+        multirun: whether this run is a job of a ``-m`` sweep.
+        job: ``{"num": ..., "overrides": [...]}`` recorded in the status.
+    """
+
+    def __init__(self, out_dir: Path, multirun: bool, job: dict | None = None):
+        self.out_dir = Path(out_dir)
+        self.multirun = multirun
+        self.status = {"status": "running", **(job or {}), "started": _now(), "finished": None,
+                       "wall_s": None, "host": socket.gethostname(), "pid": os.getpid(),
+                       "error": None, "error_type": None}
+        self.ok = False
+        self._t0 = 0.0
+
+    @classmethod
+    def from_hydra(cls) -> "JobStatus":
+        """For the current Hydra job: its output dir, mode, job number and overrides."""
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+        hc = HydraConfig.get()
+        multirun = hc.mode == RunMode.MULTIRUN
+        num = hc.job.get("num") if multirun else None
+        return cls(Path(hc.runtime.output_dir), multirun,
+                   {"num": num, "overrides": [str(o) for o in hc.overrides.task]})
+
+    @property
+    def label(self) -> str:
+        ov = " ".join(self.status.get("overrides") or [])
+        return f"job {self.status.get('num')} [{ov}]" if self.multirun else ""
+
+    def _finish(self, status: str, exc: BaseException | None = None, tb: bool = False) -> None:
+        self.status.update(status=status, finished=_now(), wall_s=round(time.perf_counter() - self._t0, 3))
+        if exc is not None:
+            self.status["error"] = str(exc) or type(exc).__name__
+            self.status["error_type"] = type(exc).__name__
+        if tb:
+            self.status["traceback"] = "".join(traceback.format_exception(exc))
+        try:
+            write_status(self.out_dir, self.status)
+        except OSError as e:  # never hide the run's own outcome behind this
+            print(f"kbframe: warning: cannot write {self.out_dir / STATUS_FILE}: {e}", file=sys.stderr)
+
+    def __enter__(self) -> "JobStatus":
+        self._t0 = time.perf_counter()
+        write_status(self.out_dir, self.status)
+        return self
+
+    def __exit__(self, et, exc, tb) -> bool:
+        where = f" ({self.label})" if self.multirun else ""
+        if et is None:
+            self.ok = True
+            self._finish("ok")
+            return False
+        if issubclass(et, KeyboardInterrupt):
+            self._finish("interrupted", exc)
+            print(f"kbframe: interrupted{where}; status in {self.out_dir / STATUS_FILE}", file=sys.stderr)
+            raise SystemExit(EXIT_INTERRUPTED)
+        if issubclass(et, KbframeError):
+            self._finish("failed", exc)
+            print(f"kbframe: error{where}: {exc}", file=sys.stderr)
+            if self.multirun:
+                return True
+            raise SystemExit(1)
+        if issubclass(et, Exception):
+            self._finish("failed", exc, tb=True)
+            if self.multirun:
+                print(f"kbframe: error{where}: {type(exc).__name__}: {exc} "
+                      f"(traceback in {self.out_dir / STATUS_FILE})", file=sys.stderr)
+                return True
+            return False  # a bug: Hydra prints the traceback and exits 1
+        self._finish("failed", exc)  # SystemExit and the like: record, let it go
+        return False
