@@ -1,0 +1,468 @@
+"""Aggregate a sweep directory into ``sweep.csv``, a summary table and ``sweep.png``.
+
+Runs at the end of every ``python -m kbframe -m ...`` sweep (from :mod:`kbframe.callbacks`)
+and by hand on any sweep directory, also an interrupted one::
+
+    python -m kbframe.report outputs/sweeps/2025-01-01_12-00-00_123456
+    python -m kbframe.report            # the newest sweep under outputs/sweeps/
+
+Jobs come from two places: the sweep plan (the job list Hydra's basic sweeper expands from
+``multirun.yaml``) and the job directories found under the sweep (any folder with
+``.hydra/overrides.yaml``). Each job's ``status`` is read from its ``status.json``:
+``ok``, ``failed`` (with the error), ``interrupted`` (Ctrl-C), ``running`` (started, never
+finished: the process was killed or is still going) or ``missing`` (planned, but no
+directory or no status: it never ran). Metrics come from ``metrics.json``; for a job
+without metrics, bench and calibration come from its ``.hydra/config.yaml``.
+
+Files written at the sweep root (each atomically: a temporary file, then rename):
+
+- ``sweep.csv``: one row per job: job number, status, bench, calibration, shape, the key
+  metrics (column names are ``metrics.json`` paths, e.g. ``dispatch.cycles_per_tile``), a
+  column per swept key that no metric column already holds, the overrides, the error, the
+  job directory;
+- ``summary.md``: the table printed on the console: every job, then opt3 and opt2 paired
+  at each R (and each other swept setting) with their dispatch-cost ratio
+  (``dispatch.cycles_per_tile`` opt3 / opt2) and latency ratio (``sim.latency_ns``
+  opt3 / opt2), then the jobs that did not finish ok;
+- ``sweep.png``: dispatch cycles per KV tile and latency against R, one line per bench.
+
+Exit status of the command: 0 when every job is ok, 1 when any failed, was interrupted or
+is missing, 2 when DIR is not a sweep directory.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .jobstatus import read_status
+
+#: metric columns of sweep.csv, as metrics.json paths
+METRIC_COLUMNS = [
+    "bench", "calibration.R", "calibration.FIXED", "shape.G", "shape.d", "shape.S_kv", "shape.tile",
+    "sim.latency_ns", "dispatch.commands", "dispatch.cycles", "dispatch.commands_per_tile",
+    "dispatch.cycles_per_tile", "numerics.max_abs_err", "numerics.max_rel_err",
+    "roofline.binding", "roofline.bound_ns", "roofline.fraction", "roofline.hbm_bytes",
+    "roofline.flops", "sim.events", "sim.wall_s",
+]
+#: where a metric column comes from in a job's config when it has no metrics.json
+CONFIG_FALLBACK = {"bench": "bench.name", "calibration.R": "calibration.R",
+                   "calibration.FIXED": "calibration.FIXED", "shape.G": "bench.G",
+                   "shape.d": "bench.d", "shape.S_kv": "bench.S_kv", "shape.tile": "bench.tile"}
+#: override keys that select the bench (its pairing partner differs only in these)
+BENCH_KEYS = ("bench", "+bench", "++bench")
+NOT_OK = ("failed", "interrupted", "running", "missing")
+
+
+@dataclass
+class Job:
+    """One job of a sweep as found on disk."""
+
+    num: int | None
+    overrides: list
+    status: str = "missing"
+    dir: Path | None = None
+    error: str | None = None
+    metrics: dict | None = None
+    values: dict = field(default_factory=dict)  # METRIC_COLUMNS → value
+
+    def get(self, col: str):
+        return self.values.get(col)
+
+    @property
+    def setting(self) -> tuple:
+        """The job's overrides other than the bench choice (its pairing key)."""
+        return tuple(o for o in self.overrides if _key(o) not in BENCH_KEYS)
+
+
+@dataclass
+class Report:
+    sweep_dir: Path
+    jobs: list
+    text: str
+
+    @property
+    def not_ok(self) -> list:
+        return [j for j in self.jobs if j.status != "ok"]
+
+
+def _key(override: str) -> str:
+    return override.split("=", 1)[0]
+
+
+def _dig(d: dict, path: str):
+    for part in path.split("."):
+        if not isinstance(d, dict) or part not in d:
+            return None
+        d = d[part]
+    return d
+
+
+# ---------------------------------------------------------------- discovery
+
+def sweep_plan(sweep_dir: Path) -> list[list[str]] | None:
+    """The jobs' override lists in job-number order, expanded from ``multirun.yaml`` the
+    way Hydra's basic sweeper does; None if there is no multirun.yaml or another sweeper
+    ran the sweep (then only the job directories found count)."""
+    path = sweep_dir / "multirun.yaml"
+    if not path.is_file():
+        return None
+    try:
+        from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+        from omegaconf import OmegaConf
+        hydra_cfg = OmegaConf.load(path).hydra
+        sweeper = OmegaConf.to_container(hydra_cfg.sweeper, resolve=False)
+        if not str(sweeper.get("_target_", "")).endswith("BasicSweeper"):
+            return None
+        params = [f"{k}={v}" for k, v in (sweeper.get("params") or {}).items()]
+        task = [str(o) for o in OmegaConf.to_container(hydra_cfg.overrides.task, resolve=False)]
+        overrides = OverridesParser.create().parse_overrides(params + task)
+        return [list(job) for batch in BasicSweeper.split_arguments(overrides, None) for job in batch]
+    except Exception:  # an unusual sweep (e.g. glob() choices); fall back to the directories
+        return None
+
+
+def _job_dirs(sweep_dir: Path) -> list[Path]:
+    dirs = []
+    for ov in sweep_dir.rglob(".hydra/overrides.yaml"):
+        d = ov.parent.parent
+        if d != sweep_dir and ".submitit" not in d.parts:
+            dirs.append(d)
+    return sorted(dirs)
+
+
+def _load_yaml(path: Path):
+    from omegaconf import OmegaConf
+    try:
+        return OmegaConf.load(path)
+    except Exception:
+        return None
+
+
+def _read_job(d: Path) -> Job:
+    from omegaconf import OmegaConf
+    ov = _load_yaml(d / ".hydra" / "overrides.yaml")
+    overrides = [str(o) for o in OmegaConf.to_container(ov)] if ov is not None else []
+    st = read_status(d)
+    num = st.get("num") if st else None
+    if num is None:
+        hy = _load_yaml(d / ".hydra" / "hydra.yaml")
+        num = OmegaConf.select(hy, "hydra.job.num", default=None) if hy is not None else None
+    if num is None and d.name.isdigit():
+        num = int(d.name)
+    job = Job(num=num, overrides=overrides, dir=d)
+    metrics = None
+    try:
+        with open(d / "metrics.json") as f:
+            metrics = json.load(f)
+    except (OSError, ValueError):
+        pass
+    if st is not None:
+        job.status = str(st.get("status", "missing"))
+        job.error = st.get("error")
+    elif metrics is not None:  # a run from before status.json existed
+        job.status = "ok"
+    if job.status == "ok" and metrics is None:
+        job.status, job.error = "failed", "status ok but no metrics.json"
+    job.metrics = metrics
+    if metrics is not None:
+        job.values = {c: _dig(metrics, c) for c in METRIC_COLUMNS}
+    else:
+        cfg = _load_yaml(d / ".hydra" / "config.yaml")
+        for col, path in CONFIG_FALLBACK.items():
+            try:
+                job.values[col] = OmegaConf.select(cfg, path, default=None) if cfg is not None else None
+            except Exception:
+                job.values[col] = None
+    return job
+
+
+def collect(sweep_dir: Path) -> list[Job]:
+    """Every job of the sweep, planned or found, in job-number order."""
+    sweep_dir = Path(sweep_dir)
+    found = [_read_job(d) for d in _job_dirs(sweep_dir)]
+    plan = sweep_plan(sweep_dir)
+    if plan is None:
+        return sorted(found, key=lambda j: (j.num is None, j.num or 0, str(j.dir)))
+    by_ov = {}
+    for j in found:
+        by_ov.setdefault(tuple(j.overrides), []).append(j)
+    jobs, used = [], set()
+    for num, ov in enumerate(plan):
+        cands = by_ov.get(tuple(ov), [])
+        match = next((j for j in cands if j.num == num), None) or next(
+            (j for j in cands if id(j) not in used), None)
+        if match is None:
+            job = Job(num=num, overrides=list(ov), error="never ran (no job directory or status)")
+            for o in ov:  # what the overrides say about the bench and R
+                k, v = _key(o), o.split("=", 1)[1]
+                if k in BENCH_KEYS:
+                    job.values["bench"] = v
+                elif k in CONFIG_FALLBACK.values():
+                    col = next(c for c, p in CONFIG_FALLBACK.items() if p == k)
+                    job.values[col] = _num(v)
+            jobs.append(job)
+        else:
+            used.add(id(match))
+            match.num = num
+            if match.status == "missing" and match.error is None:
+                match.error = "started, but wrote no status.json"
+            jobs.append(match)
+    jobs += [j for j in found if id(j) not in used]  # extra directories (another sweep's?)
+    return jobs
+
+
+def _num(v: str):
+    try:
+        f = float(v)
+        return int(f) if f.is_integer() and "." not in v and "e" not in v.lower() else f
+    except ValueError:
+        return v
+
+
+# ---------------------------------------------------------------- outputs
+
+def _swept_columns(jobs: list[Job]) -> list[str]:
+    """Override keys that vary or are set, minus those a metric column already holds."""
+    covered = {"bench", "+bench", "++bench"} | set(CONFIG_FALLBACK.values())
+    keys = []
+    for j in jobs:
+        for o in j.overrides:
+            k = _key(o).lstrip("+~")
+            if k not in covered and k not in keys and not k.startswith("hydra."):
+                keys.append(k)
+    return keys
+
+
+def csv_rows(jobs: list[Job]) -> tuple[list[str], list[dict]]:
+    """Header and rows of sweep.csv."""
+    extra = _swept_columns(jobs)
+    header = ["job", "status"] + METRIC_COLUMNS + extra + ["overrides", "error", "dir"]
+    rows = []
+    for j in jobs:
+        row = {"job": j.num, "status": j.status, **{c: j.get(c) for c in METRIC_COLUMNS}}
+        ovs = {_key(o).lstrip("+~"): o.split("=", 1)[1] if "=" in o else "" for o in j.overrides}
+        for k in extra:
+            row[k] = ovs.get(k)
+        row.update(overrides=" ".join(j.overrides), error=j.error or "", dir=str(j.dir or ""))
+        rows.append({k: ("" if v is None else v) for k, v in row.items()})
+    return header, rows
+
+
+def _fmt(v, spec: str, missing: str = "-") -> str:
+    if v is None or v == "" or (isinstance(v, float) and math.isnan(v)):
+        return missing
+    try:
+        return format(v, spec)
+    except (TypeError, ValueError):
+        return str(v)
+
+
+def _md_table(header: list[str], rows: list[list[str]], align: str) -> list[str]:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
+    def line(cells):
+        return "| " + " | ".join(c.rjust(w) if a == "r" else c.ljust(w)
+                                 for c, w, a in zip(cells, widths, align)) + " |"
+    sep = "|" + "|".join(("-" * (w + 1) + ":") if a == "r" else ("-" * (w + 2))
+                         for w, a in zip(widths, align)) + "|"
+    return [line(header), sep] + [line(r) for r in rows]
+
+
+def pairs(jobs: list[Job]) -> list[dict]:
+    """opt3/opt2 pairs: for each bench named ``*opt3*`` with a ``*opt2*`` partner in the
+    sweep, one pair per setting (overrides other than the bench), sorted by R descending."""
+    common = set.intersection(*(set(j.overrides) for j in jobs)) if jobs else set()
+    by = {}
+    for j in jobs:
+        b = j.get("bench")
+        if b:
+            by[(str(b), j.setting)] = j
+    out = []
+    for (b3, setting), j3 in by.items():
+        if "opt3" not in b3:
+            continue
+        b2 = b3.replace("opt3", "opt2")
+        j2 = by.get((b2, setting))
+        if j2 is None:
+            continue
+        def ratio(col, j3=j3, j2=j2):
+            if j3.status != "ok" or j2.status != "ok" or not j2.get(col):
+                return None
+            return j3.get(col) / j2.get(col)
+        R = j3.get("calibration.R") if j3.get("calibration.R") is not None else j2.get("calibration.R")
+        out.append({"opt3": j3, "opt2": j2, "R": R, "benches": (b3, b2),
+                    "other": " ".join(o for o in setting if _key(o) != "calibration.R" and o not in common),
+                    "dispatch_ratio": ratio("dispatch.cycles_per_tile"),
+                    "latency_ratio": ratio("sim.latency_ns")})
+    out.sort(key=lambda p: (p["other"], -(p["R"] if isinstance(p["R"], (int, float)) else 0)))
+    return out
+
+
+def summary_text(jobs: list[Job], sweep_dir: Path) -> str:
+    """The summary printed at the end of a sweep and saved as summary.md."""
+    counts = {}
+    for j in jobs:
+        counts[j.status] = counts.get(j.status, 0) + 1
+    lines = [f"## kbframe sweep {sweep_dir}", "",
+             f"{len(jobs)} jobs: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())), ""]
+    rows = []
+    for j in jobs:
+        ok = j.status == "ok"
+        rows.append([str(j.num), j.status, " ".join(j.overrides),
+                     _fmt(j.get("sim.latency_ns"), ".1f") if ok else "-",
+                     _fmt(j.get("dispatch.cycles_per_tile"), ".1f") if ok else "-",
+                     _fmt(j.get("dispatch.commands_per_tile"), ".2f") if ok else "-",
+                     (f"{j.get('roofline.binding')} {_fmt(j.get('roofline.fraction'), '.1%')}") if ok else "-",
+                     _fmt(j.get("numerics.max_abs_err"), ".2g", "off") if ok else "-"])
+    lines += _md_table(["job", "status", "overrides", "latency ns", "cycles/tile", "cmds/tile",
+                        "bound (of it)", "max abs err"], rows, "rllrrrlr")
+    ps = pairs(jobs)
+    if ps:
+        lines += ["", "### opt3 vs opt2 (ratio = opt3 / opt2)", ""]
+        with_other = any(p["other"] for p in ps)
+        prow = []
+        for p in ps:
+            j3, j2 = p["opt3"], p["opt2"]
+            def v(j, col, spec):
+                return _fmt(j.get(col), spec) if j.status == "ok" else j.status
+            r = [_fmt(p["R"], "g")] + ([p["other"] or "-"] if with_other else []) + [
+                v(j3, "dispatch.cycles_per_tile", ".1f"), v(j2, "dispatch.cycles_per_tile", ".1f"),
+                _fmt(p["dispatch_ratio"], ".2f") + ("×" if p["dispatch_ratio"] else ""),
+                v(j3, "sim.latency_ns", ".1f"), v(j2, "sim.latency_ns", ".1f"),
+                _fmt(p["latency_ratio"], ".2f") + ("×" if p["latency_ratio"] else "")]
+            prow.append(r)
+        head = ["R"] + (["other overrides"] if with_other else []) + [
+            "opt3 cycles/tile", "opt2 cycles/tile", "dispatch ratio",
+            "opt3 latency ns", "opt2 latency ns", "latency ratio"]
+        lines += _md_table(head, prow, "r" + ("l" if with_other else "") + "rrrrrr")
+    bad = [j for j in jobs if j.status != "ok"]
+    if bad:
+        lines += ["", f"### not ok: {len(bad)} of {len(jobs)} jobs", ""]
+        for j in bad:
+            lines.append(f"- job {j.num} [{' '.join(j.overrides)}]: {j.status}"
+                         + (f": {j.error}" if j.error else "") + (f" ({j.dir})" if j.dir else ""))
+    return "\n".join(lines) + "\n"
+
+
+def _atomic(path: Path, write) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_csv(jobs: list[Job], path: Path) -> None:
+    header, rows = csv_rows(jobs)
+    def w(tmp):
+        with open(tmp, "w", newline="") as f:
+            wr = csv.DictWriter(f, fieldnames=header)
+            wr.writeheader()
+            wr.writerows(rows)
+    _atomic(path, w)
+
+
+def write_plot(jobs: list[Job], path: Path) -> None:
+    """sweep.png: dispatch cycles per KV tile and latency against R, one line per bench
+    (and per other swept setting); ok jobs only."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    series = {}
+    for j in jobs:
+        if j.status != "ok" or j.get("calibration.R") is None:
+            continue
+        other = " ".join(o for o in j.setting if _key(o) != "calibration.R")
+        label = str(j.get("bench")) + (f" {other}" if other else "")
+        series.setdefault(label, []).append(j)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for label, js in sorted(series.items()):
+        js = sorted(js, key=lambda j: j.get("calibration.R"))
+        xs = [j.get("calibration.R") for j in js]
+        axes[0].plot(xs, [j.get("dispatch.cycles_per_tile") for j in js], "o-", label=label)
+        axes[1].plot(xs, [j.get("sim.latency_ns") for j in js], "o-", label=label)
+    for ax, title, ylab in ((axes[0], "PE_CPU dispatch cost per KV tile", "cycles per tile"),
+                            (axes[1], "simulated latency", "latency (ns)")):
+        ax.set_title(title)
+        ax.set_xlabel("R (cycles per logical byte)")
+        ax.set_ylabel(ylab)
+        if series and all(x > 0 for js in series.values() for x in (j.get("calibration.R") for j in js)):
+            ax.set_xscale("log", base=2)
+        ax.grid(True, alpha=0.3)
+        if series:
+            ax.legend(fontsize=8)
+        else:
+            ax.text(0.5, 0.5, "no finished jobs", ha="center", va="center", transform=ax.transAxes)
+    n_bad = sum(j.status != "ok" for j in jobs)
+    fig.suptitle(f"kbframe sweep: {len(jobs) - n_bad} ok" + (f", {n_bad} not ok" if n_bad else ""))
+    fig.tight_layout()
+    _atomic(path, lambda tmp: fig.savefig(tmp, format="png", dpi=100))
+    plt.close(fig)
+
+
+def write_report(sweep_dir: Path | str, echo: bool = True) -> Report:
+    """Collect the sweep's jobs and write sweep.csv, summary.md and sweep.png at its root.
+
+    Args:
+        echo: print the summary to stdout.
+    Raises:
+        NotADirectoryError: ``sweep_dir`` is not a directory.
+    """
+    sweep_dir = Path(sweep_dir)
+    if not sweep_dir.is_dir():
+        raise NotADirectoryError(f"no such sweep directory '{sweep_dir}'")
+    jobs = collect(sweep_dir)
+    text = summary_text(jobs, sweep_dir)
+    write_csv(jobs, sweep_dir / "sweep.csv")
+    _atomic(sweep_dir / "summary.md", lambda tmp: tmp.write_text(text))
+    write_plot(jobs, sweep_dir / "sweep.png")
+    if echo:
+        print(text, end="")
+        print(f"files: {sweep_dir}/{{sweep.csv, summary.md, sweep.png}}")
+    return Report(sweep_dir, jobs, text)
+
+
+def _newest_sweep(root: Path = Path("outputs/sweeps")) -> Path | None:
+    dirs = [d for d in root.glob("*") if d.is_dir()] if root.is_dir() else []
+    return max(dirs, key=lambda d: d.stat().st_mtime) if dirs else None
+
+
+def main(argv=None) -> int:
+    """``python -m kbframe.report [DIR ...]``: see the module doc."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    if args and args[0] in ("-h", "--help"):
+        print(__doc__.strip())
+        return 0
+    if not args:
+        newest = _newest_sweep()
+        if newest is None:
+            print("kbframe: error: no sweep directory given and none under outputs/sweeps/",
+                  file=sys.stderr)
+            return 2
+        args = [str(newest)]
+    rc = 0
+    for a in args:
+        d = Path(a)
+        if not d.is_dir():
+            print(f"kbframe: error: no such sweep directory '{d}'", file=sys.stderr)
+            return 2
+        if not (d / "multirun.yaml").is_file() and not _job_dirs(d):
+            print(f"kbframe: error: '{d}' is not a sweep directory (no multirun.yaml, no job "
+                  f"directories with .hydra/)", file=sys.stderr)
+            return 2
+        rep = write_report(d)
+        if rep.not_ok:
+            rc = 1
+            print(f"kbframe: {len(rep.not_ok)} of {len(rep.jobs)} jobs not ok", file=sys.stderr)
+    return rc
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
