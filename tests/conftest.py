@@ -43,7 +43,7 @@ def compose_cfg(*overrides, bench: str | None = "decode_opt2"):
 
 def run(out_dir: Path, *overrides, bench: str = "decode_opt2") -> dict:
     """Run ``bench`` in-process into ``out_dir``; returns the metrics dict."""
-    return run_bench(compose_cfg(*overrides, bench=bench), Path(out_dir))
+    return run_bench(compose_cfg("run.progress=false", *overrides, bench=bench), Path(out_dir))
 
 
 def read_oplog(path: Path) -> list[dict]:
