@@ -1,0 +1,178 @@
+"""kbframe.bench: inputs, validation, metrics, determinism, an end-to-end timeline by hand."""
+import json
+import math
+
+import numpy as np
+import pytest
+
+from kbframe.bench import load_inputs, make_inputs, reference
+from kbframe.errors import ConfigError, InputsError, TcmOverflowError
+
+from conftest import compose_cfg, load_out, read_oplog, ref64, run
+
+
+def test_opt2_single_tile_timeline_by_hand(tmp_path):
+    """decode_opt2, S_kv = TILE = 64, default hardware: every number below is hand-computed.
+
+    dispatch (40 + bytes/16 cycles, 1 GHz): load q 41.5 | fill m, l, O 41.25 each | #1 (54 B)
+    43.375 | #2 (306 B) 59.125 | div_bcast (32 B) 42 | store (24 B) 41.5 → 351.25 cycles.
+    #1 is dispatched 165.25→208.625; K DMA 208.625 + 77 setup + 16384/204.8 = 80 → 365.625;
+    GEMM max(16.384 compute, 18432 B / 512 = 36 feed) → 401.625; scale 512/64 = 8 → 409.625.
+    #2 (reads S written by #1) admitted at 409.625; prologue 8+1+1+8+8+1+16+1 = 44 → 453.625;
+    V DMA +157 → 610.625; GEMM 17408/512 = 34 → 644.625; add 1024/64 = 16 → 660.625.
+    div_bcast 16 → 676.625; store 77 + 2048/204.8 = 10 → 763.625 ns."""
+    m = run(tmp_path, "bench.S_kv=64", "bench.data=false")
+    assert m["dispatch"]["cycles"] == 351.25
+    assert m["sim"]["latency_ns"] == 763.625
+    log = read_oplog(tmp_path / "op_log.jsonl")
+    spans = {r["cmd"]: (r["t_start_ns"], r["t_end_ns"]) for r in log if r["unit"] == "scheduler"}
+    assert spans[5] == (208.625, 409.625)
+    assert spans[6] == (409.625, 660.625)
+    assert spans[7] == (660.625, 676.625)
+    assert spans[8] == (676.625, 763.625)
+    v = [r for r in log if r["unit"] == "dma_read" and r["cmd"] == 6]
+    assert [(r["t_start_ns"], r["t_data_ns"], r["t_end_ns"]) for r in v] == [(453.625, 530.625, 610.625)]
+    # roofline: HBM bytes q 2048 + K 16384 + V 16384 + out 2048 = 36864 → 180 ns; flops 2·2·8·128·64
+    # = 262144 → 32.768 ns; dispatch 351.25 ns → dispatch-bound, fraction 351.25 / 763.625
+    r = m["roofline"]
+    assert (r["bound_ns"], r["binding"]) == (351.25, "dispatch")
+    assert r["fraction"] == pytest.approx(351.25 / 763.625, rel=1e-12)
+
+
+@pytest.mark.parametrize("bench, binding, bound", [
+    # opt2: HBM K + V = 2·4096·128·2 B + q + out 2·2048 = 2 101 248 B / 204.8 = 10 260 ns
+    ("decode_opt2", "hbm", 10260.0),
+    # opt3: dispatch 64·545.5 + 290.5 = 35 202.5 cycles (tests/kernels/test_gqa_decode.py)
+    ("decode_opt3", "dispatch", 35202.5),
+])
+def test_roofline_binding_at_default_shapes(tmp_path, bench, binding, bound):
+    m = run(tmp_path, "bench.data=false", bench=bench)
+    r = m["roofline"]
+    assert (r["binding"], r["bound_ns"]) == (binding, bound)
+    assert r["fraction"] == pytest.approx(bound / m["sim"]["latency_ns"], rel=1e-12)
+    assert 0 < r["fraction"] <= 1
+
+
+def test_metrics_json_has_the_issue_keys(tmp_path):
+    run(tmp_path, "bench.S_kv=100", bench="decode_opt3")
+    m = json.loads((tmp_path / "metrics.json").read_text())
+    assert (m["bench"], m["kernel"]) == ("decode_opt3", "kbframe.kernels.gqa_decode.gqa_decode_opt3")
+    assert {k: m["shape"][k] for k in ("G", "d", "S_kv", "tile")} == {"G": 8, "d": 128, "S_kv": 100, "tile": 64}
+    for sect, keys in {"sim": ("latency_ns", "events", "wall_s"),
+                       "dispatch": ("commands", "cycles", "commands_per_tile", "cycles_per_tile"),
+                       "numerics": ("enabled", "max_abs_err", "max_rel_err"),
+                       "roofline": ("bound_ns", "binding", "fraction")}.items():
+        for k in keys:
+            assert k in m[sect], f"{sect}.{k}"
+    assert m["roofline"]["binding"] in ("hbm", "compute", "dispatch")
+    # 2 tiles: 2·13 + 7 = 33 commands
+    assert (m["dispatch"]["commands"], m["dispatch"]["commands_per_tile"]) == (33, 16.5)
+    assert m["sim"]["events"] == len(read_oplog(tmp_path / "op_log.jsonl"))
+    t = load_out(tmp_path)
+    assert set(t) >= {"q", "k", "v", "out", "ref"} and t["out"].shape == (8, 128)
+    assert m["numerics"]["max_abs_err"] == pytest.approx(np.abs(t["out"] - t["ref"]).max(), rel=1e-12)
+    assert m["numerics"]["max_rel_err"] == pytest.approx(
+        np.abs(t["out"] - t["ref"]).max() / np.abs(t["ref"]).max(), rel=1e-12)
+
+
+def test_op_log_records_have_the_issue_fields(tmp_path):
+    run(tmp_path, "bench.S_kv=64")
+    for r in read_oplog(tmp_path / "op_log.jsonl"):
+        assert {"pe", "unit", "op_kind", "cmd", "t_start_ns", "t_end_ns", "bytes"} <= set(r)
+        assert r["t_end_ns"] >= r["t_start_ns"] >= 0
+
+
+@pytest.mark.parametrize("bench", ["decode_opt2", "decode_opt3"])
+def test_determinism_identical_runs_identical_op_log(tmp_path, bench):
+    a, b = tmp_path / "a", tmp_path / "b"
+    ma = run(a, "bench.S_kv=300", "bench.inputs.peak=10", bench=bench)
+    mb = run(b, "bench.S_kv=300", "bench.inputs.peak=10", bench=bench)
+    assert (a / "op_log.jsonl").read_bytes() == (b / "op_log.jsonl").read_bytes()
+    assert len((a / "op_log.jsonl").read_bytes()) > 1000
+    for m in (ma, mb):
+        m["sim"].pop("wall_s")
+    assert ma == mb
+    ta, tb = load_out(a), load_out(b)
+    np.testing.assert_array_equal(ta["out"], tb["out"])
+
+
+def test_reference_matches_independent_float64():
+    r = np.random.default_rng(2)
+    q, k, v = r.standard_normal((8, 32)) * 30, r.standard_normal((50, 32)), r.standard_normal((50, 32))
+    np.testing.assert_allclose(reference(q, k, v, 0.2), ref64(q, k, v, 0.2), rtol=1e-13, atol=1e-13)
+
+
+@pytest.mark.parametrize("peak", [0.01, 1.0, 20.0])
+def test_generated_inputs_score_spread_is_peak(peak):
+    cfg = compose_cfg("bench.S_kv=4096", f"bench.inputs.peak={peak}")
+    inp = make_inputs(cfg.bench)
+    assert inp["scale"] == 1 / math.sqrt(128)
+    s = inp["q"] @ inp["k"].T * inp["scale"]
+    assert s.std() == pytest.approx(peak, rel=0.1)
+
+
+def test_load_inputs_ignores_extra_arrays_and_reads_scale(tmp_path):
+    p = tmp_path / "x.npz"
+    np.savez(p, q=np.ones((2, 4), np.float32), k=np.ones((3, 4)), v=np.ones((3, 4)), scale=np.array(0.25), z=1)
+    inp = load_inputs(str(p))
+    assert set(inp) == {"q", "k", "v", "scale"} and inp["scale"] == 0.25
+    assert inp["q"].dtype == np.float64 and inp["q"].shape == (2, 4)
+
+
+@pytest.mark.parametrize("arrays, msg", [
+    (dict(q=np.ones((2, 4)), k=np.ones((3, 4)), v=np.ones((3, 5))),
+     "bench.inputs.path: inconsistent shapes in '{p}': q (2, 4), k (3, 4), v (3, 5) "
+     "(need q (G, d), k and v (S_kv, d), all non-empty)"),
+    (dict(q=np.ones((2, 5)), k=np.ones((3, 4)), v=np.ones((3, 4))),
+     "bench.inputs.path: inconsistent shapes in '{p}': q (2, 5), k (3, 4), v (3, 4) "
+     "(need q (G, d), k and v (S_kv, d), all non-empty)"),
+    (dict(q=np.ones((2, 4)), k=np.ones((3, 4))),
+     "bench.inputs.path: '{p}' has no array 'v' (needs q, k, v)"),
+    (dict(q=np.ones((2, 4)), k=np.ones((3, 4)), v=np.ones((3, 4)), scale=np.ones(2)),
+     "bench.inputs.path: '{p}' scale must be a 0-d finite number > 0, got array([1., 1.])"),
+    (dict(q=np.full((2, 4), np.nan), k=np.ones((3, 4)), v=np.ones((3, 4))),
+     "bench.inputs.path: '{p}' array 'q' must be finite numbers"),
+])
+def test_load_inputs_errors_name_the_file(tmp_path, arrays, msg):
+    p = tmp_path / "bad.npz"
+    np.savez(p, **arrays)
+    with pytest.raises(InputsError) as e:
+        load_inputs(str(p))
+    assert str(e.value) == msg.format(p=p)
+
+
+def test_missing_inputs_file(tmp_path):
+    with pytest.raises(InputsError) as e:
+        run(tmp_path, f"bench.inputs.path={tmp_path}/nope.npz")
+    assert str(e.value) == f"bench.inputs.path: no such file '{tmp_path}/nope.npz'"
+
+
+def test_not_an_npz(tmp_path):
+    p = tmp_path / "x.npz"
+    p.write_text("hello")
+    with pytest.raises(InputsError, match=r"^bench.inputs.path: cannot read '.*x.npz' as .npz"):
+        load_inputs(str(p))
+
+
+@pytest.mark.parametrize("ov, msg", [
+    ("bench.tile=0", "bench.tile must be ≥ 1, got 0"),
+    ("bench.S_kv=0", "bench.S_kv must be ≥ 1, got 0"),
+    ("bench.G=-1", "bench.G must be ≥ 1, got -1"),
+    ("+calibration.typo=1", "unknown key 'calibration.typo' (known: FIXED, R, cap_bytes)"),
+    ("+bench.inputs.typo=1", "unknown key 'bench.inputs.typo' (known: path, peak)"),
+    ("calibration.R=-0.5", "calibration.R must be a finite number ≥ 0, got -0.5"),
+    ("calibration.cap_bytes=0", "calibration.cap_bytes must be ≥ 1, got 0"),
+    ("bench.kernel=os.system", "bench.kernel 'os.system' is outside the kbframe. namespace"),
+    ("bench.pe=1", "bench.pe=1 but hardware.n_pes=1"),
+])
+def test_config_errors_name_the_key(tmp_path, ov, msg):
+    with pytest.raises(ConfigError) as e:
+        run(tmp_path, ov)
+    assert str(e.value) == msg
+
+
+def test_tcm_too_small(tmp_path):
+    with pytest.raises(TcmOverflowError) as e:
+        run(tmp_path, "hardware.tcm_bytes=1024")
+    assert str(e.value) == ("TCM overflow on PE0: request 'q@tcm' needs 2048 B, 1024 B free of 1024 B capacity "
+                            "(hardware.tcm_bytes)")
