@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import micro_ops
+from .errors import NumericsError
 
 
 class Numerics:
@@ -49,24 +50,55 @@ class Numerics:
 class NumpyNumerics(Numerics):
     """Data mode: numpy buffers keyed by ``handle.buf``.
 
+    Precision follows where a number lives, as on mixed-precision hardware
+    (``bench.data_dtype``, docs/errors.md "fp16 data mode"):
+
+    * HBM tensors and DMA staging buffers (what DMA moves) are stored at ``dtype``;
+    * TCM tensors (``tl.empty/zeros/full``, recipe scratch, GEMM and MATH outputs: the
+      scores, P and the softmax state m, l, O) hold ``acc_dtype``, what the GEMM
+      accumulator and the MATH unit produce; a tile DMA'd into TCM holds ``dtype`` values;
+    * a GEMM rounds its operands to ``dtype`` (the matrix unit's input format) and
+      accumulates at ``acc_dtype``; MATH ops compute at ``acc_dtype``.
+
+    With ``dtype=float32`` everything is float32 and nothing is rounded. Only the numbers
+    follow this; timing (bytes moved, TCM footprint) always uses ``bench.dtype``.
+
     Args:
-        dtype: storage dtype of tensors (``float32`` default; ``float16`` stores fp16).
-        acc_dtype: dtype of GEMM accumulators and MATH arithmetic (``float32``).
+        dtype: storage dtype of HBM tensors (``float32`` default; ``float16``).
+        acc_dtype: GEMM accumulators, MATH arithmetic and TCM tensors; default float32,
+            or ``dtype`` when that is wider.
+    Raises:
+        NumericsError: an HBM tensor or a GEMM operand does not fit ``dtype`` (|x| beyond
+            its largest finite value; names the tensor), never a silent inf/NaN.
     """
 
     enabled = True
 
-    def __init__(self, dtype: str = "float32", acc_dtype: str = "float32"):
+    def __init__(self, dtype: str = "float32", acc_dtype: str | None = None):
         self.dtype = np.dtype(dtype)
-        self.acc_dtype = np.dtype(acc_dtype)
+        self.acc_dtype = np.dtype(acc_dtype) if acc_dtype is not None else np.promote_types(self.dtype, np.float32)
+        self.narrow = self.dtype.itemsize < self.acc_dtype.itemsize  # GEMM operands get rounded
         self.mem: dict[str, np.ndarray] = {}
         self.acc: dict[str, np.ndarray] = {}
 
+    def _fit(self, x, what: str) -> np.ndarray:
+        """``x`` rounded to the storage dtype; NumericsError if a finite value overflows."""
+        with np.errstate(over="ignore"):
+            y = np.asarray(x, dtype=self.dtype)
+        if np.isinf(y).any() and not np.isinf(np.asarray(x)).any():
+            big = float(np.max(np.abs(np.asarray(x, dtype=np.float64))))
+            raise NumericsError(f"{what} has |x| up to {big:.6g}, beyond {self.dtype.name}'s largest value "
+                                f"{float(np.finfo(self.dtype).max):.6g} (bench.data_dtype={self.dtype.name}); "
+                                f"use bench.data_dtype=float32 or smaller values")
+        return y
+
     def allocate(self, handle, value=None) -> None:
+        dt = self.dtype if handle.space == "hbm" else self.acc_dtype
         if value is None:
-            self.mem[handle.buf] = np.zeros(handle.buf_shape, self.dtype)
+            self.mem[handle.buf] = np.zeros(handle.buf_shape, dt)
         else:
-            self.mem[handle.buf] = np.asarray(value, dtype=self.dtype).reshape(handle.buf_shape)
+            arr = self._fit(value, f"HBM tensor '{handle.name}'") if dt == self.dtype else np.asarray(value, dt)
+            self.mem[handle.buf] = arr.reshape(handle.buf_shape)
 
     def free(self, handle) -> None:
         self.mem.pop(handle.buf, None)
@@ -97,11 +129,19 @@ class NumpyNumerics(Numerics):
             self._put(dst, self._get(src))
         return effect
 
+    def _operand(self, src) -> np.ndarray:
+        """A GEMM operand at the storage dtype (the matrix unit's input format)."""
+        x = self._get(src)
+        if x.dtype != self.dtype:
+            x = self._fit(x, f"GEMM operand '{src if isinstance(src, str) else src[0].name}'")
+        return x
+
     def gemm(self, a, b, acc_key, first, acc_init=None):
         acc_dtype = self.acc_dtype
+        get = self._operand if self.narrow else self._get
 
         def effect():
-            prod = self._get(a).astype(acc_dtype, copy=False) @ self._get(b).astype(acc_dtype, copy=False)
+            prod = get(a).astype(acc_dtype, copy=False) @ get(b).astype(acc_dtype, copy=False)
             for src in (a, b):  # a staging buffer is consumed by its GEMM stage
                 if isinstance(src, str):
                     self.mem.pop(src, None)

@@ -1,0 +1,136 @@
+"""Pre-flight checks: refuse an impossible run before the simulation starts, with the
+numbers (issue 4, DESIGN.md decision 6), so it fails in well under a second instead of
+after minutes of simulation or with a MemoryError.
+
+* :func:`check_host_memory` — the inputs (float64) and, in data mode, the numbers must fit
+  in this machine's memory;
+* :func:`check_inputs_fit` — in a narrow data mode (``bench.data_dtype=float16``) every
+  input must be representable (|x| ≤ 65504): refused with the array's name, never turned
+  into inf and then NaN;
+* :func:`check_resources` — the HBM tensors must fit ``hardware.hbm_bytes`` and the
+  kernel's TCM high water must fit the PE's TCM. The TCM need is exact: the kernel is run
+  once through the tl layer against an unbounded TCM without simulating anything (a dry
+  run: commands are built and dropped), so every allocation, scratch_scope and recipe
+  scratch counts exactly as in the real run. Emit-time errors (over-cap composites, two
+  GEMMs, ...) surface here too, before any file is written.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+from greenlet import greenlet
+
+from .engine import Engine
+from .errors import ConfigError, KbframeError, NumericsError, TcmOverflowError
+from .handles import itemsize
+from .numerics import Numerics
+from .oplog import OpLog
+from .tl import TL
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.3g} GiB"
+
+
+def host_bytes(G: int, d: int, S_kv: int, data: bool, data_dtype: str) -> int:
+    """Host memory a bench needs, bytes: q, k, v as float64 (inputs and tensors.npz), the
+    float64 reference's (G, S_kv) score temporaries and, in data mode, the HBM copies at
+    ``data_dtype``."""
+    n_in = G * d + 2 * S_kv * d
+    need = 8 * n_in + 3 * 8 * G * S_kv
+    if data:
+        need += np.dtype(data_dtype).itemsize * (n_in + G * d)
+    return need
+
+
+def physical_memory_bytes() -> int | None:
+    """This machine's physical memory, bytes (None if the OS does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_host_memory(G: int, d: int, S_kv: int, data: bool, data_dtype: str) -> None:
+    """Raise ConfigError if the bench's arrays cannot fit in host memory."""
+    need = host_bytes(G, d, S_kv, data, data_dtype)
+    have = physical_memory_bytes()
+    if have is not None and need > have:
+        raise ConfigError(f"bench needs about {_gib(need)} of host memory for its inputs and numbers "
+                          f"(G={G} d={d} S_kv={S_kv}, bench.data={str(data).lower()}); this machine has "
+                          f"{_gib(have)}; reduce bench.S_kv or bench.d")
+
+
+def check_inputs_fit(data_dtype: str, arrays: dict) -> None:
+    """Raise NumericsError naming the first array with a finite value beyond ``data_dtype``."""
+    dt = np.dtype(data_dtype)
+    top = float(np.finfo(dt).max)
+    if top >= float(np.finfo(np.float32).max):
+        return
+    for name, a in arrays.items():
+        big = float(np.max(np.abs(a))) if np.size(a) else 0.0
+        if big > top:
+            raise NumericsError(f"bench.data_dtype={data_dtype}: input '{name}' has |x| up to {big:.6g}, beyond "
+                                f"{data_dtype}'s largest value {top:.6g} (refused rather than stored as inf); "
+                                f"use bench.data_dtype=float32 or smaller inputs")
+
+
+def dry_run(hardware, pe_index: int, kernel, recipes: dict, dtype: str, shapes: dict, kwargs: dict) -> dict:
+    """Run ``kernel`` through the tl layer only, on an unbounded TCM; nothing is simulated.
+
+    Returns:
+        ``{"tcm_bytes": high water, "hbm_bytes": HBM footprint, "commands": n}``, or
+        ``{}`` if the kernel needs simulated values to go on (then only the real run's
+        TcmOverflowError guards the TCM).
+    Raises:
+        KbframeError: whatever the tl layer raises at emit (ValidationError ...).
+    """
+    engine = Engine(hardware, Numerics(), OpLog(None))
+    for name, shape in shapes.items():
+        engine.add_hbm_tensor(name, shape, dtype, None)
+    pe = engine.pes[pe_index]
+    capacity = pe.tcm.capacity_bytes
+    pe.tcm.capacity_bytes = 1 << 62
+    tl = TL(pe, engine.hbm, recipes, dtype)
+    glet = greenlet(lambda: kernel(tl, **kwargs))
+    n = 0
+    try:
+        req = glet.switch()
+        while not glet.dead:
+            n += req[0] == "dispatch"
+            req = glet.switch()
+    except KbframeError:
+        raise
+    except Exception:  # a kernel that reads simulated values: no exact dry run
+        return {}
+    return {"tcm_bytes": pe.tcm.high_water, "tcm_capacity_bytes": capacity,
+            "hbm_bytes": engine._hbm_top, "commands": n}
+
+
+def check_resources(cfg, kernel, recipes: dict, G: int, d: int, S_kv: int, tile: int, scale: float) -> dict:
+    """HBM and TCM needs of ``cfg.bench`` against ``cfg.hardware``, before any simulation.
+
+    Returns:
+        The :func:`dry_run` figures.
+    Raises:
+        ConfigError: the HBM tensors exceed ``hardware.hbm_bytes``.
+        TcmOverflowError: the kernel's TCM high water exceeds the PE's TCM (names both).
+        KbframeError: an emit-time error of the kernel.
+    """
+    b, hw = cfg.bench, cfg.hardware
+    shapes = {"q": (G, d), "k": (S_kv, d), "v": (S_kv, d), "out": (G, d)}
+    hbm_cap = hw.get("hbm_bytes")
+    isz = itemsize(b.dtype)
+    hbm_need = sum(-(-int(np.prod(s)) * isz // 4096) * 4096 for s in shapes.values())
+    if hbm_cap is not None and hbm_need > hbm_cap:
+        raise ConfigError(f"HBM too small: q, k, v and out need {hbm_need} B ({_gib(hbm_need)}) at G={G} d={d} "
+                          f"S_kv={S_kv} ({b.dtype}), hardware.hbm_bytes is {hbm_cap} B ({_gib(hbm_cap)})")
+    fig = dry_run(hw, int(b.pe), kernel, recipes, b.dtype, shapes,
+                  dict(G=G, d=d, S_kv=S_kv, tile=tile, scale=scale))
+    if fig and fig["tcm_bytes"] > fig["tcm_capacity_bytes"]:
+        raise TcmOverflowError(
+            f"TCM too small for {b.name} on PE{b.pe}: the kernel needs {fig['tcm_bytes']} B of TCM at "
+            f"G={G} d={d} S_kv={S_kv} tile={tile} ({b.dtype}; its allocation high water, from a dry run "
+            f"before the simulation), the PE has {fig['tcm_capacity_bytes']} B (hardware.tcm_bytes)")
+    return fig
