@@ -180,7 +180,8 @@ def run_bench(cfg, out_dir: Path) -> dict:
             engine.add_hbm_tensor(name, shape, b.dtype, arr)
         pe = engine.pes[b.pe]
         tl = TL(pe, engine.hbm, recipes, b.dtype)
-        with progress.attach(pe.cpu, cfg.run.progress, engine.hbm["k"], S_kv, tile):
+        show = bool(cfg.run.progress) if "run" in cfg else False
+        with progress.attach(pe.cpu, show, engine.hbm["k"], S_kv, tile):
             latency_ps = engine.run({b.pe: lambda: kernel(tl, G=G, d=d, S_kv=S_kv, tile=tile, scale=scale)})
     finally:
         oplog.close()

@@ -310,10 +310,14 @@ def summary_text(jobs: list[Job], sweep_dir: Path) -> str:
         counts[j.status] = counts.get(j.status, 0) + 1
     lines = [f"## kbframe sweep {sweep_dir}", "",
              f"{len(jobs)} jobs: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())), ""]
+    common = [o for o in jobs[0].overrides if all(o in j.overrides for j in jobs[1:])] \
+        if len(jobs) > 1 else []
+    if common:
+        lines += [f"common overrides: {' '.join(common)}", ""]
     rows = []
     for j in jobs:
         ok = j.status == "ok"
-        rows.append([str(j.num), j.status, " ".join(j.overrides),
+        rows.append([str(j.num), j.status, " ".join(o for o in j.overrides if o not in common) or "-",
                      _fmt(j.get("sim.latency_ns"), ".1f") if ok else "-",
                      _fmt(j.get("dispatch.cycles_per_tile"), ".1f") if ok else "-",
                      _fmt(j.get("dispatch.commands_per_tile"), ".2f") if ok else "-",

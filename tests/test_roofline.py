@@ -1,0 +1,78 @@
+"""Roofline and utilisation (issue 5): metrics.json's three bounds, HBM bytes, FLOPs and
+per-unit busy/utilisation against hand computation at the default shape, and the table in
+the console summary."""
+import pytest
+
+from kbframe.bench import summary
+
+from conftest import run
+
+G, D, S_KV, TILE = 8, 128, 4096, 64
+FP16 = 2
+HBM_GBPS, PEAK_TFLOPS, TCM_GBPS = 204.8, 8.0, 512.0
+
+
+@pytest.fixture(scope="module", params=["decode_opt2", "decode_opt3"])
+def metrics(request, tmp_path_factory):
+    d = tmp_path_factory.mktemp(request.param)
+    return run(d, "bench.data=false", bench=request.param), d
+
+
+def test_hbm_bytes_and_flops_by_hand(metrics):
+    m, _ = metrics
+    r = m["roofline"]
+    # DMA reads q (G, d) + K + V (S_kv, d) each once; DMA writes out (G, d)
+    hbm_bytes = (G * D + 2 * S_KV * D + G * D) * FP16
+    assert r["hbm_bytes"] == hbm_bytes == 2_101_248
+    # two GEMMs per key: q·Kᵀ (G×d by d×S_kv) and P·V (G×S_kv by S_kv×d), 2 flop per MAC
+    assert r["flops"] == 2 * (2 * G * S_KV * D) == 16_777_216
+    assert r["hbm_ns"] == pytest.approx(hbm_bytes / HBM_GBPS)            # 10 260 ns
+    assert r["compute_ns"] == pytest.approx(r["flops"] / (PEAK_TFLOPS * 1000))  # 2 097.152 ns
+    assert r["dispatch_ns"] == pytest.approx(m["dispatch"]["cycles"] / 1.0)     # 1 GHz
+    bounds = {k: r[f"{k}_ns"] for k in ("hbm", "compute", "dispatch")}
+    assert r["binding"] == max(bounds, key=bounds.get)
+    assert r["bound_ns"] == bounds[r["binding"]]
+    assert r["fraction"] == pytest.approx(r["bound_ns"] / m["sim"]["latency_ns"])
+
+
+def test_dispatch_cycles_are_fixed_plus_r_times_bytes(metrics):
+    m, _ = metrics
+    cpu = m["units"]["cpu"]
+    assert cpu["count"] == m["dispatch"]["commands"]
+    assert m["dispatch"]["cycles"] == pytest.approx(40.0 * cpu["count"] + 0.0625 * cpu["bytes"])
+    assert cpu["busy_ns"] == pytest.approx(m["dispatch"]["cycles"])
+
+
+def test_unit_busy_time_and_utilisation_by_hand(metrics):
+    m, _ = metrics
+    u, lat = m["units"], m["sim"]["latency_ns"]
+    # DMA busy = data phases only: bytes / bandwidth (setup latency overlaps)
+    assert u["dma_read"]["bytes"] == (G * D + 2 * S_KV * D) * FP16
+    assert u["dma_read"]["busy_ns"] == pytest.approx(u["dma_read"]["bytes"] / HBM_GBPS)
+    assert u["dma_write"]["busy_ns"] == pytest.approx(G * D * FP16 / HBM_GBPS)
+    # GEMM per tile: max(flops / peak, operand bytes / TCM read); operand reads bind here:
+    # q·Kᵀ reads q (G·d) + K_j (TILE·d), P·V reads P (G·TILE) + V_j (TILE·d)
+    n_tiles = S_KV // TILE
+    qk = max(2 * G * TILE * D / (PEAK_TFLOPS * 1000), (G * D + TILE * D) * FP16 / TCM_GBPS)
+    pv = max(2 * G * TILE * D / (PEAK_TFLOPS * 1000), (G * TILE + TILE * D) * FP16 / TCM_GBPS)
+    assert u["gemm"]["count"] == 2 * n_tiles
+    assert u["gemm"]["busy_ns"] == pytest.approx(n_tiles * (qk + pv))  # 4 480 ns
+    for name, unit in u.items():
+        assert unit["utilisation"] == pytest.approx(unit["busy_ns"] / lat)
+        assert 0 <= unit["utilisation"] <= 1
+
+
+def test_console_summary_shows_the_roofline_table(metrics):
+    m, d = metrics
+    text = summary(m, d)
+    lines = text.splitlines()
+    head = next(i for i, l in enumerate(lines) if l.split()[:3] == ["bound", "ns", "of"])
+    rows = {l.split()[0]: l for l in lines[head + 1:head + 4]}
+    assert set(rows) == {"hbm", "compute", "dispatch"}
+    assert "← binding" in rows[m["roofline"]["binding"]]
+    assert f"{m['roofline']['hbm_ns']:.1f}" in rows["hbm"] and "2,101,248 B" in rows["hbm"]
+    assert "16,777,216 FLOP" in rows["compute"]
+    unit_head = next(i for i, l in enumerate(lines) if l.split()[:2] == ["unit", "busy"])
+    units = {l.split()[0] for l in lines[unit_head + 1:unit_head + 6]}
+    assert units == {"PE_CPU", "DMA", "GEMM", "MATH"}  # DMA read, DMA write
+    assert f"{m['units']['gemm']['utilisation']:.1%}" in text
