@@ -17,11 +17,11 @@ from hydra.utils import get_method
 from omegaconf import OmegaConf
 
 from .engine import Engine
-from .errors import ConfigError, InputsError
+from .errors import ConfigError, InputsError, NumericsError, OutputError
 from .numerics import Numerics, NumpyNumerics
 from .oplog import OpLog
 from .recipe import load_recipes
-from . import sanitizer
+from . import preflight, sanitizer
 from .schema import BenchConfig, CalibrationConfig, HardwareConfig, InputsConfig, RunConfig
 from .timebase import ps_to_ns
 from . import progress, roofline
@@ -67,7 +67,11 @@ def validate(cfg) -> None:
         raise ConfigError(f"hardware.n_pes must be ≥ 1, got {cfg.hardware.n_pes}")
     if not str(b.kernel).startswith("kbframe."):
         raise ConfigError(f"bench.kernel '{b.kernel}' is outside the kbframe. namespace")
-    for key in ("clock_ghz", "hbm_gbps", "tcm_bytes"):
+    if b.seed < 0:
+        raise ConfigError(f"bench.seed must be ≥ 0, got {b.seed}")
+    if not (math.isfinite(b.inputs.peak) and b.inputs.peak >= 0):
+        raise ConfigError(f"bench.inputs.peak must be a finite number ≥ 0, got {b.inputs.peak}")
+    for key in ("clock_ghz", "hbm_gbps", "hbm_bytes", "tcm_bytes"):
         if cfg.hardware[key] <= 0:
             raise ConfigError(f"hardware.{key} must be > 0, got {cfg.hardware[key]}")
     for key in ("FIXED", "R"):
@@ -101,7 +105,8 @@ def load_inputs(path: str) -> dict:
         raise InputsError(f"bench.inputs.path: inconsistent shapes in '{path}': q {q.shape}, k {k.shape}, "
                           f"v {v.shape} (need q (G, d), k and v (S_kv, d), all non-empty)")
     for name, a in (("q", q), ("k", k), ("v", v)):
-        if not np.issubdtype(a.dtype, np.number) or not np.all(np.isfinite(a)):
+        if not (np.issubdtype(a.dtype, np.integer) or np.issubdtype(a.dtype, np.floating)) \
+                or not np.all(np.isfinite(a)):
             raise InputsError(f"bench.inputs.path: '{path}' array '{name}' must be finite numbers")
     out = {"q": q.astype(np.float64), "k": k.astype(np.float64), "v": v.astype(np.float64)}
     if "scale" in arrays:
@@ -134,10 +139,13 @@ def reference(q, k, v, scale) -> np.ndarray:
 def write_json_atomic(path: Path, obj) -> None:
     """Write JSON to ``path`` via a temporary file and rename (no half-written file)."""
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2, sort_keys=False)
-        f.write("\n")
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            json.dump(obj, f, indent=2, sort_keys=False)
+            f.write("\n")
+        os.replace(tmp, path)
+    except OSError as e:
+        raise OutputError(f"cannot write '{path}': {e.strerror or e}") from None
 
 
 def run_bench(cfg, out_dir: Path) -> dict:
@@ -156,6 +164,7 @@ def run_bench(cfg, out_dir: Path) -> dict:
         inp = load_inputs(b.inputs.path)
         inp.setdefault("scale", b.scale if b.scale is not None else 1.0 / math.sqrt(inp["q"].shape[1]))
     else:
+        preflight.check_host_memory(b.G, b.d, b.S_kv, b.data, b.data_dtype)
         inp = make_inputs(b)
     q, k, v, scale = inp["q"], inp["k"], inp["v"], float(inp["scale"])
     G, d = q.shape
@@ -166,11 +175,17 @@ def run_bench(cfg, out_dir: Path) -> dict:
     except Exception:
         raise ConfigError(f"bench.kernel: cannot import '{b.kernel}'") from None
 
-    out_dir.mkdir(parents=True, exist_ok=True)
+    if b.data:
+        preflight.check_inputs_fit(b.data_dtype, {"q": q, "k": k, "v": v}, scale)
+    preflight.check_resources(cfg, kernel, recipes, G, d, S_kv, tile, scale)
+    try:  # nothing in out_dir is touched before this point
+        out_dir.mkdir(parents=True, exist_ok=True)
+        oplog_path = out_dir / "op_log.jsonl.partial"  # renamed once the run passed
+        oplog = OpLog(oplog_path)
+    except OSError as e:
+        raise OutputError(f"cannot write the run directory '{out_dir}': {e.strerror or e}") from None
     numerics = NumpyNumerics(b.data_dtype) if b.data else Numerics()
     check = bool(cfg.run.check) if "run" in cfg else True
-    oplog_path = out_dir / "op_log.jsonl.partial"  # renamed once the run passed
-    oplog = OpLog(oplog_path)
     try:
         engine = Engine(cfg.hardware, numerics, oplog)
         if check:
@@ -196,6 +211,9 @@ def run_bench(cfg, out_dir: Path) -> dict:
     tensors = {"q": q, "k": k, "v": v, "ref": ref}
     if b.data:
         out = numerics.read(engine.hbm["out"]).astype(np.float64)
+        if not np.all(np.isfinite(out)):
+            raise NumericsError(f"the kernel's output 'out' has {int(np.sum(~np.isfinite(out)))} non-finite "
+                                f"value(s) (never reported as an error number)")
         tensors["out"] = out
         err = np.abs(out - ref)
         metrics["numerics"] = {"enabled": True, "dtype": b.data_dtype,
@@ -204,8 +222,11 @@ def run_bench(cfg, out_dir: Path) -> dict:
     else:
         metrics["numerics"] = {"enabled": False, "dtype": None, "max_abs_err": None, "max_rel_err": None}
     tmp = out_dir / "tensors.tmp.npz"
-    np.savez(tmp, **tensors)
-    os.replace(tmp, out_dir / "tensors.npz")
+    try:
+        np.savez(tmp, **tensors)
+        os.replace(tmp, out_dir / "tensors.npz")
+    except OSError as e:
+        raise OutputError(f"cannot write '{out_dir / 'tensors.npz'}': {e.strerror or e}") from None
     write_json_atomic(out_dir / "metrics.json", metrics)
     return metrics
 

@@ -62,18 +62,24 @@ def check_host_memory(G: int, d: int, S_kv: int, data: bool, data_dtype: str) ->
                           f"{_gib(have)}; reduce bench.S_kv or bench.d")
 
 
-def check_inputs_fit(data_dtype: str, arrays: dict) -> None:
-    """Raise NumericsError naming the first array with a finite value beyond ``data_dtype``."""
+def check_inputs_fit(data_dtype: str, arrays: dict, scale: float | None = None) -> None:
+    """Raise NumericsError naming the first input with a finite value beyond ``data_dtype``
+    (or, with ``scale``, scores ``q·kᵀ·scale`` beyond the float32 accumulator)."""
     dt = np.dtype(data_dtype)
     top = float(np.finfo(dt).max)
-    if top >= float(np.finfo(np.float32).max):
-        return
     for name, a in arrays.items():
         big = float(np.max(np.abs(a))) if np.size(a) else 0.0
         if big > top:
             raise NumericsError(f"bench.data_dtype={data_dtype}: input '{name}' has |x| up to {big:.6g}, beyond "
                                 f"{data_dtype}'s largest value {top:.6g} (refused rather than stored as inf); "
-                                f"use bench.data_dtype=float32 or smaller inputs")
+                                f"use {'bench.data_dtype=float32 or ' if dt.itemsize < 4 else ''}smaller inputs")
+    if scale is not None and "q" in arrays and "k" in arrays:
+        acc_top = float(np.finfo(np.promote_types(dt, np.float32)).max)
+        with np.errstate(over="ignore", invalid="ignore"):
+            s_max = float(np.max(np.abs(arrays["q"]) @ np.abs(arrays["k"]).T)) * abs(scale)
+        if not s_max <= acc_top:
+            raise NumericsError(f"scores q·kᵀ·scale reach |s| ≈ {s_max:.6g}, beyond the accumulator's largest "
+                                f"value {acc_top:.6g}; use smaller inputs or bench.scale")
 
 
 def dry_run(hardware, pe_index: int, kernel, recipes: dict, dtype: str, shapes: dict, kwargs: dict) -> dict:

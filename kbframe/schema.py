@@ -27,6 +27,7 @@ class HardwareConfig:
     n_pes: int = 1
     clock_ghz: float = 1.0
     hbm_gbps: float = 204.8
+    hbm_bytes: int = 64 * 1024**3  # HBM capacity shared by the PEs, bytes (pre-flight check)
     tcm_bytes: int = 16 * 1024 * 1024
     allow_external_targets: bool = False
     units: Dict[str, Any] = field(default_factory=dict)
