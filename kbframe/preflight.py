@@ -110,7 +110,7 @@ def dry_run(hardware, pe_index: int, kernel, recipes: dict, dtype: str, shapes: 
         raise
     except Exception:  # a kernel that reads simulated values: no exact dry run
         return {}
-    return {"tcm_bytes": pe.tcm.high_water, "tcm_capacity_bytes": capacity,
+    return {"tcm_bytes": pe.tcm.high_water, "tcm_capacity_bytes": capacity, "tcm_allocations": pe.tcm.allocations,
             "hbm_bytes": engine._hbm_top, "commands": n}
 
 
@@ -135,8 +135,10 @@ def check_resources(cfg, kernel, recipes: dict, G: int, d: int, S_kv: int, tile:
     fig = dry_run(hw, int(b.pe), kernel, recipes, b.dtype, shapes,
                   dict(G=G, d=d, S_kv=S_kv, tile=tile, scale=scale))
     if fig and fig["tcm_bytes"] > fig["tcm_capacity_bytes"]:
+        cap = fig["tcm_capacity_bytes"]
+        name, addr, size = next((n, a, s) for n, a, s, *_ in fig["tcm_allocations"] if a + s > cap)
         raise TcmOverflowError(
-            f"TCM too small for {b.name} on PE{b.pe}: the kernel needs {fig['tcm_bytes']} B of TCM at "
-            f"G={G} d={d} S_kv={S_kv} tile={tile} ({b.dtype}; its allocation high water, from a dry run "
-            f"before the simulation), the PE has {fig['tcm_capacity_bytes']} B (hardware.tcm_bytes)")
+            f"TCM overflow on PE{b.pe}: request '{name}' needs {size} B, {cap - addr} B free of {cap} B "
+            f"capacity (hardware.tcm_bytes); {b.name} needs {fig['tcm_bytes']} B of TCM in all at G={G} d={d} "
+            f"S_kv={S_kv} tile={tile} ({b.dtype}), found by a dry run before the simulation")
     return fig
