@@ -18,8 +18,8 @@ Files written at the sweep root (each atomically: a temporary file, then rename)
 
 - ``sweep.csv``: one row per job: job number, status, bench, calibration, shape, the key
   metrics (column names are ``metrics.json`` paths, e.g. ``dispatch.cycles_per_tile``), a
-  column per swept key that no metric column already holds, the overrides, the error, the
-  job directory;
+  column per swept key (an override whose value differs between jobs) that no metric
+  column already holds, the overrides, the error, the job directory;
 - ``summary.md``: the table printed on the console: every job, then opt3 and opt2 paired
   at each R (and each other swept setting) with their dispatch-cost ratio
   (``dispatch.cycles_per_tile`` opt3 / opt2) and latency ratio (``sim.latency_ns``
@@ -167,6 +167,8 @@ def _read_job(d: Path) -> Job:
         job.error = st.get("error")
     elif metrics is not None:  # a run from before status.json existed
         job.status = "ok"
+    if job.status == "running" and not job.error:
+        job.error = "started, never finished (killed, or still running)"
     if job.status == "ok" and metrics is None:
         job.status, job.error = "failed", "status ok but no metrics.json"
     job.metrics = metrics
@@ -228,15 +230,15 @@ def _num(v: str):
 # ---------------------------------------------------------------- outputs
 
 def _swept_columns(jobs: list[Job]) -> list[str]:
-    """Override keys that vary or are set, minus those a metric column already holds."""
-    covered = {"bench", "+bench", "++bench"} | set(CONFIG_FALLBACK.values())
-    keys = []
-    for j in jobs:
-        for o in j.overrides:
-            k = _key(o).lstrip("+~")
-            if k not in covered and k not in keys and not k.startswith("hydra."):
-                keys.append(k)
-    return keys
+    """Override keys whose value differs between jobs (the swept ones), minus those a
+    metric column already holds."""
+    covered = {"bench"} | set(CONFIG_FALLBACK.values())
+    per_job = [{_key(o).lstrip("+~"): o.split("=", 1)[1] if "=" in o else "" for o in j.overrides}
+               for j in jobs]
+    keys = list(dict.fromkeys(k for seen in per_job for k in seen))  # first-seen order
+    values = {k: {seen.get(k) for seen in per_job} for k in keys}
+    return [k for k, vs in values.items()
+            if len(vs) > 1 and k not in covered and not k.startswith("hydra.")]
 
 
 def csv_rows(jobs: list[Job]) -> tuple[list[str], list[dict]]:

@@ -1,0 +1,178 @@
+"""Sweep aggregation by hand (``python -m kbframe.report DIR``) on an interrupted sweep with
+ok, failed, missing and never-finished jobs; status.json outcomes of kbframe.jobstatus;
+metrics.json is never half-written (issue 5 "Failure isolation")."""
+import csv
+import json
+import shutil
+
+import pytest
+from omegaconf import OmegaConf
+
+from kbframe import bench, report
+from kbframe.bench import run_bench, write_json_atomic
+from kbframe.errors import ConfigError
+from kbframe.jobstatus import EXIT_INTERRUPTED, JobStatus, read_status
+
+from conftest import compose_cfg
+
+TASK = ["+bench=decode_opt2,decode_opt3", "calibration.R=0.25,0.0625", "bench.tile=64,0",
+        "bench.S_kv=128", "bench.data=false", "run.progress=false", "run.check=false"]
+BASIC = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
+
+
+def _plan():
+    """Hydra's basic-sweeper order: the first key varies slowest (values as Hydra writes
+    them into each job's overrides.yaml: ``bench.data=False``)."""
+    return [[f"+bench={b}", f"calibration.R={r}", f"bench.tile={t}", "bench.S_kv=128", "bench.data=False",
+             "run.progress=False", "run.check=False"]
+            for b in ("decode_opt2", "decode_opt3") for r in ("0.25", "0.0625") for t in ("64", "0")]
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    """A sweep directory as an interrupted run leaves it: jobs 0, 4 ok; 1, 3, 5, 7 failed
+    (bench.tile=0); job 2 started and never finished (status running); job 6 never ran."""
+    d = tmp_path_factory.mktemp("sweep")
+    OmegaConf.save(OmegaConf.create({"hydra": {"sweeper": {"_target_": BASIC, "max_batch_size": None,
+                                                           "params": None},
+                                               "overrides": {"task": TASK}}}), d / "multirun.yaml")
+    assert report.sweep_plan(d) == _plan()
+    for num, ov in enumerate(_plan()):
+        if num == 6:
+            continue
+        jd = d / str(num)
+        (jd / ".hydra").mkdir(parents=True)
+        OmegaConf.save(OmegaConf.create(ov), jd / ".hydra" / "overrides.yaml")
+        cfg = compose_cfg(*ov, bench=None)
+        OmegaConf.save(cfg, jd / ".hydra" / "config.yaml")
+        if num == 2:
+            JobStatus(jd, True, {"num": num, "overrides": ov}).__enter__()  # killed: never finishes
+            continue
+        with JobStatus(jd, True, {"num": num, "overrides": ov}):
+            run_bench(cfg, jd)
+    return d
+
+
+def _rows(d):
+    with open(d / "sweep.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_report_by_hand_marks_failed_missing_and_unfinished_jobs(sweep, tmp_path, capsys):
+    d = tmp_path / "copy"
+    shutil.copytree(sweep, d)
+    assert report.main([str(d)]) == 1
+    out = capsys.readouterr()
+    rows = _rows(d)
+    assert [r["job"] for r in rows] == [str(i) for i in range(8)]
+    assert [r["status"] for r in rows] == ["ok", "failed", "running", "failed",
+                                           "ok", "failed", "missing", "failed"]
+    for r in rows:
+        assert r["overrides"].split() == _plan()[int(r["job"])]
+        assert r["bench"] in ("decode_opt2", "decode_opt3") and float(r["calibration.R"]) in (0.25, 0.0625)
+        if r["status"] == "failed":
+            assert "bench.tile must be ≥ 1, got 0" in r["error"]
+            assert r["shape.tile"] == "0" and r["sim.latency_ns"] == ""
+        if r["status"] == "ok":
+            assert float(r["dispatch.cycles_per_tile"]) > 0 and r["error"] == ""
+    assert rows[6]["dir"] == "" and "never ran" in rows[6]["error"]
+    # printed and saved summary: pairs where both finished, markers where not, the list
+    text = (d / "summary.md").read_text()
+    assert text in out.out
+    assert "6 not ok" not in text and "not ok: 6 of 8 jobs" in text
+    pair = {(c[0], c[1]): c for c in ([x.strip() for x in l.strip("|").split("|")]
+                                       for l in text.split("### opt3 vs opt2")[1].split("###")[0].splitlines()
+                                       if l.startswith("|"))}
+    assert pair["0.25", "bench.tile=64"][4].endswith("×")  # both ok: a ratio
+    assert pair["0.0625", "bench.tile=64"][2:5] == ["missing", "running", "-"]
+    assert pair["0.25", "bench.tile=0"][2:5] == ["failed", "failed", "-"]
+    for num in (1, 2, 3, 5, 6, 7):
+        assert f"- job {num} [" in text
+    assert "6 of 8 jobs not ok" in out.err
+    assert (d / "sweep.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_report_of_a_complete_pair(sweep):
+    jobs = report.collect(sweep)
+    pairs = report.pairs(jobs)
+    ok = [p for p in pairs if p["dispatch_ratio"] is not None]
+    assert len(ok) == 1 and ok[0]["R"] == 0.25
+    j3, j2 = ok[0]["opt3"], ok[0]["opt2"]
+    assert ok[0]["dispatch_ratio"] == pytest.approx(j3.get("dispatch.cycles_per_tile") / j2.get("dispatch.cycles_per_tile"))
+    assert ok[0]["dispatch_ratio"] > 2
+    assert ok[0]["latency_ratio"] == pytest.approx(j3.get("sim.latency_ns") / j2.get("sim.latency_ns"))
+
+
+def test_report_without_plan_uses_the_job_dirs(sweep, tmp_path):
+    d = tmp_path / "noplan"
+    shutil.copytree(sweep, d)
+    (d / "multirun.yaml").unlink()
+    jobs = report.write_report(d, echo=False).jobs
+    assert [j.num for j in jobs] == [0, 1, 2, 3, 4, 5, 7]  # job 6 cannot be known
+
+
+def test_report_refuses_a_directory_that_is_no_sweep(tmp_path, capsys):
+    assert report.main([str(tmp_path)]) == 2
+    assert report.main([str(tmp_path / "nope")]) == 2
+    assert "not a sweep directory" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- status.json
+
+def test_status_ok(tmp_path):
+    with JobStatus(tmp_path, False, {"num": None, "overrides": ["a=1"]}) as job:
+        assert read_status(tmp_path)["status"] == "running"
+    st = read_status(tmp_path)
+    assert job.ok and st["status"] == "ok" and st["overrides"] == ["a=1"] and st["wall_s"] >= 0
+
+
+def test_single_run_error_exits_1_with_one_line(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        with JobStatus(tmp_path, False):
+            raise ConfigError("bench.tile must be ≥ 1, got 0")
+    assert e.value.code == 1
+    assert capsys.readouterr().err == "kbframe: error: bench.tile must be ≥ 1, got 0\n"
+    st = read_status(tmp_path)
+    assert (st["status"], st["error"], st["error_type"]) == ("failed", "bench.tile must be ≥ 1, got 0", "ConfigError")
+
+
+def test_multirun_job_errors_are_recorded_and_swallowed(tmp_path, capsys):
+    with JobStatus(tmp_path / "a", True, {"num": 3, "overrides": ["bench.tile=0"]}):
+        raise ConfigError("bench.tile must be ≥ 1, got 0")
+    assert "kbframe: error (job 3 [bench.tile=0]): bench.tile" in capsys.readouterr().err
+    with JobStatus(tmp_path / "b", True, {"num": 4, "overrides": []}):
+        raise RuntimeError("a bug")
+    st = read_status(tmp_path / "b")
+    assert st["status"] == "failed" and st["error_type"] == "RuntimeError"
+    assert "Traceback" in st["traceback"] and "a bug" in st["traceback"]
+
+
+def test_single_run_bug_keeps_its_traceback(tmp_path):
+    with pytest.raises(RuntimeError):
+        with JobStatus(tmp_path, False):
+            raise RuntimeError("a bug")
+    assert read_status(tmp_path)["status"] == "failed"
+
+
+def test_ctrl_c_is_recorded_as_interrupted(tmp_path):
+    for multirun in (False, True):
+        with pytest.raises(SystemExit) as e:
+            with JobStatus(tmp_path, multirun):
+                raise KeyboardInterrupt
+        assert e.value.code == EXIT_INTERRUPTED
+        assert read_status(tmp_path)["status"] == "interrupted"
+
+
+def test_metrics_json_is_never_half_written(tmp_path, monkeypatch):
+    """Ctrl-C while metrics.json is being written leaves the previous file (or none)."""
+    write_json_atomic(tmp_path / "metrics.json", {"old": 1})
+    real_dump = json.dump
+
+    def dump_then_ctrl_c(obj, f, **kw):
+        f.write('{"half": ')
+        raise KeyboardInterrupt
+    monkeypatch.setattr(bench.json, "dump", dump_then_ctrl_c)
+    with pytest.raises(KeyboardInterrupt):
+        write_json_atomic(tmp_path / "metrics.json", {"new": 2})
+    monkeypatch.setattr(bench.json, "dump", real_dump)
+    assert json.loads((tmp_path / "metrics.json").read_text()) == {"old": 1}

@@ -1,0 +1,191 @@
+"""Hydra multirun sweeps end to end (issue 5), each a real ``python -m kbframe -m ...`` in a
+subprocess, timing-only on small shapes to stay quick:
+
+- the six-job R sweep aggregates itself: sweep.csv (6 ok rows), the opt3/opt2 summary
+  (dispatch ratio > 2, rising as R falls), a valid sweep.png;
+- ``+sweep=r_sweep`` on the joblib launcher (2 workers) gives the same numbers;
+- a job that fails on purpose: the others run, every job has status.json, the failed row
+  carries its error, every failed job is listed at the end, the exit status is non-zero;
+- submitit_local stands in for a cluster;
+- two sweeps started together get their own directories;
+- a single run that fails is one line and exit 1; Ctrl-C leaves ``interrupted`` and no
+  metrics.json.
+"""
+import csv
+import json
+import os
+import signal
+import struct
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import REPO, cli
+
+SIX = ["+bench=decode_opt2,decode_opt3", "calibration.R=0.25,0.0625,0.03125"]
+# the bench is swept, so the sweep's root config has no bench node: other bench keys need ++
+SMALL = ["++bench.S_kv=512", "++bench.data=false"]
+RS = (0.25, 0.0625, 0.03125)
+
+
+def read_csv(path):
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def png_size(path):
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR", "not a PNG"
+    return struct.unpack(">II", data[16:24])
+
+
+def by_bench_r(rows):
+    return {(r["bench"], float(r["calibration.R"])): r for r in rows}
+
+
+@pytest.fixture(scope="module")
+def serial(tmp_path_factory):
+    d = tmp_path_factory.mktemp("serial") / "sweep"
+    p = cli("-m", *SIX, *SMALL, f"hydra.sweep.dir={d}")
+    return p, d
+
+
+@pytest.fixture(scope="module")
+def joblib_named(tmp_path_factory):
+    pytest.importorskip("hydra_plugins.hydra_joblib_launcher")
+    d = tmp_path_factory.mktemp("joblib") / "sweep"
+    p = cli("-m", "+sweep=r_sweep", *SMALL, "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
+            f"hydra.sweep.dir={d}")
+    return p, d
+
+
+def test_six_job_sweep_writes_csv_summary_and_plot(serial):
+    p, d = serial
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = read_csv(d / "sweep.csv")
+    assert len(rows) == 6 and all(r["status"] == "ok" for r in rows)
+    for col in ("sim.latency_ns", "dispatch.cycles_per_tile", "dispatch.commands_per_tile",
+                "numerics.max_abs_err", "roofline.fraction", "overrides", "error"):
+        assert col in rows[0]
+    assert sorted(r["job"] for r in rows) == [str(i) for i in range(6)]
+    # every job directory: status ok, metrics, op_log and trace
+    for r in rows:
+        jd = d / r["job"]
+        assert json.loads((jd / "status.json").read_text())["status"] == "ok"
+        for f in ("metrics.json", "op_log.jsonl", "trace.json"):
+            assert (jd / f).is_file()
+    # opt3/opt2 dispatch ratio > 2 at every R and rising as R falls
+    t = by_bench_r(rows)
+    ratios = [float(t["decode_opt3", R]["dispatch.cycles_per_tile"]) /
+              float(t["decode_opt2", R]["dispatch.cycles_per_tile"]) for R in RS]
+    assert all(x > 2 for x in ratios) and ratios == sorted(ratios), ratios
+    # the summary pairs them, printed and saved
+    summary = (d / "summary.md").read_text()
+    assert summary in p.stdout
+    pair_rows = [l for l in summary.splitlines() if l.startswith("|") and "×" in l]
+    assert len(pair_rows) == 3
+    for R, ratio, line in zip(RS, ratios, pair_rows):
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        assert float(cells[0]) == R and cells[3] == f"{ratio:.2f}×"
+        lat = float(t["decode_opt3", R]["sim.latency_ns"]) / float(t["decode_opt2", R]["sim.latency_ns"])
+        assert cells[6] == f"{lat:.2f}×"
+    w, h = png_size(d / "sweep.png")
+    assert w > 300 and h > 200
+
+
+def test_named_config_on_joblib_gives_the_same_numbers(serial, joblib_named):
+    p, d = joblib_named
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = read_csv(d / "sweep.csv")
+    assert len(rows) == 6 and all(r["status"] == "ok" for r in rows)
+    assert all("+sweep=r_sweep" in r["overrides"] for r in rows)
+    a, b = by_bench_r(read_csv(serial[1] / "sweep.csv")), by_bench_r(rows)
+    assert a.keys() == b.keys() == {(bn, R) for bn in ("decode_opt2", "decode_opt3") for R in RS}
+    skip = {"job", "sim.wall_s", "overrides", "dir"}
+    for key in a:
+        assert {k: v for k, v in a[key].items() if k not in skip} == \
+            {k: v for k, v in b[key].items() if k not in skip}, key
+
+
+def test_a_failing_job_does_not_stop_the_sweep(tmp_path):
+    d = tmp_path / "sweep"
+    p = cli("-m", "+bench=decode_opt2", "bench.tile=64,0", "bench.S_kv=100,200", "bench.data=false",
+            f"hydra.sweep.dir={d}")
+    assert p.returncode != 0
+    assert "Traceback" not in p.stderr
+    rows = read_csv(d / "sweep.csv")
+    assert [r["status"] for r in rows] == ["ok", "ok", "failed", "failed"]
+    for r in rows[2:]:
+        assert "bench.tile must be ≥ 1, got 0" in r["error"]
+        assert f"job {r['job']} [" in p.stderr.split("jobs not ok:")[1]  # listed at the end
+    assert "2 of 4 jobs not ok" in p.stderr
+    assert all(r["error"] == "" and float(r["sim.latency_ns"]) > 0 for r in rows[:2])
+    for i in range(4):
+        st = json.loads((d / str(i) / "status.json").read_text())
+        assert st["status"] == ("ok" if i < 2 else "failed") and st["num"] == i
+    assert "not ok: 2 of 4 jobs" in (d / "summary.md").read_text()
+    png_size(d / "sweep.png")
+
+
+def test_submitit_local_launcher(tmp_path):
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    d = tmp_path / "sweep"
+    p = cli("-m", "+bench=decode_opt2", "calibration.R=0.25,0.0625", "bench.S_kv=128", "bench.data=false",
+            "hydra/launcher=submitit_local", "hydra.launcher.timeout_min=5", f"hydra.sweep.dir={d}",
+            timeout=180)
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = read_csv(d / "sweep.csv")
+    assert [r["status"] for r in rows] == ["ok", "ok"]
+    assert (d / ".submitit").is_dir()
+    assert float(rows[0]["dispatch.cycles_per_tile"]) > float(rows[1]["dispatch.cycles_per_tile"])
+
+
+def test_two_sweeps_started_together_get_their_own_dirs(tmp_path):
+    args = [sys.executable, "-m", "kbframe", "-m", "+bench=decode_opt2", "bench.S_kv=64", "bench.data=false",
+            "run.check=false"]
+    procs = [subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    for p in procs:
+        _, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err[-2000:]
+    dirs = sorted((tmp_path / "outputs" / "sweeps").iterdir())
+    assert len(dirs) == 2
+    for d in dirs:
+        assert [r["status"] for r in read_csv(d / "sweep.csv")] == ["ok"]
+
+
+def test_single_run_failure_is_one_line_with_status(tmp_path):
+    p = cli("+bench=decode_opt2", "bench.tile=0", f"hydra.run.dir={tmp_path}")
+    assert p.returncode == 1
+    assert p.stderr.strip().splitlines() == ["kbframe: error: bench.tile must be ≥ 1, got 0"]
+    st = json.loads((tmp_path / "status.json").read_text())
+    assert (st["status"], st["error_type"]) == ("failed", "ConfigError")
+    assert not (tmp_path / "metrics.json").exists()
+
+
+def test_ctrl_c_leaves_interrupted_status_and_no_metrics(tmp_path):
+    """SIGINT while the run works: status.json says interrupted, exit 130, no metrics.json
+    and no temporary files."""
+    args = [sys.executable, "-m", "kbframe", "+bench=decode_opt3", "bench.S_kv=262144", "bench.d=16",
+            "bench.G=1", "bench.data=false", f"hydra.run.dir={tmp_path}"]
+    p = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "status.json").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(1.0)
+        assert p.poll() is None, "the run finished before it could be interrupted"
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 130, err[-2000:]
+    assert "kbframe: interrupted" in err and "Traceback" not in err
+    st = json.loads((tmp_path / "status.json").read_text())
+    assert st["status"] == "interrupted" and st["finished"]
+    assert not (tmp_path / "metrics.json").exists()
+    assert not [f for f in os.listdir(tmp_path) if f.endswith(".tmp")]
