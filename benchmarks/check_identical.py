@@ -66,6 +66,9 @@ def _flatten(d: dict, prefix=()) -> dict:
     return flat
 
 
+NEW_KEYS: set = set()
+
+
 def compare(name: str) -> list[str]:
     """Differences between ``BASE/name`` and ``NEW/name`` (empty if identical)."""
     a, b = BASE / name, NEW / name
@@ -81,9 +84,7 @@ def compare(name: str) -> list[str]:
             diffs.append(f"metrics {'.'.join(key)} missing")
         elif ma[key] != mb[key]:
             diffs.append(f"metrics {'.'.join(key)}: {ma[key]!r} -> {mb[key]!r}")
-    extra = sorted(".".join(k) for k in mb.keys() - ma.keys())
-    if extra:
-        print(f"  {name}: new metrics keys (not compared): {', '.join(extra)}")
+    NEW_KEYS.update(".".join(k) for k in mb.keys() - ma.keys())
     with np.load(a / "tensors.npz") as za, np.load(b / "tensors.npz") as zb:
         if sorted(za.files) != sorted(zb.files):
             diffs.append(f"tensors.npz arrays {sorted(za.files)} -> {sorted(zb.files)}")
@@ -121,6 +122,8 @@ def main() -> int:
         if diffs:
             n_bad += 1
             print(f"DIFF {name}: " + "; ".join(diffs[:5]))
+    if NEW_KEYS:
+        print(f"metrics keys only in the new runs (not compared): {', '.join(sorted(NEW_KEYS))}")
     print(f"{len(todo) - n_bad} of {len(todo)} cases identical"
           f" (op_log.jsonl bytes, metrics.json except sim.wall_s, tensors.npz)")
     return 1 if n_bad else 0
