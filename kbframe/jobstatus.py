@@ -81,6 +81,7 @@ class JobStatus:
                        "wall_s": None, "host": socket.gethostname(), "pid": os.getpid(),
                        "error": None, "error_type": None}
         self.ok = False
+        self.sweep_dir = None
         self._t0 = 0.0
 
     @classmethod
@@ -91,8 +92,10 @@ class JobStatus:
         hc = HydraConfig.get()
         multirun = hc.mode == RunMode.MULTIRUN
         num = hc.job.get("num") if multirun else None
-        return cls(Path(hc.runtime.output_dir), multirun,
-                   {"num": num, "overrides": [str(o) for o in hc.overrides.task]})
+        job = cls(Path(hc.runtime.output_dir), multirun,
+                  {"num": num, "overrides": [str(o) for o in hc.overrides.task]})
+        job.sweep_dir = str(hc.sweep.dir) if multirun else None
+        return job
 
     @property
     def label(self) -> str:
@@ -125,6 +128,9 @@ class JobStatus:
         if issubclass(et, KeyboardInterrupt):
             self._finish("interrupted", exc)
             print(f"kbframe: interrupted{where}; status in {self.out_dir / STATUS_FILE}", file=sys.stderr)
+            if self.sweep_dir:
+                print(f"kbframe: summarise what finished with: python -m kbframe.report {self.sweep_dir}",
+                      file=sys.stderr)
             raise SystemExit(EXIT_INTERRUPTED)
         if issubclass(et, KbframeError):
             self._finish("failed", exc)

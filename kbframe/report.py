@@ -381,11 +381,12 @@ def write_plot(jobs: list[Job], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    common = set.intersection(*(set(j.overrides) for j in jobs)) if jobs else set()
     series = {}
     for j in jobs:
         if j.status != "ok" or j.get("calibration.R") is None:
             continue
-        other = " ".join(o for o in j.setting if _key(o) != "calibration.R")
+        other = " ".join(o for o in j.setting if _key(o) != "calibration.R" and o not in common)
         label = str(j.get("bench")) + (f" {other}" if other else "")
         series.setdefault(label, []).append(j)
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
@@ -399,8 +400,11 @@ def write_plot(jobs: list[Job], path: Path) -> None:
         ax.set_title(title)
         ax.set_xlabel("R (cycles per logical byte)")
         ax.set_ylabel(ylab)
-        if series and all(x > 0 for js in series.values() for x in (j.get("calibration.R") for j in js)):
+        xs = sorted({j.get("calibration.R") for js in series.values() for j in js})
+        if xs and xs[0] > 0:
             ax.set_xscale("log", base=2)
+            ax.set_xticks(xs, [f"{x:g}" for x in xs])
+            ax.minorticks_off()
         ax.grid(True, alpha=0.3)
         if series:
             ax.legend(fontsize=8)

@@ -8,8 +8,8 @@ subprocess, timing-only on small shapes to stay quick:
   carries its error, every failed job is listed at the end, the exit status is non-zero;
 - submitit_local stands in for a cluster;
 - two sweeps started together get their own directories;
-- a single run that fails is one line and exit 1; Ctrl-C leaves ``interrupted`` and no
-  metrics.json.
+- a single run that fails is one line and exit 1; Ctrl-C in a sweep leaves
+  ``interrupted``, no metrics.json, exit 130, and a report by hand.
 """
 import csv
 import json
@@ -165,27 +165,34 @@ def test_single_run_failure_is_one_line_with_status(tmp_path):
     assert not (tmp_path / "metrics.json").exists()
 
 
-def test_ctrl_c_leaves_interrupted_status_and_no_metrics(tmp_path):
-    """SIGINT while the run works: status.json says interrupted, exit 130, no metrics.json
-    and no temporary files."""
-    args = [sys.executable, "-m", "kbframe", "+bench=decode_opt3", "bench.S_kv=262144", "bench.d=16",
-            "bench.G=1", "bench.data=false", f"hydra.run.dir={tmp_path}"]
+def test_ctrl_c_in_a_sweep_leaves_interrupted_status_and_a_report_by_hand(tmp_path):
+    """SIGINT while job 1 of 3 works: the sweep stops with status 130, job 1's status.json
+    says interrupted and it has no metrics.json nor temporary files; the report by hand
+    marks job 0 ok, job 1 interrupted, job 2 missing."""
+    from kbframe import report
+    d = tmp_path / "sweep"
+    args = [sys.executable, "-m", "kbframe", "-m", "+bench=decode_opt3", "bench.S_kv=64,262144,64", "bench.d=16",
+            "bench.G=1", "bench.data=false", f"hydra.sweep.dir={d}"]
     p = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 60
-        while not (tmp_path / "status.json").exists() and time.monotonic() < deadline:
+        while not (d / "1" / "status.json").exists() and time.monotonic() < deadline:
             time.sleep(0.05)
         time.sleep(1.0)
-        assert p.poll() is None, "the run finished before it could be interrupted"
+        assert p.poll() is None, "the job finished before it could be interrupted"
         p.send_signal(signal.SIGINT)
         _, err = p.communicate(timeout=60)
     finally:
         if p.poll() is None:
             p.kill()
     assert p.returncode == 130, err[-2000:]
-    assert "kbframe: interrupted" in err and "Traceback" not in err
-    st = json.loads((tmp_path / "status.json").read_text())
+    assert "kbframe: interrupted (job 1 [" in err and "Traceback" not in err
+    assert f"python -m kbframe.report {d}" in err
+    st = json.loads((d / "1" / "status.json").read_text())
     assert st["status"] == "interrupted" and st["finished"]
-    assert not (tmp_path / "metrics.json").exists()
-    assert not [f for f in os.listdir(tmp_path) if f.endswith(".tmp")]
+    assert not (d / "1" / "metrics.json").exists()
+    assert not [f for f in os.listdir(d / "1") if f.endswith(".tmp")]
+    assert not (d / "sweep.csv").exists()  # the callback never ran
+    assert report.main([str(d)]) == 1
+    assert [r["status"] for r in read_csv(d / "sweep.csv")] == ["ok", "interrupted", "missing"]
