@@ -15,7 +15,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from . import schema
+from . import cli_errors, schema
 from .bench import run_bench, summary
 from .errors import ConfigError, KbframeError
 from .jobstatus import JobStatus
@@ -29,7 +29,8 @@ def _available_benches() -> list[str]:
 
 
 @hydra.main(version_base="1.3", config_path="pkg://kbframe.conf", config_name="config")
-def main(cfg: DictConfig) -> dict:
+def _hydra_main(cfg: DictConfig) -> dict:
+    cli_errors.release()  # Hydra composed the config: stderr is ours again
     out_dir = Path(HydraConfig.get().runtime.output_dir)
     # status.json in out_dir; a job of a -m sweep that fails is recorded and the sweep goes
     # on (kbframe.jobstatus); a single run exits 1 with one line
@@ -40,6 +41,13 @@ def main(cfg: DictConfig) -> dict:
         metrics = run_bench(cfg, out_dir)
         print(summary(metrics, out_dir))
     return job.status
+
+
+def main() -> None:
+    """``python -m kbframe`` / the ``kbframe`` script: Hydra's main, with Hydra's own
+    composition errors (unknown bench, wrong type ...) folded into one line
+    (kbframe.cli_errors)."""
+    cli_errors.run(_hydra_main)
 
 
 if __name__ == "__main__":
