@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 from greenlet import greenlet
 from hydra import compose, initialize_config_module
+from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
 from kbframe import schema
@@ -37,6 +38,7 @@ REPO = Path(__file__).resolve().parents[1]
 def compose_cfg(*overrides, bench: str | None = "decode_opt2"):
     """The composed root config with ``+bench=<bench>`` and ``overrides``."""
     ov = ([f"+bench={bench}"] if bench else []) + list(overrides)
+    GlobalHydra.instance().clear()  # robust to a test elsewhere that left Hydra initialised
     with initialize_config_module(config_module="kbframe.conf", version_base="1.3"):
         return compose(config_name="config", overrides=ov)
 

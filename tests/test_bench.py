@@ -172,7 +172,12 @@ def test_config_errors_name_the_key(tmp_path, ov, msg):
 
 
 def test_tcm_too_small(tmp_path):
+    """The first request that does not fit, the free bytes, the capacity and the key; plus the
+    kernel's whole need: opt2 at G=8, d=128, TILE=64 keeps q 2048 + m 64 + l 64 + O 2048 +
+    S0 1024 + S1 1024 = 6272 B, and O/l (2048 B) at the end → 8320 B (64 B alignment)."""
     with pytest.raises(TcmOverflowError) as e:
         run(tmp_path, "hardware.tcm_bytes=1024")
     assert str(e.value) == ("TCM overflow on PE0: request 'q@tcm' needs 2048 B, 1024 B free of 1024 B capacity "
-                            "(hardware.tcm_bytes)")
+                            "(hardware.tcm_bytes); decode_opt2 needs 8320 B of TCM in all at G=8 d=128 S_kv=4096 "
+                            "tile=64 (float16), found by a dry run before the simulation")
+    assert not (tmp_path / "op_log.jsonl").exists()

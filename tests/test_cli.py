@@ -1,0 +1,172 @@
+"""``python -m kbframe`` in subprocesses (issues 2 and 3): the default runs write their files
+and summary; every bad input exits non-zero with a message naming the key or file and no
+traceback, as exactly one line.
+
+All runs are started at once in a module fixture (the machine has 2 cores), then each test
+checks its own result."""
+import json
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from conftest import REPO
+
+PRE_GEMM = ("+recipes.pre_gemm={operands: {x: R, w: R}, primary_out: {name: Y, from_shape: x}, "
+            "engine_seq: [{engine: GEMM, op: gemm, src_a: x, src_b: w, dst: Y}]}")
+BAD_RECIPE = textwrap.dedent("""\
+    # @package recipes.bad
+    operands: {x: R, y: RW}
+    engine_seq:
+      - {op: copy, src: x, dst: y}
+      - {op: softmax, src: x, dst: y}
+    """)
+KNOWN = "add, copy, div_bcast, exp_diff, fill, fma, max_elem, mul_bcast, rmax, rsum, scale"
+
+
+def _cases(tmp):
+    wrong = tmp / "wrong.npz"
+    np.savez(wrong, q=np.ones((8, 128)), k=np.ones((64, 128)), v=np.ones((64, 64)))
+    (tmp / "conf" / "recipes").mkdir(parents=True)
+    (tmp / "conf" / "recipes" / "bad.yaml").write_text(BAD_RECIPE)
+    o2 = ["+bench=decode_opt2"]
+    o3 = ["+bench=decode_opt3"]
+    return {
+        # name: (args, the exact stderr line expected, or None for a good run)
+        "ok_opt3": (o3, None),
+        "ok_opt2": (o2, None),
+        "R_abc": (o3 + ["calibration.R=abc"],
+                  "kbframe: error: Error merging override calibration.R=abc; Value 'abc' of type 'str' could not "
+                  "be converted to Float"),
+        "typo": (o3 + ["+calibration.typo=1"],
+                 "kbframe: error: unknown key 'calibration.typo' (known: FIXED, R, cap_bytes)"),
+        "bench_nope": (["+bench=nope"], "kbframe: error: unknown bench 'nope' (available: decode_opt2, decode_opt3)"),
+        "no_bench": ([], "kbframe: error: no bench selected; add +bench=NAME (available: decode_opt2, decode_opt3)"),
+        "tile0": (o3 + ["bench.tile=0"], "kbframe: error: bench.tile must be ≥ 1, got 0"),
+        "skv0": (o3 + ["bench.S_kv=0"], "kbframe: error: bench.S_kv must be ≥ 1, got 0"),
+        "missing_file": (o3 + [f"bench.inputs.path={tmp}/nope.npz"],
+                         f"kbframe: error: bench.inputs.path: no such file '{tmp}/nope.npz'"),
+        "wrong_shape": (o3 + [f"bench.inputs.path={wrong}"],
+                        f"kbframe: error: bench.inputs.path: inconsistent shapes in '{wrong}': q (8, 128), "
+                        f"k (64, 128), v (64, 64) (need q (G, d), k and v (S_kv, d), all non-empty)"),
+        "tcm_small": (o3 + ["hardware.tcm_bytes=1024"],
+                      # opt3's need: q 2048, q·scale 2048, m, l 64 each, O 2048, K/V double buffers
+                      # 4·16384 = 65536 → 71808 B, plus per-tile scratch s 1024, m_loc, m_new, corr,
+                      # l_loc 64 each, p 1024, pv 2048 = 4352 → 76160 B
+                      "kbframe: error: TCM overflow on PE0: request 'q@tcm' needs 2048 B, 1024 B free of "
+                      "1024 B capacity (hardware.tcm_bytes); decode_opt3 needs 76160 B of TCM in all at G=8 "
+                      "d=128 S_kv=4096 tile=64 (float16), found by a dry run before the simulation"),
+        "bad_recipe": (o2 + [f"hydra.searchpath=[pkg://kbframe,file://{tmp}/conf]", "recipes=[softmax_merge,bad]"],
+                       f"kbframe: error: recipe 'bad' (recipes/bad.yaml) step 2: unknown micro-op 'softmax' "
+                       f"(known: {KNOWN})"),
+        "over_cap": (o2 + ["bench.S_kv=256", "calibration.cap_bytes=300"],
+                     "kbframe: error: composite over the size cap: 306 logical bytes > cap 300 "
+                     "(calibration.cap_bytes); ops [rmax,max_elem,exp_diff,exp_diff,rsum,fma,mul_bcast,copy,"
+                     "gemm,add]; split it (no silent segmentation, ADR-0064 D7)"),
+        "unknown_recipe": (o2 + ["bench.S_kv=256", "recipes=[]"],
+                           "kbframe: error: unknown recipe 'softmax_merge' (known: none)"),
+        "missing_operand": (o2 + ["bench.S_kv=256", "+recipes.softmax_merge.operands.bias=R"],
+                            "kbframe: error: recipe 'softmax_merge': missing operand(s) ['bias']"),
+        "auto_bind": (o2 + ["bench.S_kv=256", "bench.kernel=kbframe.kernels.faulty.auto_bind_conflict"],
+                      "kbframe: error: auto-bind conflict: prologue recipe declares primary_out "
+                      "'softmax_merge.P', which binds to the GEMM's a, but a=<tcm:composite_out (8, 64)> was "
+                      "also given (ADR-0065 D6.6)"),
+        "hbm_operand": (o2 + ["bench.S_kv=256", "bench.kernel=kbframe.kernels.faulty.hbm_recipe_operand"],
+                        "kbframe: error: MATH operand must be TCM: recipe 'softmax_merge' operand 's' is "
+                        "<hbm:q (8, 128)> (ADR-0065 D6.7; tl.load it first)"),
+        "two_gemms": (o2 + ["bench.S_kv=256", "bench.kernel=kbframe.kernels.faulty.two_gemms", PRE_GEMM],
+                      "kbframe: error: two GEMMs in one composite (2 gemm ops in [gemm, gemm]); at most one "
+                      "(ADR-0065 D6.1)"),
+    }
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("cli")
+    cases = _cases(tmp)
+    procs = {}
+    for name, (args, _) in cases.items():
+        run_dir = tmp / "runs" / name
+        procs[name] = (subprocess.Popen([sys.executable, "-m", "kbframe", *args, f"hydra.run.dir={run_dir}"],
+                                        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True),
+                       run_dir)
+    out = {}
+    for name, (p, run_dir) in procs.items():
+        so, se = p.communicate(timeout=300)
+        out[name] = (p.returncode, so, se, run_dir, cases[name][1])
+    return out
+
+
+ISSUE2_METRICS = {
+    "": ("bench", "kernel", "shape", "sim", "dispatch", "numerics", "roofline"),
+    "shape": ("G", "d", "S_kv", "tile"),
+    "sim": ("latency_ns", "events", "wall_s"),
+    "dispatch": ("commands", "cycles", "commands_per_tile", "cycles_per_tile"),
+    "numerics": ("enabled", "max_abs_err", "max_rel_err"),
+    "roofline": ("bound_ns", "binding", "fraction"),
+}
+
+
+@pytest.mark.parametrize("name, bench", [("ok_opt3", "decode_opt3"), ("ok_opt2", "decode_opt2")])
+def test_cli_default_run(results, name, bench):
+    rc, so, se, run_dir, _ = results[name]
+    assert rc == 0, se
+    assert "Traceback" not in se
+    m = json.loads((run_dir / "metrics.json").read_text())
+    for sect, keys in ISSUE2_METRICS.items():
+        node = m[sect] if sect else m
+        assert all(k in node for k in keys), (sect, keys)
+    assert m["bench"] == bench
+    assert m["shape"] == {"G": 8, "d": 128, "S_kv": 4096, "tile": 64, "n_tiles": 64}
+    assert m["numerics"]["enabled"] is True and m["numerics"]["max_abs_err"] <= 1e-5
+    lines = (run_dir / "op_log.jsonl").read_text().splitlines()
+    assert len(lines) == m["sim"]["events"]
+    assert json.loads(lines[0])["unit"] == "cpu"
+    with np.load(run_dir / "tensors.npz") as z:
+        assert {"q", "k", "v", "out", "ref"} <= set(z.files)
+        assert z["out"].shape == (8, 128) and z["k"].shape == (4096, 128)
+        assert np.abs(z["out"] - z["ref"]).max() <= 1e-5
+    # the summary: shapes, latency, dispatch per tile, binding and fraction, error, file location
+    assert f"kbframe {bench}: G=8 d=128 S_kv=4096 tile=64 (64 tiles)" in so
+    for word in ("latency", f"{m['sim']['latency_ns']:.1f} ns", "per tile",
+                 f"{m['dispatch']['commands_per_tile']:.2f}", f"{m['roofline']['binding']}-bound",
+                 "max_abs_err", str(run_dir)):
+        assert word in so, word
+    # the resolved config records the recipes used
+    cfg = (run_dir / ".hydra" / "config.yaml").read_text()
+    assert "softmax_merge:" in cfg and "engine_seq:" in cfg
+
+
+def test_cli_opt2_cheaper_and_faster_than_opt3(results):
+    m3 = json.loads((results["ok_opt3"][3] / "metrics.json").read_text())
+    m2 = json.loads((results["ok_opt2"][3] / "metrics.json").read_text())
+    assert m2["sim"]["latency_ns"] < m3["sim"]["latency_ns"]
+    assert m3["dispatch"]["cycles_per_tile"] > 2 * m2["dispatch"]["cycles_per_tile"]
+    assert m2["dispatch"]["commands_per_tile"] == 2 + 6 / 64
+
+
+BAD_INPUTS = ["R_abc", "bench_nope", "no_bench", "typo", "tile0", "skv0", "missing_file", "wrong_shape",
+              "tcm_small", "bad_recipe", "over_cap", "unknown_recipe", "missing_operand", "auto_bind",
+              "hbm_operand", "two_gemms"]
+
+
+@pytest.mark.parametrize("name", BAD_INPUTS)
+def test_cli_bad_input_is_one_line(results, name):
+    """Every bad input (wrong type, unknown key or bench, bad values, inputs file, TCM, recipe
+    YAML, every emit-time rule) reaches the user as exactly one line naming the key, file or
+    op, exit status 1, no traceback, no summary, no metrics.json."""
+    rc, so, se, run_dir, want = results[name]
+    assert rc == 1
+    assert "Traceback" not in se
+    assert se.strip().splitlines() == [want]
+    assert "latency" not in so
+    assert not (run_dir / "metrics.json").exists()
+
+
+
+def test_cli_every_case_is_checked(results):
+    """Guard: every run the fixture starts is asserted by one of the tests above."""
+    assert set(results) == {"ok_opt3", "ok_opt2", *BAD_INPUTS}
+    assert len(BAD_INPUTS) == len(set(BAD_INPUTS)) == 16
