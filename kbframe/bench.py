@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import zipfile
 from pathlib import Path
 
 from dataclasses import fields
@@ -61,10 +62,10 @@ def validate(cfg) -> None:
         raise ConfigError("bench.data_dtype=bfloat16 is not supported by numpy; use float16 or float32")
     if b.scale is not None and not (math.isfinite(b.scale) and b.scale > 0):
         raise ConfigError(f"bench.scale must be a finite number > 0, got {b.scale}")
-    if not 0 <= b.pe < cfg.hardware.n_pes:
-        raise ConfigError(f"bench.pe={b.pe} but hardware.n_pes={cfg.hardware.n_pes}")
     if cfg.hardware.n_pes < 1:
         raise ConfigError(f"hardware.n_pes must be ≥ 1, got {cfg.hardware.n_pes}")
+    if not 0 <= b.pe < cfg.hardware.n_pes:
+        raise ConfigError(f"bench.pe={b.pe} but hardware.n_pes={cfg.hardware.n_pes}")
     if not str(b.kernel).startswith("kbframe."):
         raise ConfigError(f"bench.kernel '{b.kernel}' is outside the kbframe. namespace")
     if b.seed < 0:
@@ -89,8 +90,13 @@ def load_inputs(path: str) -> dict:
         InputsError: missing/unreadable file, missing array, or inconsistent shapes.
     """
     p = Path(path)
+    if p.is_dir():
+        raise InputsError(f"bench.inputs.path: '{path}' is a directory, not an .npz file")
     if not p.is_file():
         raise InputsError(f"bench.inputs.path: no such file '{path}'")
+    if not zipfile.is_zipfile(p):
+        raise InputsError(f"bench.inputs.path: '{path}' is not an .npz file (not a zip archive; "
+                          f"a truncated or plain .npy/text/pickle file?)")
     try:
         with np.load(p, allow_pickle=False) as z:
             arrays = {k: np.asarray(z[k]) for k in ("q", "k", "v", "scale") if k in z.files}

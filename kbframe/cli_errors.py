@@ -11,7 +11,8 @@ Two cheap measures, both inert for a correct command line and for ``-m`` sweeps:
 * :func:`run` holds back what is written to stderr until kbframe's task function starts
   (:func:`release`). If Hydra exits before that (a composition error: a wrong type, an
   unknown key, a missing file), its multi-line message is folded into one
-  ``kbframe: error: ...`` line; a Python traceback is passed through untouched.
+  ``kbframe: error: ...`` line, and so is a traceback ending in a YAML syntax error of a
+  config or recipe file; any other traceback (a bug) is passed through untouched.
   ``HYDRA_FULL_ERROR=1`` still shows Hydra's full stack trace.
 """
 from __future__ import annotations
@@ -101,6 +102,23 @@ def one_line(text: str) -> str:
     return msg
 
 
+_YAML_EXC = re.compile(r"^(yaml(?:\.\w+)*\.\w*Error): (.*)$")
+
+
+def yaml_error(text: str) -> str | None:
+    """One line for a traceback that ends in a YAML syntax error of a config or recipe
+    file (a user error, not a bug); None for any other traceback."""
+    lines = text.rstrip().splitlines()
+    for i in range(len(lines) - 1, -1, -1):
+        m = _YAML_EXC.match(lines[i])
+        if m:
+            rest = " ".join(ln.strip() for ln in [m.group(2), *lines[i + 1:]] if ln.strip())
+            return f"YAML syntax error ({m.group(1).rsplit('.', 1)[-1]}): {rest}"
+        if lines[i].startswith("  File "):
+            return None
+    return None
+
+
 class _Tap(io.TextIOBase):
     """stderr stand-in that buffers until released, then passes writes through."""
 
@@ -166,8 +184,11 @@ def run(hydra_main) -> None:
         if not tap.released:
             sys.stderr = real
             text = tap.take()
-            if e.code not in (0, None) and text.strip() and "Traceback (most recent call last)" not in text:
+            failed = e.code not in (0, None) and text.strip()
+            if failed and "Traceback (most recent call last)" not in text:
                 print(f"kbframe: error: {one_line(text)}", file=real)
+            elif failed and yaml_error(text):
+                print(f"kbframe: error: {yaml_error(text)}", file=real)
             else:
                 real.write(text)
         raise

@@ -3,7 +3,12 @@ the CLI prints its message on one line and exits non-zero (DESIGN.md decision 6)
 
 
 class KbframeError(Exception):
-    """Base of every error kbframe raises for bad input or an impossible run."""
+    """Base of every error kbframe raises for bad input or an impossible run. Its message
+    is always one line: a multi-line cause (e.g. from an import) is joined with "; "."""
+
+    def __str__(self) -> str:
+        text = super().__str__()
+        return "; ".join(ln.strip() for ln in text.splitlines() if ln.strip()) if "\n" in text else text
 
 
 class ConfigError(KbframeError):
