@@ -21,6 +21,17 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 
+def _release_stderr() -> None:
+    """kbframe.cli_errors holds stderr back until a task function starts in this process;
+    with the joblib or submitit launchers none does, so hand stderr back before reporting
+    (else the list of failed jobs would be folded into one line)."""
+    try:
+        from .cli_errors import release
+    except ImportError:
+        return
+    release()
+
+
 class SweepReport(Callback):
     """Aggregate the sweep at its end; exit 1 if any job is not ok.
 
@@ -34,6 +45,7 @@ class SweepReport(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         if not self.enabled:
             return
+        _release_stderr()
         from .report import write_report
         sweep_dir = Path(config.hydra.sweep.dir)
         try:

@@ -109,18 +109,24 @@ def test_named_config_on_joblib_gives_the_same_numbers(serial, joblib_named):
             {k: v for k, v in b[key].items() if k not in skip}, key
 
 
-def test_a_failing_job_does_not_stop_the_sweep(tmp_path):
+@pytest.mark.parametrize("launcher", ["basic", "joblib"])
+def test_a_failing_job_does_not_stop_the_sweep(tmp_path, launcher):
+    extra = []
+    if launcher == "joblib":
+        pytest.importorskip("hydra_plugins.hydra_joblib_launcher")
+        extra = ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"]
     d = tmp_path / "sweep"
     p = cli("-m", "+bench=decode_opt2", "bench.tile=64,0", "bench.S_kv=100,200", "bench.data=false",
-            f"hydra.sweep.dir={d}")
-    assert p.returncode != 0
+            f"hydra.sweep.dir={d}", *extra)
+    assert p.returncode == 1
     assert "Traceback" not in p.stderr
     rows = read_csv(d / "sweep.csv")
     assert [r["status"] for r in rows] == ["ok", "ok", "failed", "failed"]
-    for r in rows[2:]:
+    listing = p.stderr.split("kbframe: 2 of 4 jobs not ok:\n")[1].splitlines()  # listed at the end
+    assert len(listing) == 2
+    for r, line in zip(rows[2:], listing):
         assert "bench.tile must be ≥ 1, got 0" in r["error"]
-        assert f"job {r['job']} [" in p.stderr.split("jobs not ok:")[1]  # listed at the end
-    assert "2 of 4 jobs not ok" in p.stderr
+        assert line.startswith(f"  job {r['job']} [") and line.endswith(r["error"])
     assert all(r["error"] == "" and float(r["sim.latency_ns"]) > 0 for r in rows[:2])
     for i in range(4):
         st = json.loads((d / str(i) / "status.json").read_text())
