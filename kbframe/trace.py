@@ -147,7 +147,8 @@ def write_trace(op_log: Path | str, out: Path | str) -> dict:
             for ev in meta:
                 write(sep + dumps(ev, ensure_ascii=False))
                 sep = ",\n"
-            other = {"source": op_log.name, "generator": "kbframe.trace", "time_unit": "us"}
+            other = {"source": op_log.name.removesuffix(".partial"), "generator": "kbframe.trace",
+                     "time_unit": "us"}
             write("\n ],\n \"otherData\": " + dumps(other) + "}\n")
         os.replace(tmp, out)
     except BaseException:
