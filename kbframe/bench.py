@@ -186,7 +186,8 @@ def run_bench(cfg, out_dir: Path) -> dict:
     preflight.check_resources(cfg, kernel, recipes, G, d, S_kv, tile, scale)
     try:  # nothing in out_dir is touched before this point
         out_dir.mkdir(parents=True, exist_ok=True)
-        oplog_path = out_dir / "op_log.jsonl.partial"  # renamed once the run passed
+        preflight.check_outputs(out_dir)
+        oplog_path = out_dir / "op_log.jsonl.partial"  # renamed once the run passed (left for debugging if not)
         oplog = OpLog(oplog_path)
     except OSError as e:
         raise OutputError(f"cannot write the run directory '{out_dir}': {e.strerror or e}") from None
@@ -207,8 +208,8 @@ def run_bench(cfg, out_dir: Path) -> dict:
     finally:
         oplog.close()
     san = sanitizer.check(engine, oplog_path) if check else {"rules_checked": 0}
-    os.replace(oplog_path, out_dir / "op_log.jsonl")
-    write_trace(out_dir / "op_log.jsonl", out_dir / "trace.json")
+    trace_tmp = out_dir / "trace.json.partial"
+    write_trace(oplog_path, trace_tmp)
 
     ref = reference(q, k, v, scale)
     n_tiles = -(-S_kv // tile)
@@ -230,9 +231,12 @@ def run_bench(cfg, out_dir: Path) -> dict:
     tmp = out_dir / "tensors.tmp.npz"
     try:
         np.savez(tmp, **tensors)
+        # the run passed: replace a previous run's files together, metrics.json last
+        os.replace(oplog_path, out_dir / "op_log.jsonl")
+        os.replace(trace_tmp, out_dir / "trace.json")
         os.replace(tmp, out_dir / "tensors.npz")
     except OSError as e:
-        raise OutputError(f"cannot write '{out_dir / 'tensors.npz'}': {e.strerror or e}") from None
+        raise OutputError(f"cannot write '{e.filename}' in the run directory: {e.strerror or e}") from None
     write_json_atomic(out_dir / "metrics.json", metrics)
     return metrics
 
