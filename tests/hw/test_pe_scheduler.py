@@ -30,7 +30,7 @@ def _dispatched(log, cmd):
     return r["t_end_ns"]
 
 
-def test_raw_composite_waits_for_inflight_writer(tmp_path, rng):
+def test_ddd0065_s10_rw_hazard_reader_waits_for_inflight_writer(tmp_path, rng):
     """B reads Y, which in-flight A writes: B's stages (even its own DMA) start after A ends."""
     t = _tensors(rng)
     hs = {}

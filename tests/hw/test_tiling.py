@@ -94,7 +94,7 @@ def test_adr0065_tr5_dma_read_only_for_hbm_operands(tmp_path, a_hbm, b_hbm, n_re
     assert [s.op_kind for s in stages if s.unit.name != "dma_read"] == ["gemm", "scale"]
 
 
-def test_adr0065_tr1_legacy_composite_is_flat_and_matches_primitives(tmp_path):
+def test_adr0065_tr1_ddd0065_s10_refactor_safety_legacy_composite(tmp_path):
     """The legacy shape tl.composite(op="gemm", a, b, epilogue=[...]) lowers to flat ops
     (gemm, then the epilogue op) and runs the same unit sequence and numbers as the
     primitive path (load, dot, scale)."""

@@ -62,6 +62,14 @@ def test_adr0065_tr6_opt2_matches_opt3_and_reference(tmp_path, regime, peak):
         assert np.abs(ref - t["v"].mean(axis=0)).max() > 0.5
 
 
+def test_ddd0065_s10_numeric_parity_g8_s64(tmp_path):
+    """DDD §10 "Numeric parity": (G=8, T_q=1, S_kv=64) in data mode, O_opt2 ≈ O_opt3 (and both
+    ≈ the float64 reference), with scores spread enough (peak 3) that the check is not trivial."""
+    outs, t, sc = _pair(tmp_path, "bench.S_kv=64", "bench.G=8", "bench.inputs.peak=3")
+    ref = _check_parity(outs, t, sc)
+    assert np.abs(ref - t["v"].mean(axis=0)).max() > 0.1
+
+
 @pytest.mark.parametrize("S_kv", [1, 63, 64, 65, 129, 4096])
 def test_parity_over_s_kv_including_ragged(tmp_path, S_kv):
     outs, t, sc = _pair(tmp_path, f"bench.S_kv={S_kv}", "bench.inputs.peak=5")
@@ -153,6 +161,22 @@ def test_adr0065_tr7_dispatch_ratio_opt3_over_2x_opt2(dispatch_runs, R):
     assert c3 > 2 * c2
     # steady-state per tile (without the once-per-kernel commands): (520 + 408R) / (80 + 360R)
     assert (520 + 408 * R) / (80 + 360 * R) > 2
+
+
+def test_ddd0065_s10_dispatch_sensitivity_sweep(dispatch_runs):
+    """DDD §10 / ADR-0064 Test #9: opt2 < opt3 at R = 0.25, 0.0625, 0.03125, and the ratio grows
+    monotonically as R falls (more FIXED-dominated). Expected per-tile ratios, amortised:
+    (64·(520 + 408R) + 280 + 168R) / (64·(80 + 360R) + 240 + 140R) = 3.60, 5.17, 5.65."""
+    ratios = []
+    for R in R_VALUES:
+        c3 = dispatch_runs[("decode_opt3", R)][0]["dispatch"]["cycles_per_tile"]
+        c2 = dispatch_runs[("decode_opt2", R)][0]["dispatch"]["cycles_per_tile"]
+        assert c2 < c3
+        ratios.append(c3 / c2)
+    assert ratios == sorted(ratios)
+    want = [(64 * (520 + 408 * R) + 280 + 168 * R) / (64 * (80 + 360 * R) + 240 + 140 * R) for R in R_VALUES]
+    assert ratios == pytest.approx(want, rel=1e-12)
+    assert [round(r, 2) for r in ratios] == [3.60, 5.17, 5.65]
 
 
 def test_ddd0065_s10_steady_state_per_tile_dispatch_from_op_log(dispatch_runs):
