@@ -319,6 +319,15 @@ class TL:
         operands = {n: item.pop(n) for n in names}
         for n in micro_ops.MICRO_OPS[kind].extras:
             _need(n in item, f"epilogue '{kind}': missing scalar '{n}'")
+        for n, h in operands.items():
+            _need(isinstance(h, TensorHandle), f"epilogue '{kind}': operand '{n}' must be a handle, "
+                                               f"got {type(h).__name__}")
+        try:
+            shape = micro_ops.MICRO_OPS[kind].shape(out.shape, *[h.shape for h in operands.values()])
+        except ValueError as e:
+            raise ValidationError(f"epilogue '{kind}': {e} (out {out})") from None
+        _need(tuple(shape) == tuple(out.shape), f"epilogue '{kind}': result shape {tuple(shape)} differs "
+                                                 f"from out {out}")
         if scope is Scope.KERNEL:
             _need(out.space == "tcm", f"epilogue '{kind}' with scope kernel runs on out after the tile "
                                       f"loop; MATH output must be TCM, got {out}")

@@ -277,3 +277,25 @@ def test_recipe_scratch_outside_scope_reuses_arena_slots(tmp_path):
     got, _ = emit(kern, tmp_path, TENSORS)
     a, b = got[-2], got[-1]
     assert a.ops[3].out is b.ops[3].out  # the same P slot both times
+
+
+@pytest.mark.parametrize("other_shape, msg", [
+    ((3, 3), "epilogue 'add': shapes (8, 64) and (3, 3) do not broadcast (out <tcm:composite_out (8, 64)>)"),
+    ((8, 64, 2), "epilogue 'add': shapes (8, 64) and (8, 64, 2) do not broadcast (out <tcm:composite_out (8, 64)>)"),
+])
+def test_epilogue_operand_shape_checked_at_emit(tmp_path, other_shape, msg):
+    """An epilogue operand that cannot combine with the GEMM output is an emit-time error (it
+    used to surface as a numpy error mid-simulation, or not at all in timing mode)."""
+    with pytest.raises(ValidationError) as e:
+        emit(lambda tl: tl.composite(op="gemm", a=tl.load(tl.ref("q")), b=tl.ref("k").T,
+                                     epilogue=[{"op": "add", "other": tl.zeros(other_shape, "bad")}]),
+             tmp_path, TENSORS)
+    assert str(e.value) == msg
+
+
+def test_epilogue_result_must_keep_out_shape(tmp_path):
+    with pytest.raises(ValidationError) as e:
+        emit(lambda tl: tl.composite(op="gemm", a=tl.load(tl.ref("q")), b=tl.zeros((D, 1), "col"),
+                                     epilogue=[{"op": "add", "other": tl.zeros((G, 5), "wide")}]),
+             tmp_path, TENSORS)
+    assert str(e.value) == "epilogue 'add': result shape (8, 5) differs from out <tcm:composite_out (8, 1)>"

@@ -150,8 +150,14 @@ def _tile_loop(gemm, after_ops, cmd, units, nx, stages, pre_end) -> list:
     return ends
 
 
+def _operand_region(h, region) -> tuple:
+    """An epilogue operand's part of an output tile: a size-1 (broadcast) axis, e.g. of a
+    ``(G, 1)`` row vector, is read whole in every tile."""
+    return tuple(slice(None) if n == 1 else r for n, r in zip(h.shape, region))
+
+
 def _epilogue_stage(op, cmd, units, nx, stages, prev, tile, acc, region) -> Stage:
-    others = [(h, region) for h in op.operands.values()]
+    others = [(h, _operand_region(h, region)) for h in op.operands.values()]
     n = (region[0].stop - region[0].start) * (region[1].stop - region[1].start)
     st = Stage(units["math"], op.kind, cmd, tile, n_elements=n,
                nbytes=sum(h.nbytes for h in op.operands.values()),

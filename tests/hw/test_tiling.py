@@ -212,3 +212,22 @@ def test_bad_epilogue_scope_is_a_validation_error(tmp_path):
                                      epilogue=[{"op": "scale", "factor": 2.0, "scope": "tile"}]),
              tmp_path, TENSORS)
     assert str(e.value) == "epilogue 'scale': scope must be one of ['kernel', 'k_tile', 'output_tile'], got 'tile'"
+
+
+@pytest.mark.parametrize("N", [128, 256])
+def test_broadcast_epilogue_operand_over_several_output_tiles(tmp_path, N):
+    """A ``(G, 1)`` row vector as an epilogue operand (``div_bcast`` by l) is read whole in every
+    output tile. (Regression: with N = 256 > tile_n = 128 the second tile sliced it to (8, 0)
+    and the data-mode effect raised a numpy broadcast error.)"""
+    rng = np.random.default_rng(4)
+    t = {"x": rng.standard_normal((G, 64)), "w": rng.standard_normal((64, N)), "l": rng.random((G, 1)) + 1}
+    hs = {}
+
+    def kern(tl):
+        hs["o"] = tl.composite(op="gemm", a=tl.load(tl.ref("x")), b=tl.ref("w"),
+                               epilogue=[{"op": "div_bcast", "other": tl.load(tl.ref("l"))}])
+
+    sim = Sim(tmp_path, t)
+    log = sim.run(kern)
+    assert [r["tile"] for r in log if r["op_kind"] == "div_bcast"] == list(range(N // 128))
+    np.testing.assert_allclose(sim.read(hs["o"]), (t["x"] @ t["w"]) / t["l"], rtol=1e-5, atol=1e-5)
