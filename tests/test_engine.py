@@ -23,9 +23,9 @@ RECIPE_MODULES = ("kbframe.recipe", "kbframe.tl", "kbframe.recipes", "recipes")
 
 
 def test_adr0065_scheduler_and_engines_import_nothing_recipe_related():
-    assert {"kbframe.hw.pe_scheduler", "kbframe.hw.tiling", "kbframe.hw.pe_math"} <= set(BOUNDARY_MODULES)
     """In a fresh interpreter, importing the engine, the scheduler, tiling and every unit
     loads no recipe-related module."""
+    assert {"kbframe.hw.pe_scheduler", "kbframe.hw.tiling", "kbframe.hw.pe_math"} <= set(BOUNDARY_MODULES)
     code = ("import sys\n"
             f"for m in {BOUNDARY_MODULES!r}: __import__(m)\n"
             f"bad = sorted(m for m in sys.modules if m in {RECIPE_MODULES!r} or m.startswith('recipes.')"
