@@ -81,3 +81,21 @@ def test_dma_two_loads_in_simulation(tmp_path):
     assert [(r["cmd"], r["t_start_ns"], r["t_data_ns"], r["t_end_ns"], r["bytes"]) for r in dma] == [
         (1, 41.5, 118.5, 198.5, 16384), (2, 83.0, 198.5, 278.5, 16384)]
     np.testing.assert_array_equal(sim.read(hs["v"]), 2 * k)
+
+
+def test_dma_read_and_write_channels_overlap(tmp_path):
+    """Reads and writes are separate channels: a store is not delayed by a load in flight."""
+    sim = Sim(tmp_path, {"k": np.ones((64, 128)), "out": np.zeros((64, 128))})
+
+    def kern(tl):
+        z = tl.zeros((64, 128), "z")   # dispatch 0 → 41.25 (20 B); fill 8192 / 64 = 128 cycles → 169.25
+        tl.load(tl.ref("k"))            # dispatch → 82.75 (24 B); read 82.75, data 159.75 → 239.75
+        tl.store(tl.ref("out"), z)      # dispatch → 124.25; waits for the fill; write 169.25, data
+                                        # 246.25 → 326.25 (77 + 16384 / 204.8 = 157 ns, undelayed)
+
+    log = sim.run(kern)
+    (rd,) = [r for r in log if r["unit"] == "dma_read"]
+    (wr,) = [r for r in log if r["unit"] == "dma_write"]
+    assert (rd["t_start_ns"], rd["t_data_ns"], rd["t_end_ns"]) == (82.75, 159.75, 239.75)
+    assert (wr["t_start_ns"], wr["t_data_ns"], wr["t_end_ns"]) == (169.25, 246.25, 326.25)
+    assert wr["t_start_ns"] < rd["t_end_ns"]  # they overlap in time
