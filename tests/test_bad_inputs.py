@@ -1,0 +1,200 @@
+"""Every bad input answered (issue 4): each row of the table in ``docs/errors.md`` is a
+test here. The row's command line runs as ``python -m kbframe ARGS`` in a subprocess and
+must exit 1 with exactly the documented one-line message on stderr, no traceback, no
+summary, and without touching the results a previous run left in the run directory.
+
+The rows are read from the docs, so a documented error without a test (or a test
+without a documented row) cannot exist. ``<tmp>`` in a row is the directory the fixture
+fills with the files the rows need; ``…`` in a message matches anything (a figure that
+depends on the machine). The rows' subprocesses are forked, a few at a time, from a
+server that imported kbframe once (tests/cli_forkserver.py); a few rows are also run
+through a fresh ``sys.executable -m kbframe`` and must give byte-identical output.
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cli_forkserver import run_many
+from conftest import REPO, compose_cfg
+from kbframe.bench import run_bench
+from kbframe.errors import KbframeError, TcmOverflowError
+
+DOCS = REPO / "docs" / "errors.md"
+_ROW = re.compile(r"^\| `(?P<id>[a-z0-9_]+)` \| (?P<what>.+?) \| (?P<args>`[^`]*`|—) \| `(?P<msg>.+)` \|$")
+SENTINELS = {"metrics.json": b'{"sentinel": "a previous run"}\n', "op_log.jsonl": b'{"sentinel": 1}\n',
+             "tensors.npz": b"not really an npz: a sentinel\n", "trace.json": b'{"traceEvents": []}\n'}
+
+
+def doc_rows() -> list[dict]:
+    rows = []
+    for line in DOCS.read_text(encoding="utf-8").splitlines():
+        m = _ROW.match(line.strip())
+        if m:
+            args = m["args"].strip("`").split() if m["args"] != "—" else []
+            rows.append({"id": m["id"], "what": m["what"], "args": args, "msg": m["msg"].replace("\\|", "|")})
+    return rows
+
+
+ROWS = {r["id"]: r for r in doc_rows()}
+
+RECIPES = {
+    "bad_op": "operands: {s: R}\nscratch: [t]\nengine_seq:\n  - {engine: MATH, op: nope, src: s, dst: t}\n",
+    "writes_r": "operands: {s: R}\nengine_seq:\n  - {engine: MATH, op: copy, src: s, dst: s}\n",
+    "dangling": "operands: {s: R}\nscratch: [t]\nengine_seq:\n  - {engine: MATH, op: copy, src: x, dst: t}\n",
+    "noshape": "operands: {s: R}\nscratch: [t, u]\nengine_seq:\n  - {engine: MATH, op: copy, src: u, dst: t}\n",
+    "badkey": "operands: {s: R}\nwhatever: 1\nscratch: [t]\nengine_seq:\n"
+              "  - {engine: MATH, op: copy, src: s, dst: t}\n",
+    "syntax": "operands: {s: R\nengine_seq: [\n",
+}
+
+
+def make_files(tmp: Path) -> None:
+    """The files the rows refer to as ``<tmp>/...``."""
+    rng = np.random.default_rng(0)
+    q, k, v = rng.standard_normal((4, 16)), rng.standard_normal((50, 16)), rng.standard_normal((50, 16))
+    np.savez(tmp / "good.npz", q=q, k=k, v=v)
+    data = (tmp / "good.npz").read_bytes()
+    (tmp / "truncated.npz").write_bytes(data[: len(data) // 2])
+    (tmp / "text.npz").write_text("q,k,v\n1,2,3\n")
+    np.savez(tmp / "pickled.npz", q=np.array([{"evil": "object"}] * 4, dtype=object), k=k, v=v)
+    np.savez(tmp / "no_v.npz", q=q, k=k)
+    np.savez(tmp / "shapes.npz", q=q, k=k, v=v[:, :8])
+    k_nan = k.copy()
+    k_nan[7, 3] = np.nan
+    np.savez(tmp / "nan.npz", q=q, k=k_nan, v=v)
+    np.savez(tmp / "scale2.npz", q=q, k=k, v=v, scale=np.array([0.1, 0.2]))
+    big = q.copy()
+    big[1, 2] = 1e5
+    np.savez(tmp / "big.npz", q=big, k=k, v=v)
+    q60 = np.zeros((2, 8))
+    q60[0, 0] = 60000.0
+    np.savez(tmp / "q60k.npz", q=q60, k=rng.standard_normal((32, 8)) * 1e-3, v=rng.standard_normal((32, 8)),
+             scale=np.float64(2.0))
+    (tmp / "adir").mkdir()
+    (tmp / "afile").write_text("a file, not a directory\n")
+    rd = tmp / "more" / "recipes"
+    rd.mkdir(parents=True)
+    for name, body in RECIPES.items():
+        (rd / f"{name}.yaml").write_text(f"# @package recipes.{name}\n{body}")
+    (tmp / "runs" / "out_file_blocked" / "metrics.json").mkdir(parents=True)
+
+
+def _prepare(row: dict, tmp: Path):
+    """The row's argv (``<tmp>`` filled in, a run dir under ``<tmp>/runs`` unless the row
+    sets one) and the sentinel files put in that run dir beforehand."""
+    args = [a.replace("<tmp>", str(tmp)) for a in row["args"]]
+    run_dir = None
+    if not any(a.startswith("hydra.run.dir=") for a in args):
+        run_dir = tmp / "runs" / row["id"]
+        args.append(f"hydra.run.dir={run_dir}")
+    elif f"{tmp}/runs/" in " ".join(args):
+        run_dir = Path(next(a for a in args if a.startswith("hydra.run.dir=")).split("=", 1)[1])
+    sentinels = {}
+    if run_dir is not None:  # results of "a previous run" that a failed run must leave alone
+        run_dir.mkdir(parents=True, exist_ok=True)
+        for name, body in SENTINELS.items():
+            p = run_dir / name
+            if not p.exists():
+                p.write_bytes(body)
+                sentinels[name] = body
+    return [*args, "run.progress=false"], run_dir, sentinels
+
+
+def real_cli(argv: list[str]) -> dict:
+    """``sys.executable -m kbframe ARGV`` in a fresh interpreter."""
+    p = subprocess.run([sys.executable, "-m", "kbframe", *argv], cwd=REPO, capture_output=True, text=True,
+                       timeout=180)
+    return {"rc": p.returncode, "stdout": p.stdout, "stderr": p.stderr}
+
+
+@pytest.fixture(scope="module")
+def results(request, tmp_path_factory):
+    """Every selected row run as a subprocess of the CLI: forked from a server that has
+    imported kbframe once (tests/cli_forkserver.py), a few at a time."""
+    tmp = tmp_path_factory.mktemp("bad_inputs")
+    make_files(tmp)
+    wanted = [item.callspec.params["row_id"] for item in request.session.items
+              if item.module is sys.modules[__name__] and hasattr(item, "callspec")
+              and "row_id" in item.callspec.params]
+    prepared = {r: _prepare(ROWS[r], tmp) for r in wanted}
+    out = run_many([{"id": r, "argv": argv, "cwd": str(REPO)} for r, (argv, _, _) in prepared.items()],
+                   jobs=max(2, min(4, os.cpu_count() or 2)))
+    for r, (argv, run_dir, sentinels) in prepared.items():
+        out[r].update(args=argv, run_dir=run_dir, sentinels=sentinels)
+    return tmp, out
+
+
+def _pattern(msg: str, tmp: Path) -> re.Pattern:
+    parts = [re.escape(p).replace(re.escape("<tmp>"), re.escape(str(tmp))) for p in msg.split("…")]
+    return re.compile("^" + ".*".join(parts) + "$")
+
+
+@pytest.mark.parametrize("row_id", list(ROWS))
+def test_bad_input(results, row_id):
+    tmp, res = results
+    r, row = res[row_id], ROWS[row_id]
+    err = r["stderr"].strip()
+    assert r["rc"] == 1, f"exit {r['rc']} for {r['args']}\n{r['stderr']}\n{r['stdout'][-500:]}"
+    assert "Traceback" not in r["stderr"], r["stderr"]
+    assert len(err.splitlines()) == 1, f"not one line:\n{err}"
+    assert _pattern("kbframe: error: " + row["msg"], tmp).match(err), (
+        f"docs/errors.md row '{row_id}' says\n  {row['msg']}\nbut the CLI printed\n  {err}")
+    assert "latency" not in r["stdout"]  # no summary of a run that failed
+    for name, body in r["sentinels"].items():
+        p = r["run_dir"] / name
+        assert p.read_bytes() == body, f"{name} in the run dir was changed by a failed run"
+    if row_id == "out_not_a_dir":
+        assert not (tmp / "afile" / "run").exists() and (tmp / "afile").is_file()
+
+
+@pytest.mark.parametrize("row_id", ["type_float", "unknown_bench", "tcm_too_small", "in_pickled", "out_not_a_dir"])
+def test_fork_server_is_the_real_cli(tmp_path, row_id):
+    """The fork server gives what a fresh ``sys.executable -m kbframe`` gives, byte for byte."""
+    make_files(tmp_path)
+    argv, _, _ = _prepare(ROWS[row_id], tmp_path)
+    forked = run_many([{"id": row_id, "argv": argv, "cwd": str(REPO)}])[row_id]
+    real = real_cli(argv)
+    assert (forked["rc"], forked["stderr"], forked["stdout"]) == (real["rc"], real["stderr"], real["stdout"])
+    assert real["rc"] == 1 and real["stderr"].startswith("kbframe: error: ")
+
+
+def test_docs_table_is_complete():
+    ids = [r["id"] for r in doc_rows()]
+    assert len(ids) == len(set(ids)) >= 50
+    text = DOCS.read_text(encoding="utf-8")
+    for heading in ("fp16 data mode", "Resource checks before the simulation", "Files of a failed run"):
+        assert heading in text
+
+
+@pytest.mark.parametrize("overrides", [("hardware.tcm_bytes=1024",), ("bench.tile=1000000", "bench.S_kv=32768"),
+                                       ("bench.S_kv=1000000000000",), ("hardware.hbm_bytes=10000",)])
+def test_impossible_run_fails_fast(tmp_path, overrides):
+    """Resource needs are checked before the simulation: an impossible run is refused in
+    well under a second (in-process, so interpreter start-up is not counted), with numbers."""
+    cfg = compose_cfg(*overrides, "run.progress=false", bench="decode_opt3")
+    t0 = time.perf_counter()
+    with pytest.raises(KbframeError) as e:
+        run_bench(cfg, tmp_path / "run")
+    assert time.perf_counter() - t0 < 1.0
+    assert re.search(r"\d+ (B|GiB)", str(e.value))
+    assert not (tmp_path / "run").exists()
+
+
+def test_tcm_preflight_is_exact(tmp_path):
+    """The dry run's TCM need equals the real run's high water: a TCM of exactly that size
+    runs, one alignment unit less is refused before the simulation."""
+    m = run_bench(compose_cfg("bench.S_kv=200", "run.progress=false", bench="decode_opt3"), tmp_path / "a")
+    need = m["tcm"]["high_water_bytes"]
+    run_bench(compose_cfg("bench.S_kv=200", f"hardware.tcm_bytes={need}", "run.progress=false",
+                          bench="decode_opt3"), tmp_path / "b")
+    with pytest.raises(TcmOverflowError, match=f"needs {need} B of TCM in all"):
+        run_bench(compose_cfg("bench.S_kv=200", f"hardware.tcm_bytes={need - 64}", "run.progress=false",
+                              bench="decode_opt3"), tmp_path / "c")
