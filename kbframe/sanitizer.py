@@ -19,7 +19,8 @@ Rules (checked in this order; ``RULES`` lists their names):
    the later one was admitted after the earlier one completed (ADR-0065 D6.3).
 6. ``data_dependencies`` — per stage, from the bytes it reads and writes: no stage started
    before the stages producing its inputs ended (RAW), and no write started before an
-   earlier read (WAR) or write (WAW) of the same bytes ended. Program order is dispatch
+   earlier read (WAR) or write (WAW) of the same bytes ended. A DMA stage touches memory
+   from the start of its data phase (its setup may overlap). Program order is dispatch
    order, then each command's plan order. TCM and HBM are compared by byte address (TCM
    freed by a ``scratch_scope`` and reused counts as the same memory), DMA staging
    buffers and GEMM accumulators by their key.
@@ -432,8 +433,9 @@ def _hazard(kind, later, earlier, label, lo, hi, space, t_later, t_earlier):
         where = ("DMA staging buffer " if space.startswith("stage:") else "GEMM accumulator ") + label
     verb = {"RAW": "reads what", "WAR": "overwrites what", "WAW": "overwrites what"}[kind]
     did = {"RAW": "writes", "WAR": "reads", "WAW": "writes"}[kind]
+    began = "began its data phase" if later.t_data >= 0 else "started"
     _fail("data_dependencies",
-          f"{kind}: stage {_stage_desc(later)} started at {_ns(t_later)}, but it {verb} earlier stage "
+          f"{kind}: stage {_stage_desc(later)} {began} at {_ns(t_later)}, but it {verb} earlier stage "
           f"{_stage_desc(earlier)} {did} ({where}), and that stage ended only at {_ns(t_earlier)}")
 
 
@@ -454,7 +456,7 @@ def check_data_dependencies(pe, plan) -> int:
             r_iv = [iv for s in reads for iv in footprint(s)]
             w_iv = [iv for s in writes for iv in footprint(s)]
             n += len(r_iv) + len(w_iv)
-            t0 = st.t_start
+            t0 = st.t_data if st.t_data >= 0 else st.t_start  # a DMA touches memory in its data phase
             for space, lo, hi, label in r_iv:
                 for seg in spaces[space].cover(lo, hi):
                     w = seg[2]
