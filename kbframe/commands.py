@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
+from .cached import cached_attr
 from .handles import Completion, TensorHandle
 
 
@@ -64,11 +65,11 @@ class CompositeCmd:
     rw_handles: tuple = ()
     data_op: bool = True
 
-    @property
+    @cached_attr
     def id(self) -> int:
         return self.completion.cmd_id
 
-    @property
+    @cached_attr
     def logical_bytes(self) -> int:
         """DDD-0065 §4.1: framing 4 + op count 1 + Σ op bytes + rw count 1 + 8/rw handle."""
         return 4 + 1 + sum(op.logical_bytes for op in self.ops) + 1 + 8 * len(self.rw_handles)
@@ -85,11 +86,11 @@ class PrimitiveCmd:
     completion: Completion
     op: OpSpec
 
-    @property
+    @cached_attr
     def id(self) -> int:
         return self.completion.cmd_id
 
-    @property
+    @cached_attr
     def ops(self) -> tuple:
         return (self.op,)
 
@@ -97,7 +98,7 @@ class PrimitiveCmd:
     def rw_handles(self) -> tuple:
         return ()
 
-    @property
+    @cached_attr
     def logical_bytes(self) -> int:
         return 4 + self.op.logical_bytes
 

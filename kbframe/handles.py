@@ -14,6 +14,8 @@ from math import prod
 
 import numpy as np
 
+from .cached import cached_attr
+
 _ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "int8": 1}
 
 
@@ -92,16 +94,18 @@ class TensorHandle:
     pending: Completion | None = None
     id: int = field(default_factory=lambda: next(_handle_ids))
 
-    @property
+    # Sizes and the byte range are computed once: a handle's shape, dtype and window never
+    # change after creation (views are new handles), and the scheduler reads them per stage.
+    @cached_attr
     def nbytes(self) -> int:
         """Bytes of this view in the timing dtype."""
         return prod(self.shape) * itemsize(self.dtype)
 
-    @property
+    @cached_attr
     def n_elements(self) -> int:
         return prod(self.shape)
 
-    @property
+    @cached_attr
     def byte_range(self) -> tuple[int, int]:
         """``[lo, hi)`` byte range this view touches in its space (row windows only)."""
         row_bytes = prod(self.buf_shape[1:]) * itemsize(self.dtype) if len(self.buf_shape) > 1 else itemsize(self.dtype)

@@ -10,6 +10,7 @@ so reductions keep the reduced axis (keepdims) and broadcast against ``(G, TILE)
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Callable
 
 import numpy as np
@@ -33,6 +34,14 @@ class MicroOp:
 
 
 def _bcast(*shapes):
+    try:
+        return _bcast_tuples(*shapes)
+    except TypeError:  # a shape given as a list: not hashable, so not cached
+        return _bcast_tuples.__wrapped__(*shapes)
+
+
+@lru_cache(maxsize=1024)  # kernels ask for the same few shapes every KV tile
+def _bcast_tuples(*shapes):
     try:
         return tuple(np.broadcast_shapes(*shapes))
     except ValueError:

@@ -32,30 +32,41 @@ class OpLog:
         self.flops = 0
         self.hbm_bytes = 0
         self.n_records = 0
+        self._heads: dict = {}  # (pe, unit, op_kind) -> the record's fixed leading text
+
+    def _head(self, pe, unit, op_kind) -> str:
+        key = (pe, unit, op_kind)
+        head = self._heads.get(key)
+        if head is None:
+            head = self._heads[key] = f'{{"pe": {pe}, "unit": "{unit}", "op_kind": "{op_kind}", "cmd": '
+        return head
 
     def _write(self, pe, unit, op_kind, cmd_id, tile, t0, t1, nbytes, extra=""):
         self.n_records += 1
         if self._f is not None:
-            self._f.write(
-                f'{{"pe": {pe}, "unit": "{unit}", "op_kind": "{op_kind}", "cmd": {cmd_id}, '
-                f'"tile": {tile}, "t_start_ns": {t0 / 1000}, "t_end_ns": {t1 / 1000}, '
-                f'"bytes": {nbytes}{extra}}}\n')
+            self._f.write(f'{self._head(pe, unit, op_kind)}{cmd_id}, "tile": {tile}, "t_start_ns": {t0 / 1000}, '
+                          f'"t_end_ns": {t1 / 1000}, "bytes": {nbytes}{extra}}}\n')
 
     def stage(self, pe: int, st) -> None:
         """Record a finished stage."""
         unit = st.unit.name
         key = (pe, unit)
+        nbytes = st.nbytes
         self.count[key] += 1
-        self.bytes[key] += st.nbytes
+        self.bytes[key] += nbytes
         self.flops += st.flops
-        if st.t_data >= 0:
-            self.busy_ps[key] += st.t_end - st.t_data
-            self.hbm_bytes += st.nbytes
-            extra = f', "t_data_ns": {st.t_data / 1000}'
+        self.n_records += 1
+        t0, t1, t_data = st.t_start, st.t_end, st.t_data
+        if t_data >= 0:
+            self.busy_ps[key] += t1 - t_data
+            self.hbm_bytes += nbytes
+            extra = f', "t_data_ns": {t_data / 1000}}}\n'
         else:
-            self.busy_ps[key] += st.t_end - st.t_start
-            extra = ""
-        self._write(pe, unit, st.op_kind, st.cmd.id, st.tile, st.t_start, st.t_end, st.nbytes, extra)
+            self.busy_ps[key] += t1 - t0
+            extra = "}\n"
+        if self._f is not None:
+            self._f.write(f'{self._head(pe, unit, st.op_kind)}{st.cmd.id}, "tile": {st.tile}, '
+                          f'"t_start_ns": {t0 / 1000}, "t_end_ns": {t1 / 1000}, "bytes": {nbytes}{extra}')
 
     def dispatch(self, pe: int, cmd, t0: int, t1: int) -> None:
         """Record PE_CPU's dispatch of ``cmd`` over ``[t0, t1)``."""

@@ -16,7 +16,7 @@ from greenlet import getcurrent
 from . import micro_ops
 from .commands import CompositeCmd, OpSpec, PrimitiveCmd, Scope
 from .errors import ValidationError
-from .handles import Completion, TensorHandle
+from .handles import Completion, TensorHandle, itemsize
 from .recipe import Recipe, infer_shapes
 from .errors import RecipeError
 
@@ -39,6 +39,7 @@ class TL:
         self._ids = itertools.count(1)
         self._scope_depth = 0
         self._arena_slots: dict = {}
+        self._recipe_shapes: dict = {}  # (recipe, operand shapes) -> inferred slot shapes
 
     # ---- handles -------------------------------------------------------------------
     def ref(self, name: str) -> TensorHandle:
@@ -103,14 +104,16 @@ class TL:
 
     def load(self, src: TensorHandle, out: TensorHandle | None = None) -> TensorHandle:
         """DMA ``src`` (HBM) into TCM; returns the TCM handle (new unless ``out``)."""
-        _need(src.space == "hbm", f"tl.load: source {src} must be in HBM")
+        if src.space != "hbm":
+            raise ValidationError(f"tl.load: source {src} must be in HBM")
         out = out if out is not None else self.empty(src.shape, f"{src.name}@tcm")
         _same_shape("tl.load", src, out)
         return self._primitive(OpSpec("load", Scope.KERNEL, {"src": src}, {}, out), out)
 
     def store(self, dst: TensorHandle, src: TensorHandle) -> TensorHandle:
         """DMA ``src`` (TCM) to ``dst`` (HBM)."""
-        _need(dst.space == "hbm" and src.space == "tcm", f"tl.store: needs TCM {src} → HBM {dst}")
+        if not (dst.space == "hbm" and src.space == "tcm"):
+            raise ValidationError(f"tl.store: needs TCM {src} → HBM {dst}")
         _same_shape("tl.store", src, dst)
         return self._primitive(OpSpec("store", Scope.KERNEL, {"src": src}, {}, dst), dst)
 
@@ -118,9 +121,11 @@ class TL:
         """GEMM ``a (M, K) @ b (K, N)`` → ``(M, N)``; ``b`` may be a transposed view."""
         M, K = a.shape
         K2, N = b.shape
-        _need(K == K2, f"tl.dot: inner dimensions differ: {a} @ {b}")
+        if K != K2:
+            raise ValidationError(f"tl.dot: inner dimensions differ: {a} @ {b}")
         out = out if out is not None else self.empty((M, N), "dot")
-        _need(out.shape == (M, N), f"tl.dot: out {out} must have shape {(M, N)}")
+        if out.shape != (M, N):
+            raise ValidationError(f"tl.dot: out {out} must have shape {(M, N)}")
         op = OpSpec("gemm", Scope.KERNEL, {"a": a, "b": b}, {"m": M, "k": K, "n": N}, out)
         return self._primitive(op, out)
 
@@ -130,16 +135,20 @@ class TL:
             spec = micro_ops.get(kind)
         except KeyError as e:
             raise ValidationError(f"tl.math: {e.args[0]}") from None
-        _need(len(inputs) == len(spec.slots), f"tl.{kind}: takes {len(spec.slots)} inputs, got {len(inputs)}")
+        if len(inputs) != len(spec.slots):
+            raise ValidationError(f"tl.{kind}: takes {len(spec.slots)} inputs, got {len(inputs)}")
         missing = [k for k in spec.extras if k not in extra]
-        _need(not missing, f"tl.{kind}: missing scalar(s) {missing}")
+        if missing:
+            raise ValidationError(f"tl.{kind}: missing scalar(s) {missing}")
         try:
             shape = spec.shape(*[h.shape for h in inputs])
         except ValueError as e:
             raise ValidationError(f"tl.{kind}: {e}") from None
         out = out if out is not None else self.empty(shape, kind)
-        _need(out.space == "tcm", f"tl.{kind}: MATH output must be TCM, got {out}")
-        _need(tuple(out.shape) == tuple(shape), f"tl.{kind}: out {out} must have shape {shape}")
+        if out.space != "tcm":
+            raise ValidationError(f"tl.{kind}: MATH output must be TCM, got {out}")
+        if tuple(out.shape) != tuple(shape):
+            raise ValidationError(f"tl.{kind}: out {out} must have shape {shape}")
         op = OpSpec(kind, Scope.KERNEL, dict(zip(spec.slots, inputs)), dict(extra), out)
         return self._primitive(op, out)
 
@@ -221,13 +230,15 @@ class TL:
             a = a if a is not None else primary
             _need(a is not None and b is not None, "tl.composite: op='gemm' needs a and b (or a primary_out)")
             M, K = a.shape
-            _need(b.shape[0] == K, f"tl.composite: GEMM inner dimensions differ: {a} @ {b}")
+            if b.shape[0] != K:
+                raise ValidationError(f"tl.composite: GEMM inner dimensions differ: {a} @ {b}")
             N = b.shape[1]
             if out is None and out_ptr is not None:
                 out = self.ref(out_ptr)
             if out is None:
                 out = self.empty((M, N), "composite_out")
-            _need(tuple(out.shape) == (M, N), f"tl.composite: out {out} must have shape {(M, N)}")
+            if tuple(out.shape) != (M, N):
+                raise ValidationError(f"tl.composite: out {out} must have shape {(M, N)}")
             ops.append(OpSpec("gemm", Scope.KERNEL, {"a": a, "b": b}, {"m": M, "k": K, "n": N}, out))
             for item in epilogue:
                 e_op = self._epilogue_op(dict(item), out)
@@ -269,10 +280,14 @@ class TL:
             if h.space != "tcm":
                 raise ValidationError(f"MATH operand must be TCM: recipe '{name}' operand '{k}' is {h} "
                                       f"(ADR-0065 D6.7; tl.load it first)")
-        try:
-            shapes = infer_shapes(recipe, {k: h.shape for k, h in item.items()})
-        except RecipeError as e:
-            raise ValidationError(str(e)) from None
+        key = (name, tuple((k, tuple(h.shape)) for k, h in item.items()))
+        shapes = self._recipe_shapes.get(key)
+        if shapes is None:  # the same recipe on the same shapes every KV tile: infer once
+            try:
+                shapes = infer_shapes(recipe, {k: h.shape for k, h in item.items()})
+            except RecipeError as e:
+                raise ValidationError(str(e)) from None
+            self._recipe_shapes[key] = shapes
         slots = dict(item)
         for s in recipe.scratch:
             slots[s] = self._scratch(recipe, s, shapes[s])
@@ -315,10 +330,12 @@ class TL:
                                   f"(known: {', '.join(sorted(micro_ops.EPILOGUE_OPERANDS))})")
         names = micro_ops.EPILOGUE_OPERANDS[kind]
         missing = [n for n in names if n not in item]
-        _need(not missing, f"epilogue '{kind}': missing operand(s) {missing}")
+        if missing:
+            raise ValidationError(f"epilogue '{kind}': missing operand(s) {missing}")
         operands = {n: item.pop(n) for n in names}
         for n in micro_ops.MICRO_OPS[kind].extras:
-            _need(n in item, f"epilogue '{kind}': missing scalar '{n}'")
+            if n not in item:
+                raise ValidationError(f"epilogue '{kind}': missing scalar '{n}'")
         for n, h in operands.items():
             _need(isinstance(h, TensorHandle), f"epilogue '{kind}': operand '{n}' must be a handle, "
                                                f"got {type(h).__name__}")
@@ -326,8 +343,8 @@ class TL:
             shape = micro_ops.MICRO_OPS[kind].shape(out.shape, *[h.shape for h in operands.values()])
         except ValueError as e:
             raise ValidationError(f"epilogue '{kind}': {e} (out {out})") from None
-        _need(tuple(shape) == tuple(out.shape), f"epilogue '{kind}': result shape {tuple(shape)} differs "
-                                                 f"from out {out}")
+        if tuple(shape) != tuple(out.shape):
+            raise ValidationError(f"epilogue '{kind}': result shape {tuple(shape)} differs from out {out}")
         if scope is Scope.KERNEL:
             _need(out.space == "tcm", f"epilogue '{kind}' with scope kernel runs on out after the tile "
                                       f"loop; MATH output must be TCM, got {out}")
@@ -340,7 +357,6 @@ _buf_ids = itertools.count(1)
 
 
 def _nbytes(shape, dtype) -> int:
-    from .handles import itemsize
     n = 1
     for s in shape:
         n *= s
@@ -348,9 +364,12 @@ def _nbytes(shape, dtype) -> int:
 
 
 def _need(cond: bool, msg: str) -> None:
+    """Raise ValidationError(msg) unless ``cond`` (for constant messages: an f-string
+    argument would be formatted on every call, also when nothing is wrong)."""
     if not cond:
         raise ValidationError(msg)
 
 
 def _same_shape(what: str, x: TensorHandle, y: TensorHandle) -> None:
-    _need(tuple(x.shape) == tuple(y.shape), f"{what}: shapes differ: {x} vs {y}")
+    if tuple(x.shape) != tuple(y.shape):
+        raise ValidationError(f"{what}: shapes differ: {x} vs {y}")

@@ -18,7 +18,9 @@ from .tiling import plan_stages
 
 
 def _ranges(handles) -> list:
-    return [(h.space, *h.byte_range) for h in handles]
+    """``[(space, lo, hi)]`` of ``handles``, each distinct range once (a composite names
+    the same state handles in many ops), in first-seen order."""
+    return list(dict.fromkeys([(h.space, *h.byte_range) for h in handles]))
 
 
 def _overlap(xs, ys) -> bool:
@@ -53,6 +55,7 @@ class PeScheduler:
         self.queue: deque = deque()
         self.inflight: dict[int, _InFlight] = {}
         self.blocked_on = None
+        self._head = None  # (cmd, reads, writes) of a blocked queue head, kept for its retry
         self.room_waiters: list = []
         self.pe = None
         self.n_commands = 0
@@ -83,13 +86,19 @@ class PeScheduler:
     def _admit(self) -> None:
         while self.queue:
             cmd = self.queue[0]
-            r, w = reads_and_writes(cmd)
-            reads, writes = _ranges(r), _ranges(w)
+            head = self._head
+            if head is not None and head[0] is cmd:
+                _, reads, writes = head
+            else:
+                r, w = reads_and_writes(cmd)
+                reads, writes = _ranges(r), _ranges(w)
             blocker = self._blocker(reads, writes)
             if blocker is not None:
                 self.blocked_on = (cmd, blocker)
+                self._head = (cmd, reads, writes)
                 blocker.on_done(self._unblock)
                 return
+            self._head = None
             self.queue.popleft()
             self._start(cmd, reads, writes)
         if self.room_waiters:
