@@ -46,6 +46,7 @@ class PeCpu:
         self.t_end_ps = 0
         self.proc = None
         self.progress = None  # optional callable(cmd) after each dispatch (kbframe.progress)
+        self._cost_cache: dict = {}  # logical_bytes -> (cycles, ps): commands repeat a few sizes
 
     def cost_cycles(self, cmd) -> float:
         """Dispatch cost of ``cmd`` in PE_CPU cycles: ``FIXED + R × logical_bytes``."""
@@ -81,9 +82,12 @@ class PeCpu:
                     sched.room_waiters.append(ev)
                     self.waiting_for = f"room in PE_SCHEDULER's queue for command {obj.id}"
                     yield ev
-                cycles = self.cost_cycles(obj)
+                cost = self._cost_cache.get(obj.logical_bytes)
+                if cost is None:
+                    cycles = self.cost_cycles(obj)
+                    cost = self._cost_cache[obj.logical_bytes] = (cycles, cycles_to_ps(cycles, self.clock_ghz))
+                cycles, dt = cost
                 t0 = env.now
-                dt = cycles_to_ps(cycles, self.clock_ghz)
                 yield env.timeout(dt)
                 self.waiting_for = None
                 self.n_commands += 1

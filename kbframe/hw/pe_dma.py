@@ -38,10 +38,14 @@ class DmaChannel(Unit):
         self.max_outstanding = int(max_outstanding)
         self.channels = self.max_outstanding
         self._ends: deque = deque(maxlen=self.max_outstanding)
+        self._transfer_cache: dict = {}  # nbytes -> ps (a kernel moves a few tile sizes)
 
     def transfer_ps(self, nbytes: int) -> int:
         """Data-phase time of ``nbytes`` on this channel, integer ps."""
-        return bytes_to_ps(nbytes, self.bandwidth_gbps)
+        ps = self._transfer_cache.get(nbytes)
+        if ps is None:
+            ps = self._transfer_cache[nbytes] = bytes_to_ps(nbytes, self.bandwidth_gbps)
+        return ps
 
     def duration_ps(self, stage: Stage) -> int:
         """Unloaded latency of one transfer: setup + data phase."""

@@ -30,8 +30,13 @@ class GemmUnit(Unit):
         self.operand_read_gbps = float(operand_read_gbps)
         self.pipeline_ps = ns_to_ps(pipeline_latency_ns)
         self.tile_m, self.tile_n, self.tile_k = int(tile_m), int(tile_n), int(tile_k)
+        self._cache: dict = {}  # (flops, nbytes) -> ps: a kernel repeats a few GEMM shapes
 
     def duration_ps(self, stage: Stage) -> int:
-        compute = int(round(stage.flops / self.peak_tflops))  # flop / (1000 flop/ns) → ps
-        feed = bytes_to_ps(stage.nbytes, self.operand_read_gbps)
-        return self.pipeline_ps + (compute if compute > feed else feed)
+        key = (stage.flops, stage.nbytes)
+        ps = self._cache.get(key)
+        if ps is None:
+            compute = int(round(stage.flops / self.peak_tflops))  # flop / (1000 flop/ns) → ps
+            feed = bytes_to_ps(stage.nbytes, self.operand_read_gbps)
+            ps = self._cache[key] = self.pipeline_ps + (compute if compute > feed else feed)
+        return ps

@@ -20,6 +20,9 @@ from __future__ import annotations
 from ..commands import Scope
 from .unit import Stage
 
+# Stages are built with positional arguments (this is the simulator's hottest loop):
+# Stage(unit, op_kind, cmd, tile, nbytes, flops, n_elements, effect).
+
 
 def _chain(e1, e2):
     if e1 is None:
@@ -69,29 +72,30 @@ def plan_stages(cmd, units: dict, nx) -> list[Stage]:
 def _op_stage(op, cmd, units, nx, stages, prev) -> Stage:
     """One non-GEMM op: a DMA stage for load/store, else a MATH stage (HBM operands of a
     head MATH op are staged in by DMA_READ first, ADR-0065 D4)."""
-    if op.kind in ("load", "store"):
+    kind, out = op.kind, op.out
+    if kind in ("load", "store"):
         src = op.operands["src"]
-        unit = units["dma_read"] if op.kind == "load" else units["dma_write"]
-        st = Stage(unit, "dma_read" if op.kind == "load" else "dma_write", cmd,
-                   nbytes=src.nbytes, effect=nx.copy((src, None), (op.out, None)))
+        port = "dma_read" if kind == "load" else "dma_write"
+        st = Stage(units[port], port, cmd, -1, src.nbytes, 0, 0, nx.copy((src, None), (out, None)))
         stages.append(st.after(prev))
         return st
     srcs, dmas = [], []
+    n, nbytes = out.n_elements, out.nbytes  # elements produced or read, whichever is more
     for name, h in op.operands.items():
         if h.space == "hbm":
             key = f"c{cmd.id}.{len(stages)}.{name}"
-            d = Stage(units["dma_read"], "dma_read", cmd, nbytes=h.nbytes,
-                      effect=nx.copy((h, None), key)).after(prev)
+            d = Stage(units["dma_read"], "dma_read", cmd, -1, h.nbytes, 0, 0,
+                      nx.copy((h, None), key)).after(prev)
             stages.append(d)
             dmas.append(d)
             srcs.append(key)
         else:
             srcs.append((h, None))
-    n = max([h.n_elements for h in op.operands.values()] + [op.out.n_elements])
-    nbytes = sum(h.nbytes for h in op.operands.values()) + op.out.nbytes
-    st = Stage(units["math"], op.kind, cmd, n_elements=n, nbytes=nbytes,
-               effect=nx.math(op.kind, srcs, op.out, op.extra)).after(prev, *dmas)
-    stages.append(st)
+        if h.n_elements > n:
+            n = h.n_elements
+        nbytes += h.nbytes
+    st = Stage(units["math"], kind, cmd, -1, nbytes, 0, n, nx.math(kind, srcs, out, op.extra))
+    stages.append(st.after(prev, *dmas))
     return st
 
 
@@ -118,18 +122,16 @@ def _tile_loop(gemm, after_ops, cmd, units, nx, stages, pre_end) -> list:
                 for name, h, reg, isz in (("a", a, (rm, rk), isz_a), ("b", b, (rk, rn), isz_b)):
                     if h.space == "hbm":
                         key = f"c{cmd.id}.t{tile}.{name}"
-                        d = Stage(units["dma_read"], "dma_read", cmd, tile,
-                                  nbytes=_region_nbytes(*reg, isz),
-                                  effect=nx.copy((h, reg), key)).after(pre_end)
+                        d = Stage(units["dma_read"], "dma_read", cmd, tile, _region_nbytes(*reg, isz), 0, 0,
+                                  nx.copy((h, reg), key)).after(pre_end)
                         stages.append(d)
                         dmas.append(d)
                         srcs.append(key)
                     else:
                         srcs.append((h, reg))
                 mm, nn, kk = rm.stop - rm.start, rn.stop - rn.start, rk.stop - rk.start
-                g = Stage(gu, "gemm", cmd, tile, nbytes=(mm * kk) * isz_a + (kk * nn) * isz_b,
-                          flops=2 * mm * nn * kk,
-                          effect=nx.gemm(srcs[0], srcs[1], acc, first=k0 == 0))
+                g = Stage(gu, "gemm", cmd, tile, (mm * kk) * isz_a + (kk * nn) * isz_b, 2 * mm * nn * kk, 0,
+                          nx.gemm(srcs[0], srcs[1], acc, first=k0 == 0))
                 g.after(*dmas, prev if prev is not None else (None if dmas else pre_end))
                 stages.append(g)
                 prev = g
@@ -140,8 +142,8 @@ def _tile_loop(gemm, after_ops, cmd, units, nx, stages, pre_end) -> list:
                 prev = _epilogue_stage(op, cmd, units, nx, stages, prev, tile - 1, acc, ro)
             if out.space == "hbm":
                 w = Stage(units["dma_write"], "dma_write", cmd, tile - 1,
-                          nbytes=_region_nbytes(rm, rn, out.nbytes // out.n_elements),
-                          effect=nx.writeback(acc, (out, ro))).after(prev)
+                          _region_nbytes(rm, rn, out.nbytes // out.n_elements), 0, 0,
+                          nx.writeback(acc, (out, ro))).after(prev)
                 stages.append(w)
                 ends.append(w)
             else:
@@ -157,10 +159,12 @@ def _operand_region(h, region) -> tuple:
 
 
 def _epilogue_stage(op, cmd, units, nx, stages, prev, tile, acc, region) -> Stage:
-    others = [(h, _operand_region(h, region)) for h in op.operands.values()]
+    others, nbytes = [], 0
+    for h in op.operands.values():
+        others.append((h, _operand_region(h, region)))
+        nbytes += h.nbytes
     n = (region[0].stop - region[0].start) * (region[1].stop - region[1].start)
-    st = Stage(units["math"], op.kind, cmd, tile, n_elements=n,
-               nbytes=sum(h.nbytes for h in op.operands.values()),
-               effect=nx.epilogue(op.kind, acc, others, op.extra)).after(prev)
+    st = Stage(units["math"], op.kind, cmd, tile, nbytes, 0, n,
+               nx.epilogue(op.kind, acc, others, op.extra)).after(prev)
     stages.append(st)
     return st

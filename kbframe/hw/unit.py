@@ -70,6 +70,7 @@ class Unit:
         self.busy_ps = 0
         self.n_stages = 0
         self._on_done = None
+        self._fire_cb = self._fire  # one bound method for every stage's end event
 
     def bind(self, pe, name: str, on_done) -> None:
         """Attach to PE ``pe`` as unit ``name``; ``on_done(stage)`` is called at each end."""
@@ -89,11 +90,11 @@ class Unit:
 
     def submit(self, stage: Stage) -> None:
         """Accept a ready stage now; it ends (and ``on_done`` fires) at ``stage.t_end``."""
-        now = self.env.now
+        env = self.env
+        now = env.now
         self.reserve(now, stage)
         self.n_stages += 1
-        ev = self.env.timeout(stage.t_end - now, stage)
-        ev.callbacks.append(self._fire)
+        env.timeout(stage.t_end - now, stage).callbacks.append(self._fire_cb)
 
     def _fire(self, ev) -> None:
         self._on_done(ev._value)
