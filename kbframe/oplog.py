@@ -16,6 +16,20 @@ from collections import defaultdict
 
 from .commands import command_kind
 
+#: ``_FRAC[r]``: how Python prints the fraction of ``r / 1000`` (``".5"``, ``".001"``, ``".0"``).
+_FRAC = tuple(repr(r / 1000)[1:] for r in range(1000))
+#: Below this many ps (1000 s), ``ps // 1000`` and ``_FRAC[ps % 1000]`` spell exactly
+#: ``repr(ps / 1000)``: a float's spacing there is far finer than 1 ps, so its shortest repr
+#: is the exact decimal. Formatting floats was the op_log's largest cost.
+_EXACT_PS = 10 ** 15
+
+
+def _ns(ps) -> str:
+    """A time in integer ps as the op_log prints it in ns: the text of ``ps / 1000``."""
+    if ps.__class__ is int and 0 <= ps < _EXACT_PS:
+        return f"{ps // 1000}{_FRAC[ps % 1000]}"
+    return repr(ps / 1000)
+
 
 class OpLog:
     """Streams op_log records to ``path`` (or nowhere if None) and keeps totals.
@@ -44,8 +58,8 @@ class OpLog:
     def _write(self, pe, unit, op_kind, cmd_id, tile, t0, t1, nbytes, extra=""):
         self.n_records += 1
         if self._f is not None:
-            self._f.write(f'{self._head(pe, unit, op_kind)}{cmd_id}, "tile": {tile}, "t_start_ns": {t0 / 1000}, '
-                          f'"t_end_ns": {t1 / 1000}, "bytes": {nbytes}{extra}}}\n')
+            self._f.write(f'{self._head(pe, unit, op_kind)}{cmd_id}, "tile": {tile}, "t_start_ns": {_ns(t0)}, '
+                          f'"t_end_ns": {_ns(t1)}, "bytes": {nbytes}{extra}}}\n')
 
     def stage(self, pe: int, st) -> None:
         """Record a finished stage."""
@@ -60,13 +74,14 @@ class OpLog:
         if t_data >= 0:
             self.busy_ps[key] += t1 - t_data
             self.hbm_bytes += nbytes
-            extra = f', "t_data_ns": {t_data / 1000}}}\n'
+            tail = f', "t_data_ns": {_ns(t_data)}}}\n'
         else:
             self.busy_ps[key] += t1 - t0
-            extra = "}\n"
+            tail = "}\n"
         if self._f is not None:
-            self._f.write(f'{self._head(pe, unit, st.op_kind)}{st.cmd.id}, "tile": {st.tile}, '
-                          f'"t_start_ns": {t0 / 1000}, "t_end_ns": {t1 / 1000}, "bytes": {nbytes}{extra}')
+            head = self._heads.get((pe, unit, st.op_kind)) or self._head(pe, unit, st.op_kind)
+            self._f.write(f'{head}{st.cmd.id}, "tile": {st.tile}, '
+                          f'"t_start_ns": {_ns(t0)}, "t_end_ns": {_ns(t1)}, "bytes": {nbytes}{tail}')
 
     def dispatch(self, pe: int, cmd, t0: int, t1: int) -> None:
         """Record PE_CPU's dispatch of ``cmd`` over ``[t0, t1)``."""
