@@ -31,74 +31,118 @@ def _ns(ps) -> str:
     return repr(ps / 1000)
 
 
+class _Totals:
+    """Running totals of one ``(pe, unit)``; ``full`` is False for PE_SCHEDULER, whose
+    records count commands but carry no bytes or busy time."""
+
+    __slots__ = ("count", "bytes", "busy_ps", "full", "heads")
+
+    def __init__(self, full: bool):
+        self.count = self.bytes = self.busy_ps = 0
+        self.full = full
+        self.heads: dict = {}  # op_kind -> the record's fixed leading text
+
+
 class OpLog:
     """Streams op_log records to ``path`` (or nowhere if None) and keeps totals.
 
     Totals (per ``(pe, unit)``): ``busy_ps``, ``count``, ``bytes``; plus ``flops`` and
-    ``hbm_bytes`` overall.
+    ``hbm_bytes`` overall. Records are formatted and written in batches of ``batch``;
+    the file is complete once :meth:`close` has returned.
     """
 
-    def __init__(self, path=None):
+    def __init__(self, path=None, batch: int = 4096):
         self._f = open(path, "w", buffering=1 << 20) if path is not None else None
-        self.busy_ps = defaultdict(int)
-        self.count = defaultdict(int)
-        self.bytes = defaultdict(int)
+        self._batch = batch
+        self._rows: list = []  # pending records: (head, cmd, tile, t_start, t_end, bytes, t_data or -1)
+        self._totals: dict = {}  # (pe, unit name) -> _Totals
+        self._by_unit: dict = {}  # stage unit object -> its _Totals (no key tuple per stage)
         self.flops = 0
         self.hbm_bytes = 0
         self.n_records = 0
-        self._heads: dict = {}  # (pe, unit, op_kind) -> the record's fixed leading text
 
-    def _head(self, pe, unit, op_kind) -> str:
-        key = (pe, unit, op_kind)
-        head = self._heads.get(key)
+    # the per-(pe, unit) totals, as dicts that default to 0 (bench.py reads them)
+    @property
+    def count(self) -> defaultdict:
+        """Records per ``(pe, unit)``."""
+        return defaultdict(int, {k: t.count for k, t in self._totals.items()})
+
+    @property
+    def bytes(self) -> defaultdict:
+        """Bytes per ``(pe, unit)`` (stages: moved or read; ``cpu``: logical bytes)."""
+        return defaultdict(int, {k: t.bytes for k, t in self._totals.items() if t.full})
+
+    @property
+    def busy_ps(self) -> defaultdict:
+        """Busy ps per ``(pe, unit)`` (DMA: data phases only)."""
+        return defaultdict(int, {k: t.busy_ps for k, t in self._totals.items() if t.full})
+
+    def _entry(self, pe: int, unit: str, full: bool = True) -> _Totals:
+        t = self._totals.get((pe, unit))
+        if t is None:
+            t = self._totals[(pe, unit)] = _Totals(full)
+        return t
+
+    def _record(self, pe, unit, t: _Totals, op_kind, cmd_id, tile, t0, t1, nbytes, t_data) -> None:
+        head = t.heads.get(op_kind)
         if head is None:
-            head = self._heads[key] = f'{{"pe": {pe}, "unit": "{unit}", "op_kind": "{op_kind}", "cmd": '
-        return head
+            head = t.heads[op_kind] = f'{{"pe": {pe}, "unit": "{unit}", "op_kind": "{op_kind}", "cmd": '
+        rows = self._rows
+        rows.append((head, cmd_id, tile, t0, t1, nbytes, t_data))
+        if len(rows) >= self._batch:
+            self._flush()
 
-    def _write(self, pe, unit, op_kind, cmd_id, tile, t0, t1, nbytes, extra=""):
-        self.n_records += 1
-        if self._f is not None:
-            self._f.write(f'{self._head(pe, unit, op_kind)}{cmd_id}, "tile": {tile}, "t_start_ns": {_ns(t0)}, '
-                          f'"t_end_ns": {_ns(t1)}, "bytes": {nbytes}{extra}}}\n')
+    def _flush(self) -> None:
+        lines = []
+        for head, cmd_id, tile, t0, t1, nbytes, t_data in self._rows:
+            tail = f', "t_data_ns": {_ns(t_data)}}}\n' if t_data >= 0 else "}\n"
+            lines.append(f'{head}{cmd_id}, "tile": {tile}, "t_start_ns": {_ns(t0)}, '
+                         f'"t_end_ns": {_ns(t1)}, "bytes": {nbytes}{tail}')
+        self._rows.clear()
+        self._f.write("".join(lines))
 
     def stage(self, pe: int, st) -> None:
         """Record a finished stage."""
-        unit = st.unit.name
-        key = (pe, unit)
-        nbytes = st.nbytes
-        self.count[key] += 1
-        self.bytes[key] += nbytes
+        unit = st.unit
+        t = self._by_unit.get(unit)
+        if t is None:
+            t = self._by_unit[unit] = self._entry(pe, unit.name)
+        nbytes, t0, t1, t_data = st.nbytes, st.t_start, st.t_end, st.t_data
+        t.count += 1
+        t.bytes += nbytes
+        if t_data >= 0:
+            t.busy_ps += t1 - t_data
+            self.hbm_bytes += nbytes
+        else:
+            t.busy_ps += t1 - t0
         self.flops += st.flops
         self.n_records += 1
-        t0, t1, t_data = st.t_start, st.t_end, st.t_data
-        if t_data >= 0:
-            self.busy_ps[key] += t1 - t_data
-            self.hbm_bytes += nbytes
-            tail = f', "t_data_ns": {_ns(t_data)}}}\n'
-        else:
-            self.busy_ps[key] += t1 - t0
-            tail = "}\n"
         if self._f is not None:
-            head = self._heads.get((pe, unit, st.op_kind)) or self._head(pe, unit, st.op_kind)
-            self._f.write(f'{head}{st.cmd.id}, "tile": {st.tile}, '
-                          f'"t_start_ns": {_ns(t0)}, "t_end_ns": {_ns(t1)}, "bytes": {nbytes}{tail}')
+            self._record(pe, unit.name, t, st.op_kind, st.cmd.id, st.tile, t0, t1, nbytes, t_data)
 
     def dispatch(self, pe: int, cmd, t0: int, t1: int) -> None:
         """Record PE_CPU's dispatch of ``cmd`` over ``[t0, t1)``."""
-        key = (pe, "cpu")
-        self.count[key] += 1
-        self.busy_ps[key] += t1 - t0
+        t = self._entry(pe, "cpu")
         nbytes = cmd.logical_bytes
-        self.bytes[key] += nbytes
-        self._write(pe, "cpu", command_kind(cmd), cmd.id, -1, t0, t1, nbytes)
+        t.count += 1
+        t.busy_ps += t1 - t0
+        t.bytes += nbytes
+        self.n_records += 1
+        if self._f is not None:
+            self._record(pe, "cpu", t, command_kind(cmd), cmd.id, -1, t0, t1, nbytes, -1)
 
     def command(self, pe: int, cmd, t_admit: int, t_done: int) -> None:
         """Record a command's span in PE_SCHEDULER, from admission to completion."""
-        key = (pe, "scheduler")
-        self.count[key] += 1
-        self._write(pe, "scheduler", command_kind(cmd), cmd.id, -1, t_admit, t_done, 0)
+        t = self._entry(pe, "scheduler", full=False)
+        t.count += 1
+        self.n_records += 1
+        if self._f is not None:
+            self._record(pe, "scheduler", t, command_kind(cmd), cmd.id, -1, t_admit, t_done, 0, -1)
 
     def close(self) -> None:
+        """Write the pending records and close the file."""
         if self._f is not None:
+            if self._rows:
+                self._flush()
             self._f.close()
             self._f = None
