@@ -9,8 +9,9 @@ produces it (ADR-0062 lazy pattern): a consumer of a pending handle waits for it
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields
 from math import prod
+from operator import attrgetter
 
 import numpy as np
 
@@ -118,8 +119,8 @@ class TensorHandle:
         """The transposed view of a 2-D handle (a real transpose, not a reshape)."""
         if len(self.shape) != 2:
             raise ValueError(f"{self.name}: transpose needs a 2-D handle, got shape {self.shape}")
-        return replace(self, name=f"{self.name}.T", shape=self.shape[::-1], trans=not self.trans,
-                       id=next(_handle_ids))
+        return self._derive(name=f"{self.name}.T", shape=self.shape[::-1], trans=not self.trans,
+                            id=next(_handle_ids))
 
     def __getitem__(self, key: slice) -> "TensorHandle":
         """Row window ``h[r0:r1]`` of an untransposed handle (a tile of an HBM tensor)."""
@@ -130,9 +131,16 @@ class TensorHandle:
         r0, r1, _ = key.indices(n)
         if r1 <= r0:
             raise ValueError(f"{self.name}[{key.start}:{key.stop}] is empty")
-        return replace(self, name=f"{self.name.split('[')[0]}[{base0 + r0}:{base0 + r1}]",
-                       shape=(r1 - r0, *self.shape[1:]), rows=(base0 + r0, base0 + r1),
-                       id=next(_handle_ids))
+        return self._derive(name=f"{self.name.split('[')[0]}[{base0 + r0}:{base0 + r1}]",
+                            shape=(r1 - r0, *self.shape[1:]), rows=(base0 + r0, base0 + r1),
+                            id=next(_handle_ids))
+
+    def _derive(self, **changes) -> "TensorHandle":
+        """A new handle with this one's fields and ``changes`` (``dataclasses.replace``
+        without its per-call field lookup: kernels make views every KV tile)."""
+        kw = dict(zip(_INIT_FIELDS, _get_init_fields(self)))
+        kw.update(changes)
+        return TensorHandle(**kw)
 
     def view(self, mem: dict) -> np.ndarray:
         """This handle's numbers as a numpy view into ``mem[buf]`` (writes go through)."""
@@ -143,3 +151,7 @@ class TensorHandle:
 
     def __repr__(self) -> str:
         return f"<{self.space}:{self.name} {self.shape}>"
+
+
+_INIT_FIELDS = tuple(f.name for f in fields(TensorHandle) if f.init)
+_get_init_fields = attrgetter(*_INIT_FIELDS)

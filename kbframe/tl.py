@@ -51,7 +51,7 @@ class TL:
 
     def empty(self, shape, name: str = "t") -> TensorHandle:
         """Allocate an uninitialised TCM tensor in the active scratch_scope (or the arena)."""
-        shape = tuple(int(s) for s in shape)
+        shape = tuple(map(int, shape))
         addr = self.pe.tcm.alloc(_nbytes(shape, self.dtype), name)
         h = TensorHandle(name, shape, self.dtype, "tcm", addr, f"tcm{self.pe.index}.{next(_buf_ids)}", shape)
         self.pe.numerics.allocate(h)
@@ -268,11 +268,11 @@ class TL:
         recipe: Recipe | None = self.recipes.get(name)
         if recipe is None:
             raise ValidationError(f"unknown recipe '{name}' (known: {', '.join(sorted(self.recipes)) or 'none'})")
-        missing = [k for k in recipe.operands if k not in item]
-        if missing:
-            raise ValidationError(f"recipe '{name}': missing operand(s) {missing}")
-        extra = [k for k in item if k not in recipe.operands]
-        if extra:
+        if item.keys() != recipe.operands.keys():
+            missing = [k for k in recipe.operands if k not in item]
+            if missing:
+                raise ValidationError(f"recipe '{name}': missing operand(s) {missing}")
+            extra = [k for k in item if k not in recipe.operands]
             raise ValidationError(f"recipe '{name}': unknown operand(s) {extra} (takes {list(recipe.operands)})")
         for k, h in item.items():
             if not isinstance(h, TensorHandle):

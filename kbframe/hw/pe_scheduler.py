@@ -20,7 +20,7 @@ from .tiling import plan_stages
 def _ranges(handles) -> list:
     """``[(space, lo, hi)]`` of ``handles``, each distinct range once (a composite names
     the same state handles in many ops), in first-seen order."""
-    return list(dict.fromkeys([(h.space, *h.byte_range) for h in dict.fromkeys(handles)]))
+    return list(dict.fromkeys([(h.space,) + h.byte_range for h in dict.fromkeys(handles)]))
 
 
 def _overlap(xs, ys) -> bool:
