@@ -20,7 +20,7 @@ from .tiling import plan_stages
 def _ranges(handles) -> list:
     """``[(space, lo, hi)]`` of ``handles``, each distinct range once (a composite names
     the same state handles in many ops), in first-seen order."""
-    return list(dict.fromkeys([(h.space,) + h.byte_range for h in dict.fromkeys(handles)]))
+    return list({(h.space,) + h.byte_range: None for h in handles})
 
 
 def _overlap(xs, ys) -> bool:
@@ -138,5 +138,6 @@ class PeScheduler:
 
     def _complete(self, cmd) -> None:
         rec = self.inflight.pop(cmd.id)
-        self.pe.oplog.command(self.pe.index, cmd, rec.t_admit, self.env.now)
-        cmd.completion.fire(self.env.now)
+        now = self.env.now
+        self.pe.oplog.command(self.pe.index, cmd, rec.t_admit, now)
+        cmd.completion.fire(now)
