@@ -29,6 +29,12 @@ class Scope(Enum):
 #: op kinds that move data; PE_SCHEDULER routes them to the DMA channels.
 DMA_KINDS = ("load", "store")
 
+# The frozen dataclasses below spell out __init__ (dataclass keeps a class's own): the
+# generated one sets each field through object.__setattr__, several times slower, and the
+# tl layer builds commands at every KV tile. Fields, defaults, repr and frozenness are
+# the dataclass's.
+_DEFAULT = object()
+
 
 @dataclass(frozen=True, eq=False)
 class OpSpec:
@@ -48,6 +54,13 @@ class OpSpec:
     extra: dict = field(default_factory=dict)
     out: TensorHandle | None = None
 
+    def __init__(self, kind: str, scope: Scope, operands: dict = _DEFAULT, extra: dict = _DEFAULT,
+                 out: TensorHandle | None = None):
+        d = self.__dict__
+        d["kind"], d["scope"], d["out"] = kind, scope, out
+        d["operands"] = {} if operands is _DEFAULT else operands
+        d["extra"] = {} if extra is _DEFAULT else extra
+
     @property
     def logical_bytes(self) -> int:
         """DDD-0065 §4.2: opcode + scope + count + 8/operand + 8 if out + count + 4/scalar."""
@@ -64,6 +77,10 @@ class CompositeCmd:
     ops: tuple
     rw_handles: tuple = ()
     data_op: bool = True
+
+    def __init__(self, completion: Completion, ops: tuple, rw_handles: tuple = (), data_op: bool = True):
+        d = self.__dict__
+        d["completion"], d["ops"], d["rw_handles"], d["data_op"] = completion, ops, rw_handles, data_op
 
     @cached_attr
     def id(self) -> int:
@@ -85,6 +102,10 @@ class PrimitiveCmd:
 
     completion: Completion
     op: OpSpec
+
+    def __init__(self, completion: Completion, op: OpSpec):
+        d = self.__dict__
+        d["completion"], d["op"] = completion, op
 
     @cached_attr
     def id(self) -> int:
