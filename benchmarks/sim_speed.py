@@ -1,15 +1,17 @@
 """Simulation speed of kbframe beside a bare SimPy pipeline (a script, not a test).
 
 Runs decode_opt2 and decode_opt3 (TILE=64, G=8, d=128) at S_kv ∈ {4096, 32768, 131072}
-with data mode off and on, each case as ``python -m kbframe ... run.check=false`` in a
-fresh subprocess (so peak RSS is per case). In this process, for each case, it times a
-bare SimPy 4-stage pipeline of processes connected by ``simpy.Store`` over the same number
-of stages (one stage = one token through one pipeline process: get, hold, put).
+with data mode off and on, each case in a fresh subprocess (so peak RSS is per case). The
+subprocess runs the CLI (``python -m kbframe ... run.check=false``, the same ``main``) and
+then, in the same process, times a bare SimPy 4-stage pipeline of processes connected by
+``simpy.Store`` over the same number of stages (one stage = one token through one
+pipeline process: get, hold, put; a token through all four is four stages).
 
-Per case it reports: sim wall s (``metrics.json`` ``sim.wall_s``), whole-process wall s,
-simulated stages and events, µs per stage, the bare pipeline's µs per stage and the ratio,
-events per second, peak RSS; per kernel and mode the scaling ratio t(131072)/t(32768)
-(of sim wall). Writes ``outputs/bench/sim_speed.json``.
+Per case it reports: sim wall s (``metrics.json`` ``sim.wall_s``), whole-process wall s
+(the CLI run, start-up included, bare pipeline excluded), simulated stages and events, µs
+per stage, the bare pipeline's µs per stage and the ratio, events per second, peak RSS
+(of the CLI run, before the bare pipeline); per kernel and mode the scaling ratio
+t(131072)/t(32768) of sim wall. Writes ``outputs/bench/sim_speed.json``.
 
     python benchmarks/sim_speed.py             # all 12 cases (issue 6)
     python benchmarks/sim_speed.py --quick     # opt3 at 4096 and 32768, data off and on (issue 2)
@@ -71,32 +73,58 @@ def bare_pipeline_s(n_stages: int, n_pipe: int = 4) -> tuple[float, int]:
     return time.perf_counter() - t0, n_tokens * n_pipe
 
 
+def worker(report: str, overrides: list[str]) -> int:
+    """In a fresh process: the CLI run, then the bare pipeline over its number of stages.
+    Writes ``{"rss_kib", "bare_s", "bare_stages", "bare_total_s"}`` as JSON to ``report``
+    (``bare_s``: the fastest of three bare runs; ``bare_total_s``: all three)."""
+    import resource
+
+    from kbframe import cli
+    sys.argv = ["kbframe", *overrides]
+    try:
+        cli.main()
+    except SystemExit as e:
+        if e.code not in (None, 0):
+            return int(e.code) if isinstance(e.code, int) else 1
+    rss_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # Linux: KiB
+    run_dir = Path(next(o.split("=", 1)[1] for o in overrides if o.startswith("hydra.run.dir=")))
+    stages = json.loads((run_dir / "metrics.json").read_text())["sim"]["stages"]
+    t0 = time.perf_counter()
+    bare = min(bare_pipeline_s(stages) for _ in range(3))
+    bare_total = time.perf_counter() - t0
+    Path(report).write_text(json.dumps({"rss_kib": rss_kib, "bare_s": bare[0], "bare_stages": bare[1],
+                                        "bare_total_s": bare_total}))
+    return 0
+
+
 def run_case(kernel: str, s_kv: int, data: bool, extra: list[str]) -> dict:
-    """One kbframe run in a fresh subprocess; its figures from metrics.json and rusage."""
+    """One case in a fresh subprocess (:func:`worker`); figures from metrics.json and it."""
     run_dir = Path(tempfile.mkdtemp(prefix="kbframe_speed_"))
-    cmd = [sys.executable, "-m", "kbframe", f"+bench=decode_{kernel}", f"bench.S_kv={s_kv}",
-           f"bench.data={str(data).lower()}", "bench.tile=64", "bench.G=8", "bench.d=128",
-           "run.check=false", "run.progress=false", f"hydra.run.dir={run_dir}", *extra]
+    report = run_dir / "worker.json"
+    overrides = [f"+bench=decode_{kernel}", f"bench.S_kv={s_kv}", f"bench.data={str(data).lower()}",
+                 "bench.tile=64", "bench.G=8", "bench.d=128", "run.check=false", "run.progress=false",
+                 f"hydra.run.dir={run_dir / 'run'}", *extra]
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", str(report), *overrides]
     try:
         t0 = time.perf_counter()
-        p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        _, status, ru = os.wait4(p.pid, 0)
-        process_wall = time.perf_counter() - t0
-        p.returncode = os.waitstatus_to_exitcode(status)
-        err = p.stderr.read().decode(errors="replace")
-        p.stderr.close()
+        p = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        total = time.perf_counter() - t0
         if p.returncode != 0:
-            raise RuntimeError(f"{' '.join(cmd)} exited {p.returncode}:\n{err[-3000:]}")
-        m = json.loads((run_dir / "metrics.json").read_text())
+            raise RuntimeError(f"{' '.join(cmd)} exited {p.returncode}:\n"
+                               f"{p.stderr.decode(errors='replace')[-3000:]}")
+        w = json.loads(report.read_text())
+        m = json.loads((run_dir / "run" / "metrics.json").read_text())
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
     return {"kernel": f"decode_{kernel}", "S_kv": s_kv, "data": data,
-            "wall_s": m["sim"]["wall_s"], "process_wall_s": process_wall,
+            "wall_s": m["sim"]["wall_s"], "process_wall_s": total - w["bare_total_s"],
             "stages": m["sim"]["stages"], "events": m["sim"]["events"],
-            "peak_rss_mb": ru.ru_maxrss / 1024.0}  # Linux: ru_maxrss in KiB
+            "peak_rss_mb": w["rss_kib"] / 1024.0, "bare_wall_s": w["bare_s"], "bare_stages": w["bare_stages"]}
 
 
 def main() -> int:
+    if len(sys.argv) > 2 and sys.argv[1] == "--worker":
+        return worker(sys.argv[2], sys.argv[3:])
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true",
                     help="issue 2's subset: decode_opt3 at S_kv 4096 and 32768, data off and on")
@@ -117,11 +145,11 @@ def main() -> int:
                 runs = [run_case(kernel, s_kv, data, args.extra) for _ in range(max(1, args.repeat))]
                 r = min(runs, key=lambda x: x["wall_s"])
                 r["peak_rss_mb"] = max(x["peak_rss_mb"] for x in runs)
-                bare = [bare_pipeline_s(r["stages"]) for _ in range(3)]
-                bare_s, bare_stages = min(bare)
+                r["process_wall_s"] = min(x["process_wall_s"] for x in runs)
+                r["bare_wall_s"], r["bare_stages"] = min((x["bare_wall_s"], x["bare_stages"]) for x in runs)
                 r["us_per_stage"] = r["wall_s"] / r["stages"] * 1e6
-                r["bare_wall_s"] = bare_s
-                r["bare_us_per_stage"] = bare_s / bare_stages * 1e6
+                r["bare_us_per_stage"] = r["bare_wall_s"] / r["bare_stages"] * 1e6
+                r["bare_us_per_token"] = 4 * r["bare_us_per_stage"]
                 r["ratio_to_bare"] = r["us_per_stage"] / r["bare_us_per_stage"]
                 r["events_per_s"] = r["events"] / r["wall_s"]
                 rows.append(r)
@@ -166,7 +194,9 @@ def main() -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     doc = {"machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
                        "platform": platform.platform(), "simpy": simpy.__version__},
-           "bare_pipeline": "4 SimPy processes connected by simpy.Store; stage = get + timeout(1) + put",
+           "bare_pipeline": "4 SimPy processes connected by simpy.Store, timed in each case's process "
+                            "after the CLI run; stage = one token through one process (get + timeout(1) "
+                            "+ put), token = 4 stages",
            "quick": args.quick, "repeat": args.repeat, "extra_overrides": args.extra,
            "cases": rows, "scaling_t131072_over_t32768": scaling,
            "targets": {k: {"value": v, "limit": lim, "ok": v <= lim} for k, (v, lim) in verdict.items()}}

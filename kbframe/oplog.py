@@ -83,10 +83,13 @@ class OpLog:
             t = self._totals[(pe, unit)] = _Totals(full)
         return t
 
+    @staticmethod
+    def _head(pe, unit, t: _Totals, op_kind) -> str:
+        head = t.heads[op_kind] = f'{{"pe": {pe}, "unit": "{unit}", "op_kind": "{op_kind}", "cmd": '
+        return head
+
     def _record(self, pe, unit, t: _Totals, op_kind, cmd_id, tile, t0, t1, nbytes, t_data) -> None:
-        head = t.heads.get(op_kind)
-        if head is None:
-            head = t.heads[op_kind] = f'{{"pe": {pe}, "unit": "{unit}", "op_kind": "{op_kind}", "cmd": '
+        head = t.heads.get(op_kind) or self._head(pe, unit, t, op_kind)
         rows = self._rows
         rows.append((head, cmd_id, tile, t0, t1, nbytes, t_data))
         if len(rows) >= self._batch:
@@ -117,8 +120,12 @@ class OpLog:
             t.busy_ps += t1 - t0
         self.flops += st.flops
         self.n_records += 1
-        if self._f is not None:
-            self._record(pe, unit.name, t, st.op_kind, st.cmd.id, st.tile, t0, t1, nbytes, t_data)
+        if self._f is not None:  # _record, inlined: this is once per stage
+            head = t.heads.get(st.op_kind) or self._head(pe, unit.name, t, st.op_kind)
+            rows = self._rows
+            rows.append((head, st.cmd.id, st.tile, t0, t1, nbytes, t_data))
+            if len(rows) >= self._batch:
+                self._flush()
 
     def dispatch(self, pe: int, cmd, t0: int, t1: int) -> None:
         """Record PE_CPU's dispatch of ``cmd`` over ``[t0, t1)``."""

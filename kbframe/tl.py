@@ -8,7 +8,6 @@ they call :meth:`TL.wait`; RAW hazards between commands are PE_SCHEDULER's job.
 """
 from __future__ import annotations
 
-import contextlib
 import itertools
 
 from greenlet import getcurrent
@@ -67,16 +66,10 @@ class TL:
         self._primitive(OpSpec("fill", Scope.KERNEL, {}, {"value": float(value)}, h), h)
         return h
 
-    @contextlib.contextmanager
-    def scratch_scope(self):
-        """TCM allocations inside are freed when the scope exits (ADR-0063)."""
-        self.pe.tcm.push_scope()
-        self._scope_depth += 1
-        try:
-            yield
-        finally:
-            self._scope_depth -= 1
-            self.pe.tcm.pop_scope()
+    def scratch_scope(self) -> "_ScratchScope":
+        """``with tl.scratch_scope():`` — TCM allocations inside are freed when the scope
+        exits (ADR-0063)."""
+        return _ScratchScope(self)
 
     def wait(self, h: TensorHandle) -> TensorHandle:
         """Block PE_CPU until ``h``'s producing command completes."""
@@ -351,6 +344,24 @@ class TL:
             slots = micro_ops.MICRO_OPS[kind].slots
             return OpSpec(kind, scope, dict(zip(slots, [out, *operands.values()])), item, out)
         return OpSpec(kind, scope, operands, item, None)
+
+
+class _ScratchScope:
+    """The context manager of :meth:`TL.scratch_scope` (a class: kernels open one per KV
+    tile, and a generator-based one costs several times more)."""
+
+    __slots__ = ("tl",)
+
+    def __init__(self, tl: TL):
+        self.tl = tl
+
+    def __enter__(self) -> None:
+        self.tl.pe.tcm.push_scope()
+        self.tl._scope_depth += 1
+
+    def __exit__(self, *exc) -> None:
+        self.tl._scope_depth -= 1
+        self.tl.pe.tcm.pop_scope()
 
 
 _buf_ids = itertools.count(1)

@@ -18,9 +18,9 @@ from .tiling import plan_stages
 
 
 def _ranges(handles) -> list:
-    """``[(space, lo, hi)]`` of ``handles``, each distinct range once (a composite names
-    the same state handles in many ops), in first-seen order."""
-    return list({(h.space,) + h.byte_range: None for h in handles})
+    """``[(space, lo, hi)]`` of ``handles``, each handle once (a composite names the same
+    state handles in many ops), in first-seen order."""
+    return [(h.space,) + h.byte_range for h in dict.fromkeys(handles)]
 
 
 def _overlap(xs, ys) -> bool:
