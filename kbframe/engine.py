@@ -17,14 +17,34 @@ from .timebase import ps_to_ns
 
 
 def _check_targets(hw) -> None:
-    """Refuse ``_target_``s outside ``kbframe.`` unless ``hardware.allow_external_targets``."""
+    """Refuse any ``_target_`` outside ``kbframe.`` anywhere in ``hardware.units`` (nested
+    nodes too: Hydra instantiates them recursively) unless ``hardware.allow_external_targets``.
+
+    Raises:
+        ConfigError: names the key path of the refused ``_target_``.
+    """
     if hw.get("allow_external_targets", False):
         return
-    for name, ucfg in hw.units.items():
-        target = str(ucfg.get("_target_", ""))
-        if not target.startswith("kbframe."):
-            raise ConfigError(f"hardware.units.{name}._target_ '{target}' is outside the kbframe. "
-                              f"namespace; set hardware.allow_external_targets=true to allow it")
+
+    def walk(node, path):
+        if OmegaConf.is_dict(node):
+            for key in node.keys():
+                child = node._get_node(key)
+                if key == "_target_":
+                    target = str(node[key])
+                    if not target.startswith("kbframe."):
+                        raise ConfigError(f"{path}._target_ '{target}' is outside the kbframe. namespace; "
+                                          f"set hardware.allow_external_targets=true to allow it")
+                else:
+                    walk(child, f"{path}.{key}")
+        elif OmegaConf.is_list(node):
+            for i, child in enumerate(node._iter_ex(resolve=False)):
+                walk(child, f"{path}[{i}]")
+
+    for name in hw.units.keys():
+        if not OmegaConf.is_dict(hw.units._get_node(name)) or "_target_" not in hw.units[name]:
+            raise ConfigError(f"hardware.units.{name} needs a _target_ (a kbframe unit class)")
+        walk(hw.units._get_node(name), f"hardware.units.{name}")
 
 
 def build_units(hw) -> dict:
