@@ -98,6 +98,22 @@ def test_external_target_refused():
                             "namespace; set hardware.allow_external_targets=true to allow it")
 
 
+@pytest.mark.parametrize("override, where", [
+    ("+hardware.units.gemm.description={_target_:pathlib.Path.touch,self:/tmp/kbframe_nested}",
+     "hardware.units.gemm.description"),
+    ("hardware.units.gemm.description=[{_target_:builtins.print}]", "hardware.units.gemm.description[0]"),
+])
+def test_nested_external_target_refused(override, where, tmp_path):
+    # Hydra instantiates nested _target_ nodes too, so the guard walks the whole unit node
+    cfg = compose_cfg(override)
+    with pytest.raises(ConfigError) as e:
+        build_units(cfg.hardware)
+    target = "pathlib.Path.touch" if "touch" in override else "builtins.print"
+    assert str(e.value) == (f"{where}._target_ '{target}' is outside the kbframe. "
+                            "namespace; set hardware.allow_external_targets=true to allow it")
+    assert not __import__("os").path.exists("/tmp/kbframe_nested")
+
+
 def test_external_target_allowed_when_opted_in():
     cfg = compose_cfg("hardware.units.math._target_=collections.OrderedDict",
                       "hardware.allow_external_targets=true")
