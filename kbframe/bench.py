@@ -73,8 +73,8 @@ def validate(cfg) -> None:
     if not (math.isfinite(b.inputs.peak) and b.inputs.peak >= 0):
         raise ConfigError(f"bench.inputs.peak must be a finite number ≥ 0, got {b.inputs.peak}")
     for key in ("clock_ghz", "hbm_gbps", "hbm_bytes", "tcm_bytes"):
-        if cfg.hardware[key] <= 0:
-            raise ConfigError(f"hardware.{key} must be > 0, got {cfg.hardware[key]}")
+        if not (math.isfinite(cfg.hardware[key]) and cfg.hardware[key] > 0):
+            raise ConfigError(f"hardware.{key} must be a finite number > 0, got {cfg.hardware[key]}")
     for key in ("FIXED", "R"):
         if cfg.calibration[key] < 0 or not math.isfinite(cfg.calibration[key]):
             raise ConfigError(f"calibration.{key} must be a finite number ≥ 0, got {cfg.calibration[key]}")

@@ -185,6 +185,8 @@ def _max_concurrency(rule, p, unit, intervals, limit, what):
     """Sweep ``[(t0, t1, cmd, tile)]``; fail when more than ``limit`` overlap."""
     events = []
     for iv in intervals:
+        if iv[1] <= iv[0]:
+            continue  # a zero-length stage (an infinitely fast unit) occupies no channel
         events.append((iv[0], 1, iv))
         events.append((iv[1], 0, iv))  # ends sort before starts at the same time
     active = []

@@ -12,6 +12,7 @@ from greenlet import greenlet
 
 from ..errors import ValidationError
 from ..timebase import cycles_to_ps
+from .params import at_least_one, non_negative, positive
 
 
 class PeCpu:
@@ -28,10 +29,10 @@ class PeCpu:
 
     def __init__(self, fixed_cycles: float, r_cycles_per_byte: float, composite_cap_bytes: int,
                  clock_ghz: float, description: str = ""):
-        if fixed_cycles < 0 or r_cycles_per_byte < 0:
-            raise ValueError(f"FIXED and R must be ≥ 0, got {fixed_cycles} and {r_cycles_per_byte}")
-        if composite_cap_bytes <= 0 or clock_ghz <= 0:
-            raise ValueError(f"cap and clock must be > 0, got {composite_cap_bytes} and {clock_ghz}")
+        non_negative("fixed_cycles", fixed_cycles)
+        non_negative("r_cycles_per_byte", r_cycles_per_byte)
+        at_least_one("composite_cap_bytes", composite_cap_bytes)
+        positive("clock_ghz", clock_ghz)
         self.description = description
         self.fixed_cycles = float(fixed_cycles)
         self.r_cycles_per_byte = float(r_cycles_per_byte)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import deque
 
 from ..timebase import bytes_to_ps, ns_to_ps
+from .params import at_least_one, non_negative, positive
 from .unit import Stage, Unit
 
 
@@ -27,12 +28,9 @@ class DmaChannel(Unit):
     def __init__(self, bandwidth_gbps: float, setup_latency_ns: float, max_outstanding: int = 4,
                  description: str = ""):
         super().__init__(description)
-        if bandwidth_gbps <= 0:
-            raise ValueError(f"bandwidth_gbps must be > 0, got {bandwidth_gbps}")
-        if setup_latency_ns < 0:
-            raise ValueError(f"setup_latency_ns must be ≥ 0, got {setup_latency_ns}")
-        if int(max_outstanding) < 1:
-            raise ValueError(f"max_outstanding must be ≥ 1, got {max_outstanding}")
+        positive("bandwidth_gbps", bandwidth_gbps)
+        non_negative("setup_latency_ns", setup_latency_ns)
+        at_least_one("max_outstanding", max_outstanding)
         self.bandwidth_gbps = float(bandwidth_gbps)
         self.setup_ps = ns_to_ps(setup_latency_ns)
         self.max_outstanding = int(max_outstanding)

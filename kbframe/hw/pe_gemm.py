@@ -4,6 +4,7 @@ pipeline latency. The model never looks at the op kind (ADR-0065 D7)."""
 from __future__ import annotations
 
 from ..timebase import bytes_to_ps, ns_to_ps
+from .params import at_least_one, non_negative, positive
 from .unit import Stage, Unit
 
 
@@ -22,10 +23,11 @@ class GemmUnit(Unit):
     def __init__(self, peak_tflops: float, operand_read_gbps: float, pipeline_latency_ns: float = 0.0,
                  tile_m: int = 128, tile_n: int = 128, tile_k: int = 128, description: str = ""):
         super().__init__(description)
-        for key, val in (("peak_tflops", peak_tflops), ("operand_read_gbps", operand_read_gbps),
-                         ("tile_m", tile_m), ("tile_n", tile_n), ("tile_k", tile_k)):
-            if val <= 0:
-                raise ValueError(f"{key} must be > 0, got {val}")
+        positive("peak_tflops", peak_tflops)
+        positive("operand_read_gbps", operand_read_gbps)
+        non_negative("pipeline_latency_ns", pipeline_latency_ns)
+        for key, val in (("tile_m", tile_m), ("tile_n", tile_n), ("tile_k", tile_k)):
+            at_least_one(key, val)
         self.peak_tflops = float(peak_tflops)
         self.operand_read_gbps = float(operand_read_gbps)
         self.pipeline_ps = ns_to_ps(pipeline_latency_ns)

@@ -4,6 +4,7 @@ modelled (the seeds' stated approximation)."""
 from __future__ import annotations
 
 from ..timebase import cycles_to_ps
+from .params import at_least_one, positive
 from .unit import Stage, Unit
 
 
@@ -19,10 +20,8 @@ class MathUnit(Unit):
 
     def __init__(self, vector_width: int, clock_ghz: float, description: str = ""):
         super().__init__(description)
-        if int(vector_width) < 1:
-            raise ValueError(f"vector_width must be ≥ 1, got {vector_width}")
-        if clock_ghz <= 0:
-            raise ValueError(f"clock_ghz must be > 0, got {clock_ghz}")
+        at_least_one("vector_width", vector_width)
+        positive("clock_ghz", clock_ghz)
         self.vector_width = int(vector_width)
         self.clock_ghz = float(clock_ghz)
         self._cache: dict = {}

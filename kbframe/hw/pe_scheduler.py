@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections import deque
 
 from ..commands import reads_and_writes
+from .params import at_least_one
 from .tiling import plan_stages
 
 
@@ -48,8 +49,7 @@ class PeScheduler:
     """
 
     def __init__(self, max_queued_commands: int = 64, description: str = ""):
-        if int(max_queued_commands) < 1:
-            raise ValueError(f"max_queued_commands must be ≥ 1, got {max_queued_commands}")
+        at_least_one("max_queued_commands", max_queued_commands)
         self.description = description
         self.max_queued = int(max_queued_commands)
         self.queue: deque = deque()

@@ -8,6 +8,7 @@ alloc and free times) so the sanitizer can check that live allocations never ove
 from __future__ import annotations
 
 from ..errors import TcmOverflowError
+from .params import at_least_one, positive
 
 
 class Tcm:
@@ -23,10 +24,10 @@ class Tcm:
 
     def __init__(self, capacity_bytes: int, read_gbps: float, write_gbps: float,
                  alignment_bytes: int = 64, description: str = ""):
-        for key, val in (("capacity_bytes", capacity_bytes), ("read_gbps", read_gbps),
-                         ("write_gbps", write_gbps), ("alignment_bytes", alignment_bytes)):
-            if val <= 0:
-                raise ValueError(f"{key} must be > 0, got {val}")
+        at_least_one("capacity_bytes", capacity_bytes)
+        positive("read_gbps", read_gbps)
+        positive("write_gbps", write_gbps)
+        at_least_one("alignment_bytes", alignment_bytes)
         self.description = description
         self.capacity_bytes = int(capacity_bytes)
         self.read_gbps = float(read_gbps)

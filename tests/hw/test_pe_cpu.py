@@ -75,10 +75,12 @@ def test_dispatch_clock_converts_cycles_to_time(tmp_path):
 
 
 def test_pe_cpu_rejects_bad_parameters():
-    with pytest.raises(ValueError, match="FIXED and R must be ≥ 0, got -1 and 0.1"):
+    with pytest.raises(ValueError, match="^fixed_cycles must be ≥ 0, got -1$"):
         PeCpu(-1, 0.1, 1024, 1.0)
-    with pytest.raises(ValueError, match="cap and clock must be > 0, got 0 and 1.0"):
+    with pytest.raises(ValueError, match="^composite_cap_bytes must be ≥ 1, got 0$"):
         PeCpu(40, 0.1, 0, 1.0)
+    with pytest.raises(ValueError, match="^r_cycles_per_byte must be a finite number, got nan$"):
+        PeCpu(40, float("nan"), 1024, 1.0)
 
 
 def test_check_cap_message_names_bytes_and_cap(tmp_path):

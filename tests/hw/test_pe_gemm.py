@@ -42,5 +42,9 @@ def test_gemm_latency_ignores_op_kind():
 def test_gemm_rejects_bad_parameters():
     with pytest.raises(ValueError, match="peak_tflops must be > 0, got 0"):
         _g(peak_tflops=0)
-    with pytest.raises(ValueError, match="tile_k must be > 0, got -1"):
+    with pytest.raises(ValueError, match="tile_k must be ≥ 1, got -1"):
         _g(tile_k=-1)
+    with pytest.raises(ValueError, match="^pipeline_latency_ns must be ≥ 0, got -5$"):
+        _g(pipeline_latency_ns=-5)
+    with pytest.raises(ValueError, match="^peak_tflops must be a finite number, got inf$"):
+        _g(peak_tflops=float("inf"))

@@ -1,0 +1,34 @@
+"""Checks for unit parameters: each raises ValueError naming the parameter and the limit,
+which the engine reports as ``hardware.units.<unit>: ValueError: ...``."""
+from __future__ import annotations
+
+import math
+
+
+def _number(key: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{key} must be a finite number, got {value!r}")
+    return value
+
+
+def positive(key: str, value):
+    """``value`` if it is a finite number > 0."""
+    if _number(key, value) <= 0:
+        raise ValueError(f"{key} must be > 0, got {value}")
+    return value
+
+
+def non_negative(key: str, value):
+    """``value`` if it is a finite number ≥ 0."""
+    if _number(key, value) < 0:
+        raise ValueError(f"{key} must be ≥ 0, got {value}")
+    return value
+
+
+def at_least_one(key: str, value) -> int:
+    """``int(value)`` if it is a whole number ≥ 1."""
+    if _number(key, value) < 1:
+        raise ValueError(f"{key} must be ≥ 1, got {value}")
+    if int(value) != value:
+        raise ValueError(f"{key} must be a whole number, got {value}")
+    return int(value)
