@@ -21,6 +21,7 @@ def gqa_decode_opt3(tl, *, G: int, d: int, S_kv: int, tile: int, scale: float) -
     accumulate. K_j is read as a real transpose (``K_j.T``).
     """
     q_h, k_h, v_h, out_h = tl.ref("q"), tl.ref("k"), tl.ref("v"), tl.ref("out")
+    tile = min(tile, S_kv)  # buffers for a tile longer than the sequence would only waste TCM
     tiles = _tiles(S_kv, tile)
     q = tl.scale(tl.load(q_h), scale)
     m = tl.full((G, 1), float("-inf"), "m")
@@ -64,6 +65,7 @@ def gqa_decode_opt2(tl, *, G: int, d: int, S_kv: int, tile: int, scale: float) -
     ahead of V (ADR-0065 D6.2); the scheduler inserts every DMA.
     """
     q_h, k_h, v_h, out_h = tl.ref("q"), tl.ref("k"), tl.ref("v"), tl.ref("out")
+    tile = min(tile, S_kv)  # buffers for a tile longer than the sequence would only waste TCM
     tiles = _tiles(S_kv, tile)
     q = tl.load(q_h)
     m = tl.full((G, 1), float("-inf"), "m")
