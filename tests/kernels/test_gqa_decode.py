@@ -275,3 +275,13 @@ def test_opt3_per_tile_commands_in_op_log(dispatch_runs):
     assert cpu[7:20] == ["load", "load", "gemm", "rmax", "max_elem", "exp_diff", "exp_diff", "rsum", "fma",
                          "mul_bcast", "gemm", "add", "copy"]
     assert cpu[-2:] == ["div_bcast", "store"]
+
+
+def test_tile_longer_than_sequence_needs_only_the_sequence(tmp_path):
+    # S_kv=1 with tile=16384: buffers are sized by min(tile, S_kv), so both kernels fit a
+    # TCM far smaller than 16384 keys of K/V (16384·128·2 B = 4 MiB per buffer) and are exact
+    outs, t, sc = _pair(tmp_path, "bench.S_kv=1", "bench.tile=16384", "hardware.tcm_bytes=65536")
+    _check_parity(outs, t, sc)
+    np.testing.assert_allclose(outs["decode_opt3"][1]["out"], np.repeat(t["v"][:1], t["q"].shape[0], 0), atol=1e-6)
+    for bench, (m, _) in outs.items():
+        assert m["tcm"]["high_water_bytes"] < 65536, bench
