@@ -8,6 +8,7 @@ keys, unknown bench) are Hydra's messages, which name the key and list the optio
 """
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -39,7 +40,11 @@ def _hydra_main(cfg: DictConfig) -> dict:
             raise ConfigError(f"no bench selected; add +bench=NAME "
                               f"(available: {', '.join(_available_benches())})")
         metrics = run_bench(cfg, out_dir)
-        print(summary(metrics, out_dir))
+    if job.ok:
+        try:  # the run is done and recorded ok; a closed pipe (`| head`) must not fail it
+            print(summary(metrics, out_dir), flush=True)
+        except BrokenPipeError:
+            sys.stdout = open(os.devnull, "w")
     return job.status
 
 

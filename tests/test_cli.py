@@ -170,3 +170,14 @@ def test_cli_every_case_is_checked(results):
     """Guard: every run the fixture starts is asserted by one of the tests above."""
     assert set(results) == {"ok_opt3", "ok_opt2", *BAD_INPUTS}
     assert len(BAD_INPUTS) == len(set(BAD_INPUTS)) == 16
+
+
+def test_cli_closed_stdout_pipe_keeps_the_run_ok(tmp_path):
+    # `python -m kbframe ... | head -1`: the reader goes away; the run is still ok, no traceback
+    cmd = (f"{sys.executable} -m kbframe +bench=decode_opt2 bench.S_kv=64 bench.data=false "
+           f"hydra.run.dir={tmp_path} | head -c 10")
+    p = subprocess.run(["bash", "-o", "pipefail", "-c", cmd], cwd=REPO, capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert "Traceback" not in p.stderr and p.stdout == "kbframe de"
+    assert json.loads((tmp_path / "status.json").read_text())["status"] == "ok"
