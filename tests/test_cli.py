@@ -173,11 +173,18 @@ def test_cli_every_case_is_checked(results):
 
 
 def test_cli_closed_stdout_pipe_keeps_the_run_ok(tmp_path):
-    # `python -m kbframe ... | head -1`: the reader goes away; the run is still ok, no traceback
-    cmd = (f"{sys.executable} -m kbframe +bench=decode_opt2 bench.S_kv=64 bench.data=false "
-           f"hydra.run.dir={tmp_path} | head -c 10")
-    p = subprocess.run(["bash", "-o", "pipefail", "-c", cmd], cwd=REPO, capture_output=True, text=True,
-                       timeout=120)
+    # `python -m kbframe ... | head`: the reader is gone before the summary is printed; the run
+    # is still ok and no traceback is shown (the read end is closed first, so this is certain)
+    import os
+    r, w = os.pipe()
+    os.close(r)
+    try:
+        p = subprocess.run([sys.executable, "-m", "kbframe", "+bench=decode_opt2", "bench.S_kv=64",
+                            "bench.data=false", f"hydra.run.dir={tmp_path}"], cwd=REPO, stdout=w,
+                           stderr=subprocess.PIPE, text=True, timeout=120)
+    finally:
+        os.close(w)
     assert p.returncode == 0, p.stderr
-    assert "Traceback" not in p.stderr and p.stdout == "kbframe de"
+    assert "Traceback" not in p.stderr
     assert json.loads((tmp_path / "status.json").read_text())["status"] == "ok"
+    assert (tmp_path / "metrics.json").exists()
