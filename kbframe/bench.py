@@ -117,7 +117,8 @@ def load_inputs(path: str) -> dict:
     out = {"q": q.astype(np.float64), "k": k.astype(np.float64), "v": v.astype(np.float64)}
     if "scale" in arrays:
         s = arrays["scale"]
-        if s.shape != () or not np.isfinite(s) or float(s) <= 0:
+        real = np.issubdtype(s.dtype, np.floating) or np.issubdtype(s.dtype, np.integer)
+        if s.shape != () or not real or not np.isfinite(s) or float(s) <= 0:
             raise InputsError(f"bench.inputs.path: '{path}' scale must be a 0-d finite number > 0, got {s!r}")
         out["scale"] = float(s)
     return out
@@ -169,7 +170,9 @@ def run_bench(cfg, out_dir: Path) -> dict:
     recipes = load_recipes(cfg.get("recipes"))
     if b.inputs.path:
         inp = load_inputs(b.inputs.path)
-        inp.setdefault("scale", b.scale if b.scale is not None else 1.0 / math.sqrt(inp["q"].shape[1]))
+        if b.scale is not None:  # an explicit bench.scale wins over the file's
+            inp["scale"] = float(b.scale)
+        inp.setdefault("scale", 1.0 / math.sqrt(inp["q"].shape[1]))
     else:
         preflight.check_host_memory(b.G, b.d, b.S_kv, b.data, b.data_dtype)
         inp = make_inputs(b)
@@ -216,7 +219,8 @@ def run_bench(cfg, out_dir: Path) -> dict:
     n_tiles = -(-S_kv // tile)
     metrics = _metrics(cfg, engine, pe, oplog, latency_ps, n_tiles, G, d, S_kv, tile)
     metrics["sanitizer"] = san
-    tensors = {"q": q, "k": k, "v": v, "ref": ref}
+    metrics["scale"] = scale
+    tensors = {"q": q, "k": k, "v": v, "ref": ref, "scale": np.float64(scale)}
     if b.data:
         out = numerics.read(engine.hbm["out"]).astype(np.float64)
         if not np.all(np.isfinite(out)):

@@ -183,3 +183,17 @@ def test_tcm_too_small(tmp_path):
                             "(hardware.tcm_bytes); decode_opt2 needs 8320 B of TCM in all at G=8 d=128 S_kv=4096 "
                             "tile=64 (float16), found by a dry run before the simulation")
     assert not (tmp_path / "op_log.jsonl").exists()
+
+
+def test_explicit_scale_wins_over_the_files_and_is_recorded(tmp_path):
+    rng = np.random.default_rng(5)
+    q, k, v = rng.standard_normal((4, 16)), rng.standard_normal((40, 16)), rng.standard_normal((40, 16))
+    path = tmp_path / "in.npz"
+    np.savez(path, q=q, k=k, v=v, scale=np.array(0.5))
+    for overrides, want in (((), 0.5), (("bench.scale=0.3",), 0.3)):
+        d = tmp_path / str(want)
+        m = run(d, f"bench.inputs.path={path}", *overrides)
+        assert m["scale"] == want
+        with np.load(d / "tensors.npz") as t:
+            assert float(t["scale"]) == want
+            np.testing.assert_allclose(t["out"], ref64(q, k, v, want), atol=1e-6)
