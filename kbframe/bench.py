@@ -251,7 +251,10 @@ def _metrics(cfg, engine, pe, oplog, latency_ps, n_tiles, G, d, S_kv, tile) -> d
     cpu = pe.cpu
     lat_ns = ps_to_ns(latency_ps)
     gemm = pe.stage_units["gemm"]
-    hbm_ns = oplog.hbm_bytes / hw.hbm_gbps
+    # each DMA channel moves its bytes at its own bandwidth (reads and writes overlap), so the
+    # HBM bound is the busiest channel's bytes / bandwidth: a lower bound the simulation obeys
+    hbm_ns = max([oplog.bytes[(pe.index, name)] / u.bandwidth_gbps
+                  for name, u in pe.stage_units.items() if hasattr(u, "bandwidth_gbps")] or [0.0])
     compute_ns = oplog.flops / (gemm.peak_tflops * 1000.0)
     dispatch_ns = cpu.cycles / cpu.clock_ghz
     bounds = {"hbm": hbm_ns, "compute": compute_ns, "dispatch": dispatch_ns}

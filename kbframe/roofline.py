@@ -2,7 +2,8 @@
 
 Reads only ``metrics.json`` fields (``roofline.*``, ``units.*``, ``sim.latency_ns``):
 
-- the three lower bounds on latency: ``hbm`` = HBM bytes moved by DMA / HBM bandwidth,
+- the three lower bounds on latency: ``hbm`` = the busiest DMA channel's bytes / its
+  bandwidth (read and write channels overlap),
   ``compute`` = GEMM FLOPs / GEMM peak, ``dispatch`` = PE_CPU dispatch cycles / clock;
   the largest is the binding one and ``fraction`` = bound / simulated latency;
 - per unit: busy time (a DMA channel counts its data phases, when it moves bytes), busy /
