@@ -78,3 +78,13 @@ def test_console_summary_shows_the_roofline_table(metrics):
     units = {l.split()[0] for l in lines[unit_head + 1:unit_head + 6]}
     assert units == {"PE_CPU", "DMA", "GEMM", "MATH"}  # DMA read, DMA write
     assert f"{m['units']['gemm']['utilisation']:.1%}" in text
+
+
+def test_bound_follows_a_faster_dma_channel(tmp_path):
+    # a DMA read channel at 1000 GB/s with no setup: the HBM bound is its bytes / 1000 GB/s,
+    # so the achieved fraction stays ≤ 1 (hardware.hbm_gbps alone would claim 10 250 ns)
+    m = run(tmp_path, "bench.data=false", "hardware.units.dma_read.bandwidth_gbps=1000",
+            "hardware.units.dma_read.setup_latency_ns=0", "calibration.FIXED=0", "calibration.R=0")
+    r = m["roofline"]
+    assert r["hbm_ns"] == pytest.approx((G * D + 2 * S_KV * D) * FP16 / 1000) == 2099.2
+    assert 0 < r["fraction"] <= 1
