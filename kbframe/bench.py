@@ -5,7 +5,6 @@ Files written to the run directory (each atomically: a temporary file, then rena
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import zipfile
@@ -18,6 +17,7 @@ from hydra.utils import get_method
 from omegaconf import OmegaConf
 
 from .engine import Engine
+from .files import write_json
 from .errors import ConfigError, InputsError, NumericsError, OutputError
 from .numerics import Numerics, NumpyNumerics
 from .oplog import OpLog
@@ -145,13 +145,9 @@ def reference(q, k, v, scale) -> np.ndarray:
 
 
 def write_json_atomic(path: Path, obj) -> None:
-    """Write JSON to ``path`` via a temporary file and rename (no half-written file)."""
-    tmp = path.with_name(path.name + ".tmp")
+    """Write JSON to ``path`` atomically (kbframe.files); OSError becomes OutputError."""
     try:
-        with open(tmp, "w") as f:
-            json.dump(obj, f, indent=2, sort_keys=False)
-            f.write("\n")
-        os.replace(tmp, path)
+        write_json(path, obj)
     except OSError as e:
         raise OutputError(f"cannot write '{path}': {e.strerror or e}") from None
 
@@ -247,7 +243,6 @@ def run_bench(cfg, out_dir: Path) -> dict:
 
 
 def _metrics(cfg, engine, pe, oplog, latency_ps, n_tiles, G, d, S_kv, tile) -> dict:
-    hw = cfg.hardware
     cpu = pe.cpu
     lat_ns = ps_to_ns(latency_ps)
     gemm = pe.stage_units["gemm"]

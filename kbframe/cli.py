@@ -18,7 +18,7 @@ from omegaconf import DictConfig
 
 from . import cli_errors, schema
 from .bench import run_bench, summary
-from .errors import ConfigError, KbframeError
+from .errors import ConfigError
 from .jobstatus import JobStatus
 
 schema.register()

@@ -33,6 +33,7 @@ import traceback
 from pathlib import Path
 
 from .errors import KbframeError
+from .files import write_json
 
 STATUS_FILE = "status.json"
 #: exit status of an interrupted run (128 + SIGINT)
@@ -46,12 +47,7 @@ def _now() -> str:
 def write_status(out_dir: Path, status: dict) -> None:
     """Write ``status`` to ``out_dir/status.json`` atomically."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / STATUS_FILE
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as f:
-        json.dump(status, f, indent=2, ensure_ascii=False)
-        f.write("\n")
-    os.replace(tmp, path)
+    write_json(out_dir / STATUS_FILE, status)
 
 
 def read_status(job_dir: Path) -> dict | None:

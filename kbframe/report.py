@@ -34,11 +34,11 @@ from __future__ import annotations
 import csv
 import json
 import math
-import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .files import atomic_write
 from .jobstatus import read_status
 
 #: metric columns of sweep.csv, as metrics.json paths
@@ -355,15 +355,6 @@ def summary_text(jobs: list[Job], sweep_dir: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _atomic(path: Path, write) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
 def write_csv(jobs: list[Job], path: Path) -> None:
     header, rows = csv_rows(jobs)
     def w(tmp):
@@ -371,7 +362,7 @@ def write_csv(jobs: list[Job], path: Path) -> None:
             wr = csv.DictWriter(f, fieldnames=header)
             wr.writeheader()
             wr.writerows(rows)
-    _atomic(path, w)
+    atomic_write(path, w)
 
 
 def write_plot(jobs: list[Job], path: Path) -> None:
@@ -413,7 +404,7 @@ def write_plot(jobs: list[Job], path: Path) -> None:
     n_bad = sum(j.status != "ok" for j in jobs)
     fig.suptitle(f"kbframe sweep: {len(jobs) - n_bad} ok" + (f", {n_bad} not ok" if n_bad else ""))
     fig.tight_layout()
-    _atomic(path, lambda tmp: fig.savefig(tmp, format="png", dpi=100))
+    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=100))
     plt.close(fig)
 
 
@@ -431,7 +422,7 @@ def write_report(sweep_dir: Path | str, echo: bool = True) -> Report:
     jobs = collect(sweep_dir)
     text = summary_text(jobs, sweep_dir)
     write_csv(jobs, sweep_dir / "sweep.csv")
-    _atomic(sweep_dir / "summary.md", lambda tmp: tmp.write_text(text))
+    atomic_write(sweep_dir / "summary.md", lambda tmp: tmp.write_text(text))
     write_plot(jobs, sweep_dir / "sweep.png")
     if echo:
         print(text, end="")

@@ -8,7 +8,7 @@ import shutil
 import pytest
 from omegaconf import OmegaConf
 
-from kbframe import bench, report
+from kbframe import files, report
 from kbframe.bench import run_bench, write_json_atomic
 from kbframe.errors import ConfigError
 from kbframe.jobstatus import EXIT_INTERRUPTED, JobStatus, read_status
@@ -171,8 +171,8 @@ def test_metrics_json_is_never_half_written(tmp_path, monkeypatch):
     def dump_then_ctrl_c(obj, f, **kw):
         f.write('{"half": ')
         raise KeyboardInterrupt
-    monkeypatch.setattr(bench.json, "dump", dump_then_ctrl_c)
+    monkeypatch.setattr(files.json, "dump", dump_then_ctrl_c)
     with pytest.raises(KeyboardInterrupt):
         write_json_atomic(tmp_path / "metrics.json", {"new": 2})
-    monkeypatch.setattr(bench.json, "dump", real_dump)
+    monkeypatch.setattr(files.json, "dump", real_dump)
     assert json.loads((tmp_path / "metrics.json").read_text()) == {"old": 1}

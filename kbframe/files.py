@@ -1,0 +1,31 @@
+"""Writing result files so that nothing is ever half-written: write a temporary file beside
+the target, then rename it over the target (atomic on POSIX). A Ctrl-C or a full disk
+leaves the previous file, or none."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+
+def atomic_write(path: Path, write) -> None:
+    """Call ``write(tmp_path)`` then rename the temporary file to ``path``.
+
+    Raises:
+        whatever ``write`` or the rename raises (OSError ...); the temporary file is removed.
+    """
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_json(path: Path, obj) -> None:
+    """Write ``obj`` as indented JSON to ``path`` atomically."""
+    def write(tmp):
+        with open(tmp, "w") as f:
+            json.dump(obj, f, indent=2, ensure_ascii=False)
+            f.write("\n")
+    atomic_write(path, write)
