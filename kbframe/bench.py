@@ -13,7 +13,7 @@ from pathlib import Path
 from dataclasses import fields
 
 import numpy as np
-from hydra.utils import get_method
+from hydra.utils import get_method, to_absolute_path
 from omegaconf import OmegaConf
 
 from .engine import Engine
@@ -165,7 +165,7 @@ def run_bench(cfg, out_dir: Path) -> dict:
     b = cfg.bench
     recipes = load_recipes(cfg.get("recipes"))
     if b.inputs.path:
-        inp = load_inputs(b.inputs.path)
+        inp = load_inputs(to_absolute_path(b.inputs.path))  # relative to where kbframe was started
         if b.scale is not None:  # an explicit bench.scale wins over the file's
             inp["scale"] = float(b.scale)
         inp.setdefault("scale", 1.0 / math.sqrt(inp["q"].shape[1]))
