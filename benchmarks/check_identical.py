@@ -13,12 +13,17 @@ Each case is one ``python -m kbframe`` run in a subprocess (two at a time).
 
     python benchmarks/check_identical.py --capture     # once, before changing anything
     python benchmarks/check_identical.py               # after each change; exit 1 on a diff
+
+When other changes that do alter results land meanwhile, capture the baseline from a
+copy of the tree without the changes under test (``--tree DIR --base DIR2 --capture``)
+and compare against it (``--base DIR2``).
 """
 from __future__ import annotations
 
 import argparse
 import itertools
 import json
+import os
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -49,10 +54,11 @@ def cases() -> dict[str, list[str]]:
     return out
 
 
-def run_case(name: str, overrides: list[str], root: Path) -> tuple[str, int, str]:
+def run_case(name: str, overrides: list[str], root: Path, tree: Path = ROOT) -> tuple[str, int, str]:
     cmd = [sys.executable, "-m", "kbframe", *overrides, "run.check=false", "run.progress=false",
            f"hydra.run.dir={root / name}"]
-    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    env = dict(os.environ, PYTHONPATH=str(tree)) if tree != ROOT else None
+    p = subprocess.run(cmd, cwd=tree, capture_output=True, text=True, env=env)
     return name, p.returncode, p.stderr[-2000:]
 
 
@@ -96,18 +102,22 @@ def compare(name: str) -> list[str]:
 
 
 def main() -> int:
+    global BASE
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--capture", action="store_true", help=f"write the baselines into {BASE}")
     ap.add_argument("-j", "--jobs", type=int, default=2)
     ap.add_argument("-k", "--filter", default="", help="only cases whose name contains this")
+    ap.add_argument("--tree", type=Path, default=ROOT, help="source tree to run (default: this one)")
+    ap.add_argument("--base", type=Path, default=BASE, help=f"baseline directory (default {BASE})")
     args = ap.parse_args()
+    BASE = args.base
     todo = {n: o for n, o in cases().items() if args.filter in n}
     root = BASE if args.capture else NEW
     if args.capture and BASE.exists() and any(BASE.iterdir()):
         print(f"{BASE} already holds baselines; remove it first to recapture", file=sys.stderr)
         return 2
     with ThreadPoolExecutor(args.jobs) as pool:
-        results = list(pool.map(lambda kv: run_case(kv[0], kv[1], root), todo.items()))
+        results = list(pool.map(lambda kv: run_case(kv[0], kv[1], root, args.tree.resolve()), todo.items()))
     failed = [(n, err) for n, rc, err in results if rc != 0]
     for n, err in failed:
         print(f"FAIL {n}: exit status non-zero\n{err}")
