@@ -109,9 +109,9 @@ class TensorHandle:
     @cached_attr
     def byte_range(self) -> tuple[int, int]:
         """``[lo, hi)`` byte range this view touches in its space (row windows only)."""
-        row_bytes = prod(self.buf_shape[1:]) * itemsize(self.dtype) if len(self.buf_shape) > 1 else itemsize(self.dtype)
         if self.rows is None:
             return self.addr, self.addr + prod(self.buf_shape) * itemsize(self.dtype)
+        row_bytes = prod(self.buf_shape[1:]) * itemsize(self.dtype) if len(self.buf_shape) > 1 else itemsize(self.dtype)
         return self.addr + self.rows[0] * row_bytes, self.addr + self.rows[1] * row_bytes
 
     @property

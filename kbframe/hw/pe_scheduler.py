@@ -33,10 +33,11 @@ def _overlap(xs, ys) -> bool:
 
 
 class _InFlight:
-    __slots__ = ("cmd", "remaining", "reads", "writes", "t_admit")
+    __slots__ = ("cmd", "remaining", "reads", "writes", "touched", "t_admit")
 
     def __init__(self, cmd, remaining, reads, writes, t_admit):
         self.cmd, self.remaining, self.reads, self.writes, self.t_admit = cmd, remaining, reads, writes, t_admit
+        self.touched = reads + writes  # what a later writer must not overlap (WAR and WAW)
 
 
 class PeScheduler:
@@ -79,7 +80,7 @@ class PeScheduler:
 
     def _blocker(self, reads, writes):
         for rec in self.inflight.values():  # dispatch order: the oldest conflict first
-            if _overlap(writes, rec.reads) or _overlap(writes, rec.writes) or _overlap(reads, rec.writes):
+            if _overlap(writes, rec.touched) or _overlap(reads, rec.writes):  # WAR/WAW, RAW
                 return rec.cmd.completion
         return None
 
