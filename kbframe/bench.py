@@ -169,12 +169,13 @@ def run_bench(cfg, out_dir: Path) -> dict:
         if b.scale is not None:  # an explicit bench.scale wins over the file's
             inp["scale"] = float(b.scale)
         inp.setdefault("scale", 1.0 / math.sqrt(inp["q"].shape[1]))
-    else:
+    elif b.data:
         preflight.check_host_memory(b.G, b.d, b.S_kv, b.data, b.data_dtype)
         inp = make_inputs(b)
+    else:  # timing only: shapes are all the simulation needs, no numbers are made
+        inp = {"q": None, "k": None, "v": None, "scale": b.scale if b.scale is not None else 1.0 / math.sqrt(b.d)}
     q, k, v, scale = inp["q"], inp["k"], inp["v"], float(inp["scale"])
-    G, d = q.shape
-    S_kv = k.shape[0]
+    G, d, S_kv = (q.shape[0], q.shape[1], k.shape[0]) if q is not None else (b.G, b.d, b.S_kv)
     tile = int(b.tile)
     try:
         kernel = get_method(b.kernel)
@@ -197,9 +198,9 @@ def run_bench(cfg, out_dir: Path) -> dict:
         engine = Engine(cfg.hardware, numerics, oplog)
         if check:
             sanitizer.enable(engine)
-        for name, arr in (("q", q), ("k", k), ("v", v), ("out", None)):
-            shape = arr.shape if arr is not None else (G, d)
-            engine.add_hbm_tensor(name, shape, b.dtype, arr)
+        for name, arr, shape in (("q", q, (G, d)), ("k", k, (S_kv, d)), ("v", v, (S_kv, d)),
+                                 ("out", None, (G, d))):
+            engine.add_hbm_tensor(name, shape, b.dtype, arr if b.data else None)
         pe = engine.pes[b.pe]
         tl = TL(pe, engine.hbm, recipes, b.dtype)
         show = bool(cfg.run.progress) if "run" in cfg else False
@@ -211,13 +212,14 @@ def run_bench(cfg, out_dir: Path) -> dict:
     trace_tmp = out_dir / "trace.json.partial"
     write_trace(oplog_path, trace_tmp)
 
-    ref = reference(q, k, v, scale)
     n_tiles = -(-S_kv // tile)
     metrics = _metrics(cfg, engine, pe, oplog, latency_ps, n_tiles, G, d, S_kv, tile)
     metrics["sanitizer"] = san
     metrics["scale"] = scale
-    tensors = {"q": q, "k": k, "v": v, "ref": ref, "scale": np.float64(scale)}
+    tensors = None  # data mode only: timing-only runs compute no numbers
     if b.data:
+        ref = reference(q, k, v, scale)
+        tensors = {"q": q, "k": k, "v": v, "ref": ref, "scale": np.float64(scale)}
         out = numerics.read(engine.hbm["out"]).astype(np.float64)
         if not np.all(np.isfinite(out)):
             raise NumericsError(f"the kernel's output 'out' has {int(np.sum(~np.isfinite(out)))} non-finite "
@@ -231,11 +233,15 @@ def run_bench(cfg, out_dir: Path) -> dict:
         metrics["numerics"] = {"enabled": False, "dtype": None, "max_abs_err": None, "max_rel_err": None}
     tmp = out_dir / "tensors.tmp.npz"
     try:
-        np.savez(tmp, **tensors)
+        if tensors is not None:
+            np.savez(tmp, **tensors)
         # the run passed: replace a previous run's files together, metrics.json last
         os.replace(oplog_path, out_dir / "op_log.jsonl")
         os.replace(trace_tmp, out_dir / "trace.json")
-        os.replace(tmp, out_dir / "tensors.npz")
+        if tensors is not None:
+            os.replace(tmp, out_dir / "tensors.npz")
+        else:  # a previous data-mode run's numbers would not belong to this run
+            (out_dir / "tensors.npz").unlink(missing_ok=True)
     except OSError as e:
         raise OutputError(f"cannot write '{e.filename}' in the run directory: {e.strerror or e}") from None
     write_json_atomic(out_dir / "metrics.json", metrics)

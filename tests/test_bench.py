@@ -197,3 +197,14 @@ def test_explicit_scale_wins_over_the_files_and_is_recorded(tmp_path):
         with np.load(d / "tensors.npz") as t:
             assert float(t["scale"]) == want
             np.testing.assert_allclose(t["out"], ref64(q, k, v, want), atol=1e-6)
+
+
+def test_timing_only_run_makes_no_numbers(tmp_path):
+    # bench.data=false: no inputs are generated, no reference computed, no tensors.npz
+    # (a stale one from a data-mode run in the same directory is removed)
+    run(tmp_path, "bench.S_kv=128")
+    assert (tmp_path / "tensors.npz").exists()
+    m = run(tmp_path, "bench.S_kv=128", "bench.data=false")
+    assert m["numerics"] == {"enabled": False, "dtype": None, "max_abs_err": None, "max_rel_err": None}
+    assert not (tmp_path / "tensors.npz").exists()
+    assert m["shape"]["S_kv"] == 128 and m["scale"] == 1 / math.sqrt(128)
