@@ -15,6 +15,7 @@ from dataclasses import fields
 import numpy as np
 from hydra.utils import get_method, to_absolute_path
 from omegaconf import OmegaConf
+from threadpoolctl import threadpool_limits
 
 from .engine import Engine
 from .files import write_json
@@ -204,7 +205,9 @@ def run_bench(cfg, out_dir: Path) -> dict:
         pe = engine.pes[b.pe]
         tl = TL(pe, engine.hbm, recipes, b.dtype)
         show = bool(cfg.run.progress) if "run" in cfg else False
-        with progress.attach(pe.cpu, show, engine.hbm["k"], S_kv, tile):
+        # one BLAS thread: the simulator's matmuls are tile-sized, where threading only adds
+        # hand-off cost (and noise on sim.wall_s)
+        with progress.attach(pe.cpu, show, engine.hbm["k"], S_kv, tile), threadpool_limits(1):
             latency_ps = engine.run({b.pe: lambda: kernel(tl, G=G, d=d, S_kv=S_kv, tile=tile, scale=scale)})
     finally:
         oplog.close()
