@@ -97,8 +97,9 @@ def worker(report: str, overrides: list[str]) -> int:
     return 0
 
 
-def run_case(kernel: str, s_kv: int, data: bool, extra: list[str]) -> dict:
-    """One case in a fresh subprocess (:func:`worker`); figures from metrics.json and it."""
+def run_case(kernel: str, s_kv: int, data: bool, extra: list[str], tree: Path = ROOT) -> dict:
+    """One case in a fresh subprocess (:func:`worker`); figures from metrics.json and it.
+    ``tree``: the kbframe source tree to import (another checkout, for before/after)."""
     run_dir = Path(tempfile.mkdtemp(prefix="kbframe_speed_"))
     report = run_dir / "worker.json"
     overrides = [f"+bench=decode_{kernel}", f"bench.S_kv={s_kv}", f"bench.data={str(data).lower()}",
@@ -108,7 +109,8 @@ def run_case(kernel: str, s_kv: int, data: bool, extra: list[str]) -> dict:
     os.sync()  # the previous case's files (tensors.npz: 268 MB at 131072) are not written back during this one
     try:
         t0 = time.perf_counter()
-        p = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        env = dict(os.environ, PYTHONPATH=str(tree)) if tree != ROOT else None
+        p = subprocess.run(cmd, cwd=tree, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
         total = time.perf_counter() - t0
         if p.returncode != 0:
             raise RuntimeError(f"{' '.join(cmd)} exited {p.returncode}:\n"
@@ -134,6 +136,8 @@ def main() -> int:
                          "(default 3: this is a shared 2-core machine)")
     ap.add_argument("--kernels", default="opt2,opt3", help="comma list of opt2, opt3")
     ap.add_argument("--s-kv", default="4096,32768,131072", help="comma list of S_kv")
+    ap.add_argument("--tree", type=Path, default=ROOT,
+                    help="kbframe source tree to measure (default: this checkout)")
     ap.add_argument("--out", type=Path, default=OUT, help=f"JSON output (default {OUT.relative_to(ROOT)})")
     ap.add_argument("extra", nargs="*", help="extra kbframe overrides for every case")
     args = ap.parse_args()
@@ -144,7 +148,8 @@ def main() -> int:
     for kernel in kernels:
         for data in (False, True):
             for s_kv in s_kvs:
-                runs = [run_case(kernel, s_kv, data, args.extra) for _ in range(max(1, args.repeat))]
+                runs = [run_case(kernel, s_kv, data, args.extra, args.tree.resolve())
+                        for _ in range(max(1, args.repeat))]
                 r = min(runs, key=lambda x: x["wall_s"])
                 r["peak_rss_mb"] = max(x["peak_rss_mb"] for x in runs)
                 r["process_wall_s"] = min(x["process_wall_s"] for x in runs)
