@@ -91,6 +91,11 @@ def compare(name: str) -> list[str]:
         elif ma[key] != mb[key]:
             diffs.append(f"metrics {'.'.join(key)}: {ma[key]!r} -> {mb[key]!r}")
     NEW_KEYS.update(".".join(k) for k in mb.keys() - ma.keys())
+    ta, tb = (a / "tensors.npz").exists(), (b / "tensors.npz").exists()
+    if ta != tb:
+        diffs.append(f"tensors.npz {'only in the baseline' if ta else 'only in the new run'}")
+    if not (ta and tb):
+        return diffs
     with np.load(a / "tensors.npz") as za, np.load(b / "tensors.npz") as zb:
         if sorted(za.files) != sorted(zb.files):
             diffs.append(f"tensors.npz arrays {sorted(za.files)} -> {sorted(zb.files)}")
