@@ -97,10 +97,15 @@ class OpLog:
 
     def _flush(self) -> None:
         lines = []
+        frac = _FRAC
         for head, cmd_id, tile, t0, t1, nbytes, t_data in self._rows:
             tail = f', "t_data_ns": {_ns(t_data)}}}\n' if t_data >= 0 else "}\n"
-            lines.append(f'{head}{cmd_id}, "tile": {tile}, "t_start_ns": {_ns(t0)}, '
-                         f'"t_end_ns": {_ns(t1)}, "bytes": {nbytes}{tail}')
+            if t0.__class__ is int and t1.__class__ is int and 0 <= t0 <= t1 < _EXACT_PS:  # _ns, inlined
+                lines.append(f'{head}{cmd_id}, "tile": {tile}, "t_start_ns": {t0 // 1000}{frac[t0 % 1000]}, '
+                             f'"t_end_ns": {t1 // 1000}{frac[t1 % 1000]}, "bytes": {nbytes}{tail}')
+            else:
+                lines.append(f'{head}{cmd_id}, "tile": {tile}, "t_start_ns": {_ns(t0)}, '
+                             f'"t_end_ns": {_ns(t1)}, "bytes": {nbytes}{tail}')
         self._rows.clear()
         self._f.write("".join(lines))
 
