@@ -190,6 +190,7 @@ def main() -> int:
             tag = "data" if r["data"] else "nodata"
             verdict[f"opt2_131072_{tag}_wall_s"] = [r["wall_s"], TARGET_WALL_S[r["data"]]]
             verdict[f"opt2_131072_{tag}_rss_mb"] = [r["peak_rss_mb"], TARGET_RSS_MB]
+            verdict[f"opt2_131072_{tag}_ratio_to_bare"] = [r["ratio_to_bare"], TARGET_RATIO]
     if rows:
         verdict["worst_ratio_to_bare"] = [max(r["ratio_to_bare"] for r in rows), TARGET_RATIO]
     for key, v in scaling.items():
