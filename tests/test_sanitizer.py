@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 from greenlet import greenlet
 
-from conftest import Sim, read_oplog, run
+from conftest import Sim, run
 from kbframe import sanitizer
 from kbframe.errors import KbframeError, SanitizerError
+from kbframe.footprint import footprint
 from kbframe.hw import pe_scheduler, tiling
 from kbframe.hw.pe_cpu import PeCpu
 from kbframe.hw.pe_dma import DmaChannel
@@ -316,12 +317,12 @@ def test_footprint_transposed_tile_and_column_region(tmp_path):
     sim = Sim(tmp_path, {"k": rng.standard_normal((100, 256))})
     k = sim.engine.hbm["k"]
     kt = k[64:100].T  # logical (256, 36)
-    iv = sanitizer.footprint((kt, (slice(0, 128), slice(0, 36))))
+    iv = footprint((kt, (slice(0, 128), slice(0, 36))))
     assert len(iv) == 36
     row = 256 * 2
     assert iv[0][1:3] == (k.addr + 64 * row, k.addr + 64 * row + 128 * 2)
     assert iv[-1][1:3] == (k.addr + 99 * row, k.addr + 99 * row + 128 * 2)
-    whole = sanitizer.footprint((k[64:100], None))
+    whole = footprint((k[64:100], None))
     assert whole == [("hbm", k.addr + 64 * row, k.addr + 100 * row, "k[64:100]")]
     sim.oplog.close()
 
