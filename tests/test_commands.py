@@ -1,7 +1,6 @@
 """DDD-0065 §4: OpSpec / CompositeCmd / PrimitiveCmd logical_bytes and the flat shape."""
 import dataclasses
 
-import pytest
 
 from kbframe.commands import CompositeCmd, OpSpec, PrimitiveCmd, Scope, command_kind, reads_and_writes
 from kbframe.handles import Completion, TensorHandle

@@ -2,7 +2,6 @@
 style); ``_target_``s outside ``kbframe.`` are refused unless explicitly allowed (issue 2)."""
 import itertools
 from collections import OrderedDict
-from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_module

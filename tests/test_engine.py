@@ -4,7 +4,6 @@ import ast
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 
 from kbframe.engine import Engine

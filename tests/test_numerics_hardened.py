@@ -25,7 +25,6 @@ from hypothesis import strategies as st
 
 from conftest import compose_cfg, ref64, run
 from kbframe import micro_ops, sanitizer
-from kbframe.bench import run_bench
 from kbframe.engine import Engine
 from kbframe.errors import NumericsError
 from kbframe.kernels.gqa_decode import gqa_decode_opt2, gqa_decode_opt3

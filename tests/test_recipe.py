@@ -150,7 +150,7 @@ def test_second_recipe_from_a_yaml_file_works_end_to_end(tmp_path):
     rng = np.random.default_rng(7)
     x, v = rng.standard_normal((8, 64)) * 4, rng.standard_normal((64, 128))
     sim = Sim(tmp_path, {"x": x, "v": v}, cfg=cfg)
-    hs, cmds = {}, []
+    hs = {}
 
     def kern(tl):
         xs = tl.load(tl.ref("x"))

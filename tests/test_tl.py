@@ -5,9 +5,8 @@ import pytest
 
 from kbframe.commands import CompositeCmd, PrimitiveCmd, Scope
 from kbframe.errors import ValidationError
-from kbframe.handles import TensorHandle
 
-from conftest import Sim, emit
+from conftest import emit
 
 G, TILE, D = 8, 64, 128
 TENSORS = {"q": np.ones((G, D)), "k": np.ones((TILE, D)), "v": np.ones((TILE, D)),
