@@ -40,6 +40,7 @@ from pathlib import Path
 
 from .files import atomic_write
 from .jobstatus import read_status
+from .sweep_plot import plot_r_sweep
 
 #: metric columns of sweep.csv, as metrics.json paths
 METRIC_COLUMNS = [
@@ -367,11 +368,7 @@ def write_csv(jobs: list[Job], path: Path) -> None:
 
 def write_plot(jobs: list[Job], path: Path) -> None:
     """sweep.png: dispatch cycles per KV tile and latency against R, one line per bench
-    (and per other swept setting); ok jobs only."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    (and per other swept setting); ok jobs only (drawn by kbframe.sweep_plot)."""
     common = set.intersection(*(set(j.overrides) for j in jobs)) if jobs else set()
     series = {}
     for j in jobs:
@@ -379,33 +376,11 @@ def write_plot(jobs: list[Job], path: Path) -> None:
             continue
         other = " ".join(o for o in j.setting if _key(o) != "calibration.R" and o not in common)
         label = str(j.get("bench")) + (f" {other}" if other else "")
-        series.setdefault(label, []).append(j)
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-    for label, js in sorted(series.items()):
-        js = sorted(js, key=lambda j: j.get("calibration.R"))
-        xs = [j.get("calibration.R") for j in js]
-        axes[0].plot(xs, [j.get("dispatch.cycles_per_tile") for j in js], "o-", label=label)
-        axes[1].plot(xs, [j.get("sim.latency_ns") for j in js], "o-", label=label)
-    for ax, title, ylab in ((axes[0], "PE_CPU dispatch cost per KV tile", "cycles per tile"),
-                            (axes[1], "simulated latency", "latency (ns)")):
-        ax.set_title(title)
-        ax.set_xlabel("R (cycles per logical byte)")
-        ax.set_ylabel(ylab)
-        xs = sorted({j.get("calibration.R") for js in series.values() for j in js})
-        if xs and xs[0] > 0:
-            ax.set_xscale("log", base=2)
-            ax.set_xticks(xs, [f"{x:g}" for x in xs])
-            ax.minorticks_off()
-        ax.grid(True, alpha=0.3)
-        if series:
-            ax.legend(fontsize=8)
-        else:
-            ax.text(0.5, 0.5, "no finished jobs", ha="center", va="center", transform=ax.transAxes)
+        series.setdefault(label, []).append(
+            (j.get("calibration.R"), j.get("dispatch.cycles_per_tile"), j.get("sim.latency_ns")))
     n_bad = sum(j.status != "ok" for j in jobs)
-    fig.suptitle(f"kbframe sweep: {len(jobs) - n_bad} ok" + (f", {n_bad} not ok" if n_bad else ""))
-    fig.tight_layout()
-    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=100))
-    plt.close(fig)
+    title = f"kbframe sweep: {len(jobs) - n_bad} ok" + (f", {n_bad} not ok" if n_bad else "")
+    plot_r_sweep(series, title, path)
 
 
 def write_report(sweep_dir: Path | str, echo: bool = True) -> Report:
