@@ -99,13 +99,7 @@ def test_commands_once_stage_outside_span(tmp_path, monkeypatch):
         if rec is not None and rec.remaining > 1:
             rec.remaining = 1
         if rec is None:  # the command was already completed: log the stage only
-            if stage.effect is not None:
-                stage.effect()
-            self.pe.oplog.stage(self.pe.index, stage)
-            for s in stage.succs:
-                s.deps -= 1
-                if s.deps == 0:
-                    s.unit.submit(s)
+            self._release(stage)
             return
         orig(self, stage)
     monkeypatch.setattr(PeScheduler, "_stage_done", early)

@@ -167,37 +167,25 @@ def test_over_cap_error_dispatches_nothing(tmp_path):
     assert len(cmds) == 3  # only the fills exist without the composite
 
 
-def test_unknown_recipe(tmp_path):
+@pytest.mark.parametrize("change, message", [
+    ({"op": "softmax_mrege"}, "unknown recipe 'softmax_mrege' (known: softmax_merge)"),
+    ({"O": None}, "recipe 'softmax_merge': missing operand(s) ['O']"),
+    ({"x": "O"}, "recipe 'softmax_merge': unknown operand(s) ['x'] (takes ['s', 'm', 'l', 'O'])"),
+], ids=["unknown_recipe", "missing_recipe_operand", "extra_recipe_operand"])
+def test_bad_recipe_item(tmp_path, change, message):
     def kern(tl):
         s, m, l, O = _state(tl)
-        tl.composite(prologue=[{"op": "softmax_mrege", "s": s, "m": m, "l": l, "O": O}], op="gemm",
-                     b=tl.ref("v"), out=O)
+        item = {"op": "softmax_merge", "s": s, "m": m, "l": l, "O": O}
+        for key, val in change.items():
+            if val is None:
+                del item[key]
+            else:
+                item[key] = O if val == "O" else val
+        tl.composite(prologue=[item], op="gemm", b=tl.ref("v"), out=O)
 
     with pytest.raises(ValidationError) as e:
         emit(kern, tmp_path, TENSORS)
-    assert str(e.value) == "unknown recipe 'softmax_mrege' (known: softmax_merge)"
-
-
-def test_missing_recipe_operand(tmp_path):
-    def kern(tl):
-        s, m, l, O = _state(tl)
-        tl.composite(prologue=[{"op": "softmax_merge", "s": s, "m": m, "l": l}], op="gemm",
-                     b=tl.ref("v"), out=O)
-
-    with pytest.raises(ValidationError) as e:
-        emit(kern, tmp_path, TENSORS)
-    assert str(e.value) == "recipe 'softmax_merge': missing operand(s) ['O']"
-
-
-def test_extra_recipe_operand(tmp_path):
-    def kern(tl):
-        s, m, l, O = _state(tl)
-        tl.composite(prologue=[{"op": "softmax_merge", "s": s, "m": m, "l": l, "O": O, "x": O}],
-                     op="gemm", b=tl.ref("v"), out=O)
-
-    with pytest.raises(ValidationError) as e:
-        emit(kern, tmp_path, TENSORS)
-    assert str(e.value) == "recipe 'softmax_merge': unknown operand(s) ['x'] (takes ['s', 'm', 'l', 'O'])"
+    assert str(e.value) == message
 
 
 def test_recipe_operand_shape_mismatch_names_step(tmp_path):

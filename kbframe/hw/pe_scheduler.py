@@ -124,7 +124,8 @@ class PeScheduler:
             if st.deps == 0:
                 st.unit.submit(st)
 
-    def _stage_done(self, stage) -> None:
+    def _release(self, stage) -> None:
+        """A stage ended: apply its numeric effect, log it, submit successors now ready."""
         if stage.effect is not None:
             stage.effect()
         self.pe.oplog.stage(self.pe.index, stage)
@@ -132,6 +133,9 @@ class PeScheduler:
             s.deps -= 1
             if s.deps == 0:
                 s.unit.submit(s)
+
+    def _stage_done(self, stage) -> None:
+        self._release(stage)
         rec = self.inflight[stage.cmd.id]
         rec.remaining -= 1
         if rec.remaining == 0:
