@@ -6,9 +6,7 @@ and by hand on any sweep directory, also an interrupted one::
     python -m kbframe.report outputs/sweeps/2025-01-01_12-00-00_123456
     python -m kbframe.report            # the newest sweep under outputs/sweeps/
 
-Jobs come from two places: the sweep plan (the job list Hydra's basic sweeper expands from
-``multirun.yaml``) and the job directories found under the sweep (any folder with
-``.hydra/overrides.yaml``). Each job's ``status`` is read from its ``status.json``:
+Jobs are collected by :mod:`kbframe.sweep_jobs`. Each job's ``status`` is read from its ``status.json``:
 ``ok``, ``failed`` (with the error), ``interrupted`` (Ctrl-C), ``running`` (started, never
 finished: the process was killed or is still going) or ``missing`` (planned, but no
 directory or no status: it never ran). Metrics come from ``metrics.json``; for a job
@@ -32,203 +30,13 @@ is missing, 2 when DIR is not a sweep directory.
 from __future__ import annotations
 
 import csv
-import json
 import math
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from .files import atomic_write
-from .jobstatus import read_status
+from .sweep_jobs import CONFIG_FALLBACK, METRIC_COLUMNS, Job, Report, _job_dirs, _key, collect
 from .sweep_plot import plot_r_sweep
-
-#: metric columns of sweep.csv, as metrics.json paths
-METRIC_COLUMNS = [
-    "bench", "calibration.R", "calibration.FIXED", "shape.G", "shape.d", "shape.S_kv", "shape.tile",
-    "sim.latency_ns", "dispatch.commands", "dispatch.cycles", "dispatch.commands_per_tile",
-    "dispatch.cycles_per_tile", "numerics.max_abs_err", "numerics.max_rel_err",
-    "roofline.binding", "roofline.bound_ns", "roofline.fraction", "roofline.hbm_bytes",
-    "roofline.flops", "sim.events", "sim.wall_s",
-]
-#: where a metric column comes from in a job's config when it has no metrics.json
-CONFIG_FALLBACK = {"bench": "bench.name", "calibration.R": "calibration.R",
-                   "calibration.FIXED": "calibration.FIXED", "shape.G": "bench.G",
-                   "shape.d": "bench.d", "shape.S_kv": "bench.S_kv", "shape.tile": "bench.tile"}
-#: override keys that select the bench (its pairing partner differs only in these)
-BENCH_KEYS = ("bench", "+bench", "++bench")
-NOT_OK = ("failed", "interrupted", "running", "missing")
-
-
-@dataclass
-class Job:
-    """One job of a sweep as found on disk."""
-
-    num: int | None
-    overrides: list
-    status: str = "missing"
-    dir: Path | None = None
-    error: str | None = None
-    metrics: dict | None = None
-    values: dict = field(default_factory=dict)  # METRIC_COLUMNS → value
-
-    def get(self, col: str):
-        return self.values.get(col)
-
-    @property
-    def setting(self) -> tuple:
-        """The job's overrides other than the bench choice (its pairing key)."""
-        return tuple(o for o in self.overrides if _key(o) not in BENCH_KEYS)
-
-
-@dataclass
-class Report:
-    sweep_dir: Path
-    jobs: list
-    text: str
-
-    @property
-    def not_ok(self) -> list:
-        return [j for j in self.jobs if j.status != "ok"]
-
-
-def _key(override: str) -> str:
-    return override.split("=", 1)[0]
-
-
-def _dig(d: dict, path: str):
-    for part in path.split("."):
-        if not isinstance(d, dict) or part not in d:
-            return None
-        d = d[part]
-    return d
-
-
-# ---------------------------------------------------------------- discovery
-
-def sweep_plan(sweep_dir: Path) -> list[list[str]] | None:
-    """The jobs' override lists in job-number order, expanded from ``multirun.yaml`` the
-    way Hydra's basic sweeper does; None if there is no multirun.yaml or another sweeper
-    ran the sweep (then only the job directories found count)."""
-    path = sweep_dir / "multirun.yaml"
-    if not path.is_file():
-        return None
-    try:
-        from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-        from hydra.core.override_parser.overrides_parser import OverridesParser
-        from omegaconf import OmegaConf
-        hydra_cfg = OmegaConf.load(path).hydra
-        sweeper = OmegaConf.to_container(hydra_cfg.sweeper, resolve=False)
-        if not str(sweeper.get("_target_", "")).endswith("BasicSweeper"):
-            return None
-        params = [f"{k}={v}" for k, v in (sweeper.get("params") or {}).items()]
-        task = [str(o) for o in OmegaConf.to_container(hydra_cfg.overrides.task, resolve=False)]
-        overrides = OverridesParser.create().parse_overrides(params + task)
-        return [list(job) for batch in BasicSweeper.split_arguments(overrides, None) for job in batch]
-    except Exception:  # an unusual sweep (e.g. glob() choices); fall back to the directories
-        return None
-
-
-def _job_dirs(sweep_dir: Path) -> list[Path]:
-    dirs = []
-    for ov in sweep_dir.rglob(".hydra/overrides.yaml"):
-        d = ov.parent.parent
-        if d != sweep_dir and ".submitit" not in d.parts:
-            dirs.append(d)
-    return sorted(dirs)
-
-
-def _load_yaml(path: Path):
-    from omegaconf import OmegaConf
-    try:
-        return OmegaConf.load(path)
-    except Exception:
-        return None
-
-
-def _read_job(d: Path) -> Job:
-    from omegaconf import OmegaConf
-    ov = _load_yaml(d / ".hydra" / "overrides.yaml")
-    overrides = [str(o) for o in OmegaConf.to_container(ov)] if ov is not None else []
-    st = read_status(d)
-    num = st.get("num") if st else None
-    if num is None:
-        hy = _load_yaml(d / ".hydra" / "hydra.yaml")
-        num = OmegaConf.select(hy, "hydra.job.num", default=None) if hy is not None else None
-    if num is None and d.name.isdigit():
-        num = int(d.name)
-    job = Job(num=num, overrides=overrides, dir=d)
-    metrics = None
-    try:
-        with open(d / "metrics.json") as f:
-            metrics = json.load(f)
-    except (OSError, ValueError):
-        pass
-    if st is not None:
-        job.status = str(st.get("status", "missing"))
-        job.error = st.get("error")
-    elif metrics is not None:  # a run from before status.json existed
-        job.status = "ok"
-    if job.status == "running" and not job.error:
-        job.error = "started, never finished (killed, or still running)"
-    if job.status == "ok" and metrics is None:
-        job.status, job.error = "failed", "status ok but no metrics.json"
-    job.metrics = metrics
-    if metrics is not None:
-        job.values = {c: _dig(metrics, c) for c in METRIC_COLUMNS}
-    else:
-        cfg = _load_yaml(d / ".hydra" / "config.yaml")
-        for col, path in CONFIG_FALLBACK.items():
-            try:
-                job.values[col] = OmegaConf.select(cfg, path, default=None) if cfg is not None else None
-            except Exception:
-                job.values[col] = None
-    return job
-
-
-def collect(sweep_dir: Path) -> list[Job]:
-    """Every job of the sweep, planned or found, in job-number order."""
-    sweep_dir = Path(sweep_dir)
-    found = [_read_job(d) for d in _job_dirs(sweep_dir)]
-    plan = sweep_plan(sweep_dir)
-    if plan is None:
-        return sorted(found, key=lambda j: (j.num is None, j.num or 0, str(j.dir)))
-    by_ov = {}
-    for j in found:
-        by_ov.setdefault(tuple(j.overrides), []).append(j)
-    jobs, used = [], set()
-    for num, ov in enumerate(plan):
-        cands = by_ov.get(tuple(ov), [])
-        match = next((j for j in cands if j.num == num), None) or next(
-            (j for j in cands if id(j) not in used), None)
-        if match is None:
-            job = Job(num=num, overrides=list(ov), error="never ran (no job directory or status)")
-            for o in ov:  # what the overrides say about the bench and R
-                k, v = _key(o), o.split("=", 1)[1]
-                if k in BENCH_KEYS:
-                    job.values["bench"] = v
-                elif k in CONFIG_FALLBACK.values():
-                    col = next(c for c, p in CONFIG_FALLBACK.items() if p == k)
-                    job.values[col] = _num(v)
-            jobs.append(job)
-        else:
-            used.add(id(match))
-            match.num = num
-            if match.status == "missing" and match.error is None:
-                match.error = "started, but wrote no status.json"
-            jobs.append(match)
-    jobs += [j for j in found if id(j) not in used]  # extra directories (another sweep's?)
-    return jobs
-
-
-def _num(v: str):
-    try:
-        f = float(v)
-        return int(f) if f.is_integer() and "." not in v and "e" not in v.lower() else f
-    except ValueError:
-        return v
-
-
-# ---------------------------------------------------------------- outputs
 
 def _swept_columns(jobs: list[Job]) -> list[str]:
     """Override keys whose value differs between jobs (the swept ones), minus those a

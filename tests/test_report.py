@@ -8,7 +8,7 @@ import shutil
 import pytest
 from omegaconf import OmegaConf
 
-from kbframe import files, report
+from kbframe import files, report, sweep_jobs
 from kbframe.bench import run_bench, write_json_atomic
 from kbframe.errors import ConfigError
 from kbframe.jobstatus import EXIT_INTERRUPTED, JobStatus, read_status
@@ -36,7 +36,7 @@ def sweep(tmp_path_factory):
     OmegaConf.save(OmegaConf.create({"hydra": {"sweeper": {"_target_": BASIC, "max_batch_size": None,
                                                            "params": None},
                                                "overrides": {"task": TASK}}}), d / "multirun.yaml")
-    assert report.sweep_plan(d) == _plan()
+    assert sweep_jobs.sweep_plan(d) == _plan()
     for num, ov in enumerate(_plan()):
         if num == 6:
             continue
@@ -93,7 +93,7 @@ def test_report_by_hand_marks_failed_missing_and_unfinished_jobs(sweep, tmp_path
 
 
 def test_report_of_a_complete_pair(sweep):
-    jobs = report.collect(sweep)
+    jobs = sweep_jobs.collect(sweep)
     pairs = report.pairs(jobs)
     ok = [p for p in pairs if p["dispatch_ratio"] is not None]
     assert len(ok) == 1 and ok[0]["R"] == 0.25
