@@ -107,15 +107,17 @@ def compare(name: str) -> list[str]:
 
 
 def main() -> int:
-    global BASE
+    global BASE, NEW
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--capture", action="store_true", help=f"write the baselines into {BASE}")
     ap.add_argument("-j", "--jobs", type=int, default=2)
     ap.add_argument("-k", "--filter", default="", help="only cases whose name contains this")
     ap.add_argument("--tree", type=Path, default=ROOT, help="source tree to run (default: this one)")
     ap.add_argument("--base", type=Path, default=BASE, help=f"baseline directory (default {BASE})")
+    ap.add_argument("--new", type=Path, default=NEW,
+                    help=f"where the new runs go (default {NEW}; one per concurrent checker)")
     args = ap.parse_args()
-    BASE = args.base
+    BASE, NEW = args.base, args.new
     todo = {n: o for n, o in cases().items() if args.filter in n}
     root = BASE if args.capture else NEW
     if args.capture and BASE.exists() and any(BASE.iterdir()):
