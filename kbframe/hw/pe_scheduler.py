@@ -15,6 +15,7 @@ from collections import deque
 
 from ..commands import reads_and_writes
 from .params import at_least_one
+from . import tiling
 from .tiling import plan_stages
 
 
@@ -66,6 +67,8 @@ class PeScheduler:
     def bind(self, pe) -> None:
         self.pe = pe
         self.env = pe.env
+        # timing-only: one plan per command shape; data mode: effects are per command
+        self._plans = None if pe.numerics.enabled else tiling.PlanCache(plan_stages)
         for unit in pe.stage_units.values():
             unit.bind(pe, unit.name or "", self._stage_done)
 
@@ -112,7 +115,11 @@ class PeScheduler:
         self._admit()
 
     def _start(self, cmd, reads, writes) -> None:
-        stages = plan_stages(cmd, self.pe.stage_units, self.pe.numerics)
+        plans = self._plans
+        if plans is None:
+            stages = plan_stages(cmd, self.pe.stage_units, self.pe.numerics)
+        else:
+            stages = plans.stages(cmd, self.pe.stage_units, self.pe.numerics)
         self.n_commands += 1
         self.inflight[cmd.id] = _InFlight(cmd, len(stages), reads, writes, self.env.now)
         if self.record is not None:

@@ -14,6 +14,10 @@ PE_SCHEDULER calls :func:`plan_stages` with a command; it reads only the flat ``
 
 A command with no GEMM runs its ops in order; a DMA op (``load`` / ``store``) is one
 DMA stage. Stage durations belong to the units; this module only orders stages.
+
+In timing-only runs a plan depends only on the command's *shape* (:func:`plan_key`), and
+a kernel repeats a few shapes once per KV tile, so :class:`PlanCache` plans each shape
+once and copies the plan for later commands of that shape.
 """
 from __future__ import annotations
 
@@ -168,3 +172,47 @@ def _epilogue_stage(op, cmd, units, nx, stages, prev, tile, acc, region) -> Stag
                nx.epilogue(op.kind, acc, others, op.extra)).after(prev)
     stages.append(st)
     return st
+
+
+def plan_key(cmd) -> tuple:
+    """Everything of ``cmd`` a timing-only plan depends on: per op its kind, scope, operand
+    names and, per operand and output, space, shape and bytes (addresses and numbers do
+    not change a plan's stages, sizes or edges)."""
+    return tuple((op.kind, op.scope, tuple(op.operands),
+                  tuple([(h.space, h.shape, h.nbytes) for h in op.operands.values()]),
+                  None if op.out is None else (op.out.space, op.out.shape, op.out.nbytes))
+                 for op in cmd.ops)
+
+
+class PlanCache:
+    """Stage plans of timing-only runs, one per command shape (:func:`plan_key`).
+
+    A cached plan is a template: per stage its unit, op kind, tile, sizes, dependency
+    count and successors (by index, in order: successors are submitted in that order, which
+    sets FIFO order on the units). :meth:`stages` gives fresh Stage objects equal to what
+    ``plan`` would build. Only for effect-free plans: a data-mode effect is bound to one
+    command's handles.
+
+    Args:
+        plan: the planner, ``plan(cmd, units, nx) -> [Stage]`` (:func:`plan_stages`).
+    """
+
+    def __init__(self, plan):
+        self.plan = plan
+        self.templates: dict = {}
+
+    def stages(self, cmd, units: dict, nx) -> list[Stage]:
+        key = plan_key(cmd)
+        tpl = self.templates.get(key)
+        if tpl is None:
+            stages = self.plan(cmd, units, nx)
+            index = {st: i for i, st in enumerate(stages)}
+            self.templates[key] = tuple((st.unit, st.op_kind, st.tile, st.nbytes, st.flops, st.n_elements,
+                                         st.deps, tuple([index[s] for s in st.succs])) for st in stages)
+            return stages
+        new = [Stage(unit, kind, cmd, tile, nbytes, flops, n) for unit, kind, tile, nbytes, flops, n, _, _ in tpl]
+        for st, row in zip(new, tpl):
+            st.deps = row[6]
+            if row[7]:
+                st.succs = [new[i] for i in row[7]]
+        return new

@@ -231,3 +231,47 @@ def test_broadcast_epilogue_operand_over_several_output_tiles(tmp_path, N):
     log = sim.run(kern)
     assert [r["tile"] for r in log if r["op_kind"] == "div_bcast"] == list(range(N // 128))
     np.testing.assert_allclose(sim.read(hs["o"]), (t["x"] @ t["w"]) / t["l"], rtol=1e-5, atol=1e-5)
+
+
+def _full_rows(stages):
+    return [(s.unit, s.op_kind, s.cmd, s.tile, s.nbytes, s.flops, s.n_elements, s.deps) for s in stages]
+
+
+@pytest.mark.parametrize("kernel, n_shapes", [("gqa_decode_opt2", 9), ("gqa_decode_opt3", 24)])
+def test_plan_cache_copies_equal_fresh_plans(tmp_path, kernel, n_shapes):
+    """Timing-only plan reuse (PlanCache): every command's copied plan equals a fresh plan
+    of that command, stage by stage and edge by edge (successor order too: it sets FIFO
+    order on the units); one template per command shape."""
+    from kbframe.hw.tiling import PlanCache, plan_key
+    from kbframe.kernels import gqa_decode
+    S_kv = 16 * TILE + 16  # ragged last tile: a second shape per composite
+    tensors = {"q": np.ones((G, D)), "k": np.ones((S_kv, D)), "v": np.ones((S_kv, D)), "out": np.zeros((G, D))}
+    kern = getattr(gqa_decode, kernel)
+    cmds, sim = emit(lambda tl: kern(tl, G=G, d=D, S_kv=S_kv, tile=TILE, scale=0.5), tmp_path, tensors)
+    cache = PlanCache(plan_stages)
+    for cmd in cmds:
+        copied, fresh = cache.stages(cmd, sim.pe.stage_units, Numerics()), _plan(cmd, sim)
+        assert _full_rows(copied) == _full_rows(fresh)
+        assert _preds(copied) == _preds(fresh)
+        assert [[copied.index(t) for t in s.succs] for s in copied] == \
+            [[fresh.index(t) for t in s.succs] for s in fresh]
+    # opt2: load q, fill (G,1), fill (G,d), #1 and #2 for full and ragged tiles, div, store
+    assert len(cache.templates) == len({plan_key(c) for c in cmds}) == n_shapes
+
+
+def test_plan_key_separates_shapes_and_spaces(tmp_path):
+    """Commands that plan differently never share a key: another tile length, or an output
+    in HBM instead of TCM (a DMA_WRITE more)."""
+    from kbframe.commands import CompositeCmd
+    from kbframe.hw.tiling import plan_key
+
+    def kern(tl):
+        O = tl.zeros((G, D), "O")
+        tl.composite(op="gemm", a=tl.load(tl.ref("q")), b=tl.ref("k").T, out=tl.empty((G, TILE)))
+        tl.composite(op="gemm", a=tl.load(tl.ref("q")), b=tl.ref("k")[0:32].T, out=tl.empty((G, 32)))
+        tl.composite(op="gemm", a=tl.empty((G, TILE)), b=tl.ref("v"), out=O)
+        tl.composite(op="gemm", a=tl.empty((G, TILE)), b=tl.ref("v"), out=tl.ref("out"))
+    cmds, _ = emit(kern, tmp_path, TENSORS)
+    composites = [c for c in cmds if isinstance(c, CompositeCmd)]
+    assert len(composites) == 4
+    assert len({plan_key(c) for c in composites}) == 4
