@@ -1,6 +1,7 @@
 """The generic engine: import boundaries (ADR-0065 D5/D7, DDD §1 criterion 3), multi-PE
 construction, deadlock and TCM-overflow errors."""
 import ast
+import json
 import subprocess
 import sys
 
@@ -116,3 +117,23 @@ def test_scratch_scope_frees_tcm(tmp_path):
 
     sim.run(kern)
     assert tops == [2048, 3072, 2048]
+
+
+@pytest.mark.parametrize("times", [(0, 41_500, -1), (999_999, 1_000_001, 1_000_000), (12_345_678_901, 12_345_679_000, -1),
+                                   (10 ** 15, 10 ** 15 + 1, -1), (41_500.0, 157_000.5, 42_000)])
+def test_op_log_time_text_is_the_ns_float(tmp_path, times):
+    """op_log ns fields read back as exactly ps / 1000 (and print as Python prints it), in
+    the batch formatter's integer fast path and in its general path (huge or float times)."""
+    t0, t1, t_data = times
+    log = OpLog(tmp_path / "op_log.jsonl", batch=2)
+    entry = log._entry(0, "dma_read")
+    log._record(0, "dma_read", entry, "dma_read", 7, 3, t0, t1, 2048, t_data)
+    log._record(0, "dma_read", entry, "dma_read", 8, -1, 0, 1, 64, -1)
+    log.close()
+    lines = (tmp_path / "op_log.jsonl").read_text().splitlines()
+    rec = json.loads(lines[0])
+    assert (rec["t_start_ns"], rec["t_end_ns"]) == (t0 / 1000, t1 / 1000)
+    assert f'"t_start_ns": {t0 / 1000!r}, "t_end_ns": {t1 / 1000!r}, "bytes": 2048' in lines[0]
+    assert rec.get("t_data_ns") == (t_data / 1000 if t_data >= 0 else None)
+    assert lines[1] == ('{"pe": 0, "unit": "dma_read", "op_kind": "dma_read", "cmd": 8, "tile": -1, '
+                        '"t_start_ns": 0.0, "t_end_ns": 0.001, "bytes": 64}')
