@@ -195,10 +195,13 @@ class PlanCache:
 
     Args:
         plan: the planner, ``plan(cmd, units, nx) -> [Stage]`` (:func:`plan_stages`).
+        max_templates: shapes kept; later new shapes are planned each time (a kernel whose
+            commands never repeat a shape costs no memory for templates it cannot reuse).
     """
 
-    def __init__(self, plan):
+    def __init__(self, plan, max_templates: int = 1024):
         self.plan = plan
+        self.max_templates = max_templates
         self.templates: dict = {}
 
     def stages(self, cmd, units: dict, nx) -> list[Stage]:
@@ -206,6 +209,8 @@ class PlanCache:
         tpl = self.templates.get(key)
         if tpl is None:
             stages = self.plan(cmd, units, nx)
+            if len(self.templates) >= self.max_templates:
+                return stages
             index = {st: i for i, st in enumerate(stages)}
             self.templates[key] = tuple((st.unit, st.op_kind, st.tile, st.nbytes, st.flops, st.n_elements,
                                          st.deps, tuple([index[s] for s in st.succs])) for st in stages)

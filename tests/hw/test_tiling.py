@@ -275,3 +275,18 @@ def test_plan_key_separates_shapes_and_spaces(tmp_path):
     composites = [c for c in cmds if isinstance(c, CompositeCmd)]
     assert len(composites) == 4
     assert len({plan_key(c) for c in composites}) == 4
+
+
+def test_plan_cache_stops_growing_at_its_bound(tmp_path):
+    """Past ``max_templates`` shapes, new shapes are planned each time and not kept."""
+    from kbframe.hw.tiling import PlanCache
+
+    def kern(tl):
+        for n in (8, 16, 24):
+            tl.zeros((G, n), f"z{n}")
+    cmds, sim = emit(kern, tmp_path, TENSORS)
+    cache = PlanCache(plan_stages, max_templates=2)
+    for cmd in cmds + cmds:
+        assert _full_rows(cache.stages(cmd, sim.pe.stage_units, Numerics())) == _full_rows(_plan(cmd, sim))
+    # each key is one fill op's (kind, scope, operand names, operand sigs, out sig)
+    assert [k[0][4] for k in cache.templates] == [("tcm", (G, 8), G * 8 * 2), ("tcm", (G, 16), G * 16 * 2)]
