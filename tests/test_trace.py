@@ -4,11 +4,15 @@ dispatch to completion, times in µs; slice counts per unit equal the op_log's."
 import json
 from collections import Counter, defaultdict
 
+import numpy as np
 import pytest
 
+from kbframe.bench import summary
+from kbframe.errors import NumericsError
 from kbframe.trace import _OPLOG_LINE, UNIT_TRACKS, write_trace
+from kbframe.trace import main as trace_main
 
-from conftest import REPO, read_oplog, run
+from conftest import REPO, compose_cfg, read_oplog, run
 
 X_FIELDS = {"name", "cat", "ph", "ts", "dur", "pid", "tid", "args"}
 ARGS = {"op_kind", "cmd", "bytes", "tile"}
@@ -188,3 +192,53 @@ def test_a_malformed_line_in_kbframes_layout_is_named(tmp_path, line, error):
     with pytest.raises(ValueError, match=rf"op_log.jsonl:3: malformed op_log record \({error}"):
         write_trace(tmp_path / "op_log.jsonl", tmp_path / "trace.json")
     assert not (tmp_path / "trace.json").exists() and not list(tmp_path.glob("*.tmp"))
+
+
+# ---------------------------------------------------------------- run.trace
+
+SMALL = ("bench.S_kv=130", "bench.G=2", "bench.d=32")
+
+
+def test_run_trace_is_on_by_default_and_listed(tmp_path):
+    assert compose_cfg().run.trace is True
+    m = run(tmp_path, *SMALL)
+    assert json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
+    assert m["files"] == ["metrics.json", "op_log.jsonl", "tensors.npz", "trace.json"]
+    assert json.loads((tmp_path / "metrics.json").read_text())["files"] == m["files"]
+    assert f"files       {tmp_path}/{{metrics.json, op_log.jsonl, tensors.npz, trace.json}}" in summary(m, tmp_path)
+
+
+def test_run_trace_false_writes_none_and_removes_an_earlier_one(tmp_path):
+    """A sweep can skip the timeline; the trace an earlier run left in the directory is
+    removed (it would not belong to this run), nothing claims one, and
+    ``python -m kbframe.trace RUN_DIR`` builds the same trace later."""
+    run(tmp_path, *SMALL)
+    earlier = (tmp_path / "trace.json").read_bytes()
+    m = run(tmp_path, *SMALL, "run.trace=false")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.json", "op_log.jsonl", "tensors.npz"]
+    assert m["files"] == ["metrics.json", "op_log.jsonl", "tensors.npz"]
+    assert json.loads((tmp_path / "metrics.json").read_text())["files"] == m["files"]
+    assert "trace.json" not in summary(m, tmp_path)
+    m = run(tmp_path, *SMALL, "run.trace=false", "bench.data=false")
+    assert m["files"] == ["metrics.json", "op_log.jsonl"]
+    assert f"files       {tmp_path}/{{metrics.json, op_log.jsonl}}" in summary(m, tmp_path)
+    assert trace_main([str(tmp_path)]) == 0
+    assert (tmp_path / "trace.json").read_bytes() == earlier  # same config, same op_log, same trace
+
+
+def test_a_failed_run_with_run_trace_false_leaves_the_earlier_trace(tmp_path):
+    """Files are replaced (or removed) only when a run passes: this one fails in the
+    simulation (an fp16 GEMM operand overflows), after the run directory was written."""
+    rng = np.random.default_rng(0)
+    q = np.zeros((2, 8))
+    q[0, 0] = 60000.0
+    np.savez(tmp_path / "q60k.npz", q=q, k=rng.standard_normal((32, 8)) * 1e-3, v=rng.standard_normal((32, 8)),
+             scale=np.float64(2.0))
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "trace.json").write_bytes(b'{"traceEvents": []}\n')
+    with pytest.raises(NumericsError, match="GEMM operand 'scale'"):
+        run(out, f"bench.inputs.path={tmp_path / 'q60k.npz'}", "bench.data_dtype=float16", "run.trace=false",
+            bench="decode_opt3")
+    assert (out / "op_log.jsonl.partial").exists()  # the simulation ran
+    assert (out / "trace.json").read_bytes() == b'{"traceEvents": []}\n'
