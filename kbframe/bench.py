@@ -1,7 +1,8 @@
 """Running a bench: inputs, the float64 reference, the simulation, metrics and files.
 
 Files written to the run directory (each atomically: a temporary file, then rename):
-``metrics.json``, ``op_log.jsonl`` (streamed), ``tensors.npz``.
+``metrics.json``, ``op_log.jsonl`` (streamed), ``trace.json`` (unless ``run.trace=false``),
+``tensors.npz`` (data mode); ``metrics.json`` ``files`` lists them.
 """
 from __future__ import annotations
 
@@ -234,8 +235,10 @@ def run_bench(cfg, out_dir: Path) -> dict:
     finally:
         oplog.close()
     san = sanitizer.check(engine, oplog_path) if check else {"rules_checked": 0}
+    trace = bool(cfg.run.trace) if "run" in cfg else True
     trace_tmp = out_dir / "trace.json.partial"
-    write_trace(oplog_path, trace_tmp)
+    if trace:
+        write_trace(oplog_path, trace_tmp)
 
     n_tiles = -(-S_kv // tile)
     metrics = _metrics(cfg, engine, pe, oplog, latency_ps, n_tiles, G, d, S_kv, tile)
@@ -256,13 +259,18 @@ def run_bench(cfg, out_dir: Path) -> dict:
                                "max_rel_err": float(err.max() / max(np.abs(ref).max(), 1e-300))}
     else:
         metrics["numerics"] = {"enabled": False, "dtype": None, "max_abs_err": None, "max_rel_err": None}
+    made = {"trace.json": trace, "tensors.npz": tensors is not None}
+    metrics["files"] = [name for name in preflight.OUTPUT_FILES if made.get(name, True)]
     tmp = out_dir / "tensors.tmp.npz"
     try:
         if tensors is not None:
             np.savez(tmp, **tensors)
         # the run passed: replace a previous run's files together, metrics.json last
         os.replace(oplog_path, out_dir / "op_log.jsonl")
-        os.replace(trace_tmp, out_dir / "trace.json")
+        if trace:
+            os.replace(trace_tmp, out_dir / "trace.json")
+        else:  # a previous run's timeline would not belong to this run
+            (out_dir / "trace.json").unlink(missing_ok=True)
         if tensors is not None:
             os.replace(tmp, out_dir / "tensors.npz")
         else:  # a previous data-mode run's numbers would not belong to this run
@@ -329,5 +337,5 @@ def summary(metrics: dict, out_dir: Path) -> str:
                      f"vs float64 reference ({n['dtype']})")
     else:
         lines.append("  numerics    off (bench.data=false)")
-    lines.append(f"  files       {out_dir}/{{metrics.json, op_log.jsonl, trace.json, tensors.npz}}")
+    lines.append(f"  files       {out_dir}/{{{', '.join(metrics['files'])}}}")
     return "\n".join(lines)

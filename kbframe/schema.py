@@ -63,10 +63,11 @@ class BenchConfig:
 
 @dataclass
 class RunConfig:
-    """Run options: the sanitizer (``check``) and the progress bar."""
+    """Run options: the sanitizer (``check``), the progress bar and the timeline (``trace``)."""
 
     check: bool = True
     progress: bool = True
+    trace: bool = True  # write trace.json; python -m kbframe.trace RUN_DIR makes it later
 
 
 def register() -> None:

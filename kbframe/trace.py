@@ -18,12 +18,14 @@ Those go to overflow lanes, extra threads next to the unit's first one and named
 
 The op_log is read line by line and events are written as they are made; only the commands
 still in flight are held (the op_log is in completion order, and a command's
-``scheduler`` record follows its stages).
+``scheduler`` record follows its stages). Lines in the layout kbframe writes are read by a
+fast path (see ``_OPLOG_LINE``); any other JSON layout gives the same trace, only slower.
 """
 from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 #: op_log unit → (track name, sort order)
@@ -52,6 +54,80 @@ def _us(ps: int) -> str:
     return repr(ps / 1e6)
 
 
+# The fast path. A sweep writes one trace per job, and decoding every line with json.loads,
+# then turning its float ns into ps and back into µs text, was most of the trace's cost. A line
+# in the exact layout kbframe.oplog.OpLog writes (``_flush``) is read with one regular
+# expression instead, which accepts only text that json.loads reads to the same values:
+# canonical integers (so their text is ``str(int(text))``), strings without escapes or control
+# characters, and ns as ``int.frac`` with ≤ 12 + 3 digits, where ``round(float(ns) * 1000)``
+# is exactly ``int * 1000 + frac`` (below 10¹⁵ ps, both roundings together err by < 0.5 ps).
+# Any other line (another key order or spacing, a missing key, an exponent, a malformed
+# line) is read by :func:`_parse_json`, so a foreign or hand-edited op_log gives the same
+# trace and errors.
+_INT = r"(0|-?[1-9][0-9]{0,17})"
+_STR = r'"([^"\\\x00-\x1f]*)"'
+_NS = r"(0|[1-9][0-9]{0,11})\.([0-9]{1,3})"
+_OPLOG_LINE = re.compile(
+    rf'(\{{"pe": {_INT}, "unit": {_STR}, "op_kind": {_STR}), "cmd": {_INT}, "tile": {_INT}, '
+    rf'"t_start_ns": {_NS}, "t_end_ns": {_NS}, "bytes": {_INT}(?:, "t_data_ns": {_NS})?\}}\n?')
+#: the ps in an ns fraction's digits: ``"5"`` → 500, ``"05"`` → 50, ``"625"`` → 625
+_FRAC_PS = {f"{i:0{n}d}": i * 10 ** (3 - n) for n in (1, 2, 3) for i in range(10 ** n)}
+
+
+def _parse_json(line: str) -> tuple | None:
+    """One op_log line in any JSON layout → ``(pe, unit, op_kind, cmd, tile, t_start, t_end,
+    bytes, t_data or None)``, times in integer ps; None for a blank line.
+
+    Raises:
+        ValueError, KeyError, TypeError, OverflowError: the line is not an op_log record.
+    """
+    try:
+        r = json.loads(line)
+    except ValueError:
+        if not line.strip():
+            return None
+        raise
+    pe, unit, cmd = int(r["pe"]), r["unit"], int(r["cmd"])  # in this order: the error names the first bad key
+    p0, p1 = _ps(r["t_start_ns"]), _ps(r["t_end_ns"])
+    kind, nbytes, tile = r["op_kind"], int(r.get("bytes", 0)), int(r.get("tile", -1))
+    return pe, unit, kind, cmd, tile, p0, p1, nbytes, _ps(r["t_data_ns"]) if "t_data_ns" in r else None
+
+
+#: a slice's part in its command's flow
+_DISPATCH, _ADMISSION, _STAGE = 0, 1, 2
+
+
+class _Kind:
+    """What the slices of one ``(pe, unit, op_kind)`` share: their JSON text, their unit's
+    lanes (``ends``: each lane's latest end, ps, shared by the unit's op_kinds) and a count."""
+
+    __slots__ = ("pe", "unit", "head", "ends", "lanes", "role", "count", "_tid0", "_name")
+
+    def __init__(self, pe: int, unit, name: str, cat: str, ends: list, slot: int):
+        self.pe, self.unit, self.ends, self.count = pe, unit, ends, 0
+        self.head = f'{{"name":{name},"cat":{cat},"ph":"X","ts":'
+        self.role = _DISPATCH if unit == "cpu" else _ADMISSION if unit == "scheduler" else _STAGE
+        self.lanes: list[tuple] = []   # per lane: (slice text from pid to cmd, flow text after ts, tid)
+        self._tid0, self._name = slot * LANE_STRIDE + 1, name
+
+    def lane(self, lane: int) -> tuple:
+        """``lanes[lane]``, made (with the lanes before it) on first use."""
+        while len(self.lanes) <= lane:
+            tid = self._tid0 + len(self.lanes)
+            self.lanes.append((f',"pid":{self.pe},"tid":{tid},"args":{{"op_kind":{self._name},"cmd":',
+                               f',"pid":{self.pe},"tid":{tid},"bp":"e"}}', tid))
+        return self.lanes[lane]
+
+
+def _flow(fid: int, steps: list) -> str:
+    """One command's flow events (``s``, ``t`` …, ``f``); ``steps`` are the steps' texts after
+    ``"ts":`` in time order."""
+    event = f',\n{{"name":"command","cat":"flow","ph":"%s","id":{fid},"ts":'
+    first, *middle, last = steps
+    t = event % "t"
+    return event % "s" + first + (t + t.join(middle) if middle else "") + event % "f" + last
+
+
 def write_trace(op_log: Path | str, out: Path | str) -> dict:
     """Convert ``op_log`` (op_log.jsonl) into ``out`` (trace.json), atomically (a temporary
     file, then rename).
@@ -64,72 +140,92 @@ def write_trace(op_log: Path | str, out: Path | str) -> dict:
     """
     op_log, out = Path(op_log), Path(out)
     tmp = out.with_name(out.name + ".tmp")
-    slices: dict[str, int] = {}
     lanes: dict[tuple, list] = {}        # (pe, unit) → per-lane max end (ps)
     slots: dict[str, int] = {}           # unit → slot (sets tids and sort order)
     names: dict[str, str] = {}           # op_kind / unit → its JSON string
-    pending: dict[tuple, list] = {}      # (pe, cmd) → [(ps, tid)]: dispatch, then stages
+    kinds: dict[tuple, _Kind] = {}       # (pe, unit, op_kind) → its _Kind
+    heads: dict[str, _Kind] = {}         # a fast-path line's text up to its op_kind → its _Kind
+    pending: dict[tuple, list] = {}      # (pe, cmd text) → [(ps, tid, flow text)]: dispatch, then stages
+    durs: dict[int, str] = {}            # duration (ps) → its µs text (few distinct values)
     n_flows = 0
-    loads, dumps = json.loads, json.dumps
+    dumps, fast, frac_ps = json.dumps, _OPLOG_LINE.fullmatch, _FRAC_PS
+
+    def kind_of(pe, unit, kind) -> _Kind:
+        k = kinds.get((pe, unit, kind))
+        if k is None:
+            if unit not in slots:
+                slots[unit] = UNIT_TRACKS[unit][1] if unit in UNIT_TRACKS else \
+                    len(UNIT_TRACKS) + sum(u not in UNIT_TRACKS for u in slots)
+                names[unit] = dumps(str(unit))
+            if kind not in names:
+                names[kind] = dumps(str(kind))
+            k = kinds[(pe, unit, kind)] = _Kind(pe, unit, names[kind], names[unit],
+                                                lanes.setdefault((pe, unit), []), slots[unit])
+        return k
+
     try:
         with open(op_log) as src, open(tmp, "w", buffering=1 << 20) as f:
             write = f.write
             write('{"displayTimeUnit": "ns",\n "traceEvents": [\n')
             sep = ""
             for lineno, line in enumerate(src, 1):
-                try:
-                    r = loads(line)
-                    pe, unit, cmd = int(r["pe"]), r["unit"], int(r["cmd"])
-                    p0, p1 = _ps(r["t_start_ns"]), _ps(r["t_end_ns"])
-                    kind, nbytes, tile = r["op_kind"], int(r.get("bytes", 0)), int(r.get("tile", -1))
-                except (ValueError, KeyError, TypeError) as e:
-                    if not line.strip():
+                m = fast(line)
+                if m is not None:
+                    head, pe, unit, kind, cmd, tile, s_int, s_frac, e_int, e_frac, nbytes, d_int, d_frac = m.groups()
+                    k = heads.get(head)
+                    if k is None:
+                        k = heads[head] = kind_of(int(pe), unit, kind)
+                    p0 = int(s_int) * 1000 + frac_ps[s_frac]
+                    p1 = int(e_int) * 1000 + frac_ps[e_frac]
+                    p_data = None if d_int is None else int(d_int) * 1000 + frac_ps[d_frac]
+                    # ts: µs is ns with the point 3 digits left (exactly _us(p0) when ≥ 1 µs with
+                    # no trailing zero, a decimal of ≤ 15 digits; the rest go through _us)
+                    ts = f"{s_int[:-3]}.{s_int[-3:]}{s_frac}" if len(s_int) > 3 and s_frac[-1] != "0" else _us(p0)
+                else:
+                    try:
+                        rec = _parse_json(line)
+                    except (ValueError, KeyError, TypeError, OverflowError) as e:
+                        raise ValueError(f"{op_log}:{lineno}: malformed op_log record ({e!r})") from None
+                    if rec is None:
                         continue
-                    raise ValueError(f"{op_log}:{lineno}: malformed op_log record ({e!r})") from None
-                if unit not in slots:
-                    slots[unit] = UNIT_TRACKS[unit][1] if unit in UNIT_TRACKS else \
-                        len(UNIT_TRACKS) + sum(u not in UNIT_TRACKS for u in slots)
-                    names[unit] = dumps(str(unit))
-                nm = names.get(kind)
-                if nm is None:
-                    nm = names[kind] = dumps(str(kind))
-                ends = lanes.get((pe, unit))
-                if ends is None:
-                    ends = lanes[(pe, unit)] = []
-                for lane, end in enumerate(ends):   # first lane free at p0 (module doc)
+                    pe, unit, kind, cmd, tile, p0, p1, nbytes, p_data = rec
+                    k = kind_of(pe, unit, kind)
+                    cmd = str(cmd)  # as the fast path has it
+                    ts = _us(p0)
+                k.count += 1
+                ends = k.ends
+                lane = 0
+                for end in ends:   # first lane free at p0 (module doc)
                     if end <= p0:
                         if p1 > end:
                             ends[lane] = p1
                         break
+                    lane += 1
                 else:
-                    lane = len(ends)
                     ends.append(p1)
-                tid = slots[unit] * LANE_STRIDE + lane + 1
-                extra = f',"t_data_us":{_us(_ps(r["t_data_ns"]))}' if "t_data_ns" in r else ""
-                write(f'{sep}{{"name":{nm},"cat":{names[unit]},"ph":"X","ts":{_us(p0)},"dur":{_us(p1 - p0)},'
-                      f'"pid":{pe},"tid":{tid},"args":{{"op_kind":{nm},"cmd":{cmd},"bytes":{nbytes},'
-                      f'"tile":{tile}{extra}}}}}')
+                args, flow, tid = k.lanes[lane] if lane < len(k.lanes) else k.lane(lane)
+                dur = durs.get(p1 - p0)
+                if dur is None:
+                    if len(durs) > 4096:
+                        durs.clear()
+                    dur = durs[p1 - p0] = _us(p1 - p0)
+                extra = "" if p_data is None else f',"t_data_us":{_us(p_data)}'
+                write(f'{sep}{k.head}{ts},"dur":{dur}{args}{cmd},"bytes":{nbytes},"tile":{tile}{extra}}}}}')
                 sep = ",\n"
-                slices[unit] = slices.get(unit, 0) + 1
-                key = (pe, cmd)
-                if unit == "cpu":
-                    pending[key] = [(p0, tid)]
-                elif unit == "scheduler":
-                    steps = pending.pop(key, None) or [None]
-                    chain = ([steps[0]] if steps[0] is not None else []) + [(p0, tid)] + sorted(steps[1:])
-                    if len(chain) >= 2:
-                        n_flows += 1
-                        fid = pe * FLOW_ID_STRIDE + cmd
-                        last = len(chain) - 1
-                        for i, (fp, ftid) in enumerate(chain):
-                            ph = "s" if i == 0 else ("f" if i == last else "t")
-                            write(f',\n{{"name":"command","cat":"flow","ph":"{ph}","id":{fid},'
-                                  f'"ts":{_us(fp)},"pid":{pe},"tid":{ftid},"bp":"e"}}')
-                else:
+                key = (k.pe, cmd)
+                if k.role == _STAGE:
                     steps = pending.get(key)
                     if steps is None:  # a stage with no dispatch record before it
                         steps = pending[key] = [None]
-                    steps.append((p0, tid))
+                    steps.append((p0, tid, ts + flow))
+                elif k.role == _DISPATCH:
+                    pending[key] = [(p0, tid, ts + flow)]
+                else:
+                    steps = pending.pop(key, None) or [None]
+                    chain = ([steps[0]] if steps[0] is not None else []) + [(p0, tid, ts + flow)] + sorted(steps[1:])
+                    if len(chain) >= 2:
+                        n_flows += 1
+                        write(_flow(k.pe * FLOW_ID_STRIDE + int(cmd), [text for _, _, text in chain]))
             meta = []
             for pe in sorted({p for p, _ in lanes}):
                 meta.append({"name": "process_name", "ph": "M", "pid": pe, "tid": 0,
@@ -154,6 +250,9 @@ def write_trace(op_log: Path | str, out: Path | str) -> dict:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+    slices: dict = {}
+    for k in kinds.values():  # in order of each unit's first slice
+        slices[k.unit] = slices.get(k.unit, 0) + k.count
     return {"slices": slices, "flows": n_flows,
             "lanes": {f"{u}@PE{p}": len(e) for (p, u), e in sorted(lanes.items())}}
 

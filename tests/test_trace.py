@@ -4,11 +4,15 @@ dispatch to completion, times in µs; slice counts per unit equal the op_log's."
 import json
 from collections import Counter, defaultdict
 
+import numpy as np
 import pytest
 
-from kbframe.trace import UNIT_TRACKS, write_trace
+from kbframe.bench import summary
+from kbframe.errors import NumericsError
+from kbframe.trace import _OPLOG_LINE, UNIT_TRACKS, write_trace
+from kbframe.trace import main as trace_main
 
-from conftest import read_oplog, run
+from conftest import REPO, compose_cfg, read_oplog, run
 
 X_FIELDS = {"name", "cat", "ph", "ts", "dur", "pid", "tid", "args"}
 ARGS = {"op_kind", "cmd", "bytes", "tile"}
@@ -129,3 +133,112 @@ def test_trace_of_a_ragged_opt3_run_is_consistent(tmp_path):
     log = read_oplog(tmp_path / "op_log.jsonl")
     assert info["slices"] == dict(Counter(r["unit"] for r in log))
     assert {r["tile"] for r in log} >= {-1, 0}
+
+
+# ---------------------------------------------------------------- the fast path changes nothing
+
+GOLDEN = REPO / "tests" / "goldens" / "trace"
+
+
+def test_trace_is_byte_identical_to_the_golden(tmp_path):
+    """``tests/goldens/trace/trace.json`` was written from ``op_log.jsonl`` beside it by the
+    writer from before the fast path (json.loads on every line). The op_log is a small opt2
+    run in kbframe's own layout, then PE1 lines in other JSON layouts: another key order,
+    no spaces, missing ``tile``/``bytes``, escapes and non-ASCII names, an exponent, an
+    integer time, a blank and an indented line, sub-µs and 10¹² ns times, an unknown unit.
+    The trace must not move by a byte."""
+    info = write_trace(GOLDEN / "op_log.jsonl", tmp_path / "trace.json")
+    assert (tmp_path / "trace.json").read_bytes() == (GOLDEN / "trace.json").read_bytes()
+    assert info["flows"] == 15 and info["lanes"]["scheduler@PE0"] == 3 and info["lanes"]["ipcq@PE1"] == 2
+    assert info["slices"] == {"cpu": 14, "math": 35, "scheduler": 15, "dma_read": 8, "gemm": 7, "dma_write": 1,
+                              "ipcq": 2}
+
+
+def test_every_line_kbframe_writes_takes_the_fast_path(opt2_run):
+    """A guard for kbframe.oplog: if OpLog's line layout changes, the trace stays right (any
+    other layout is read with json.loads) but is slow again; update ``_OPLOG_LINE`` with it."""
+    d, _, _ = opt2_run
+    lines = (d / "op_log.jsonl").read_text().splitlines(keepends=True)
+    assert lines and all(_OPLOG_LINE.fullmatch(line) for line in lines)
+
+
+def test_kbframe_layout_and_any_json_layout_give_the_same_trace(opt2_run, tmp_path):
+    """The same records re-written in another JSON layout (every line then goes through
+    json.loads) give a byte-identical trace."""
+    d, trace, log = opt2_run
+    other = tmp_path / "op_log.jsonl"
+    other.write_text("".join(json.dumps(dict(reversed(r.items())), separators=(",", ":")) + "\n" for r in log))
+    assert not _OPLOG_LINE.fullmatch(other.read_text().splitlines(keepends=True)[0])
+    write_trace(other, tmp_path / "trace.json")
+    assert (tmp_path / "trace.json").read_bytes() == (d / "trace.json").read_bytes()
+
+
+@pytest.mark.parametrize("line, error", [
+    ('{"pe": 0, "unit": "math", "op_kind": "add", "cmd": 01, "tile": -1, "t_start_ns": 0.0, "t_end_ns": 1.0, '
+     '"bytes": 8}', "JSONDecodeError"),
+    ('{"pe": 0, "unit": "math", "op_kind": "add", "cmd": 1, "tile": -1, "t_start_ns": "0.0", "t_end_ns": 1.0, '
+     '"bytes": 8}', "TypeError"),
+    ('{"pe": 0, "unit": "math", "op_kind": "add", "cmd": 1, "tile": -1, "t_start_ns": NaN, "t_end_ns": 1.0, '
+     '"bytes": 8}', "ValueError"),
+    ('{"pe": 0, "unit": "math", "op_kind": "add", "cmd": 1, "tile": -1, "t_start_ns": Infinity, "t_end_ns": 1.0, '
+     '"bytes": 8}', "OverflowError"),
+    ('{"pe": 0, "unit": "math", "op_kind": "add", "cmd": 1, "tile": -1, "t_start_ns": 0.0, "t_end_ns": 1.0, '
+     '"bytes": 8, "t_data_ns": null}', "TypeError"),
+])
+def test_a_malformed_line_in_kbframes_layout_is_named(tmp_path, line, error):
+    good = '{"pe": 0, "unit": "math", "op_kind": "add", "cmd": 1, "tile": -1, "t_start_ns": 0.0, "t_end_ns": 1.0, ' \
+           '"bytes": 8}\n'
+    (tmp_path / "op_log.jsonl").write_text(good + "\n" + line + "\n")
+    with pytest.raises(ValueError, match=rf"op_log.jsonl:3: malformed op_log record \({error}"):
+        write_trace(tmp_path / "op_log.jsonl", tmp_path / "trace.json")
+    assert not (tmp_path / "trace.json").exists() and not list(tmp_path.glob("*.tmp"))
+
+
+# ---------------------------------------------------------------- run.trace
+
+SMALL = ("bench.S_kv=130", "bench.G=2", "bench.d=32")
+
+
+def test_run_trace_is_on_by_default_and_listed(tmp_path):
+    assert compose_cfg().run.trace is True
+    m = run(tmp_path, *SMALL)
+    assert json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
+    assert m["files"] == ["metrics.json", "op_log.jsonl", "tensors.npz", "trace.json"]
+    assert json.loads((tmp_path / "metrics.json").read_text())["files"] == m["files"]
+    assert f"files       {tmp_path}/{{metrics.json, op_log.jsonl, tensors.npz, trace.json}}" in summary(m, tmp_path)
+
+
+def test_run_trace_false_writes_none_and_removes_an_earlier_one(tmp_path):
+    """A sweep can skip the timeline; the trace an earlier run left in the directory is
+    removed (it would not belong to this run), nothing claims one, and
+    ``python -m kbframe.trace RUN_DIR`` builds the same trace later."""
+    run(tmp_path, *SMALL)
+    earlier = (tmp_path / "trace.json").read_bytes()
+    m = run(tmp_path, *SMALL, "run.trace=false")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.json", "op_log.jsonl", "tensors.npz"]
+    assert m["files"] == ["metrics.json", "op_log.jsonl", "tensors.npz"]
+    assert json.loads((tmp_path / "metrics.json").read_text())["files"] == m["files"]
+    assert "trace.json" not in summary(m, tmp_path)
+    m = run(tmp_path, *SMALL, "run.trace=false", "bench.data=false")
+    assert m["files"] == ["metrics.json", "op_log.jsonl"]
+    assert f"files       {tmp_path}/{{metrics.json, op_log.jsonl}}" in summary(m, tmp_path)
+    assert trace_main([str(tmp_path)]) == 0
+    assert (tmp_path / "trace.json").read_bytes() == earlier  # same config, same op_log, same trace
+
+
+def test_a_failed_run_with_run_trace_false_leaves_the_earlier_trace(tmp_path):
+    """Files are replaced (or removed) only when a run passes: this one fails in the
+    simulation (an fp16 GEMM operand overflows), after the run directory was written."""
+    rng = np.random.default_rng(0)
+    q = np.zeros((2, 8))
+    q[0, 0] = 60000.0
+    np.savez(tmp_path / "q60k.npz", q=q, k=rng.standard_normal((32, 8)) * 1e-3, v=rng.standard_normal((32, 8)),
+             scale=np.float64(2.0))
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "trace.json").write_bytes(b'{"traceEvents": []}\n')
+    with pytest.raises(NumericsError, match="GEMM operand 'scale'"):
+        run(out, f"bench.inputs.path={tmp_path / 'q60k.npz'}", "bench.data_dtype=float16", "run.trace=false",
+            bench="decode_opt3")
+    assert (out / "op_log.jsonl.partial").exists()  # the simulation ran
+    assert (out / "trace.json").read_bytes() == b'{"traceEvents": []}\n'
