@@ -134,9 +134,10 @@ class TL:
             raise ValidationError(f"tl.math: {e.args[0]}") from None
         if len(inputs) != len(spec.slots):
             raise ValidationError(f"tl.{kind}: takes {len(spec.slots)} inputs, got {len(inputs)}")
-        missing = [k for k in spec.extras if k not in extra]
-        if missing:
-            raise ValidationError(f"tl.{kind}: missing scalar(s) {missing}")
+        if spec.extras:
+            missing = [k for k in spec.extras if k not in extra]
+            if missing:
+                raise ValidationError(f"tl.{kind}: missing scalar(s) {missing}")
         try:
             shape = spec.shape(*[h.shape for h in inputs])
         except ValueError as e:
@@ -146,7 +147,8 @@ class TL:
             raise ValidationError(f"tl.{kind}: MATH output must be TCM, got {out}")
         if tuple(out.shape) != tuple(shape):
             raise ValidationError(f"tl.{kind}: out {out} must have shape {shape}")
-        op = OpSpec(kind, Scope.KERNEL, dict(zip(spec.slots, inputs)), dict(extra), out)
+        # ``extra`` is this call's own ``**`` dict: the OpSpec keeps it without a copy
+        op = OpSpec(kind, Scope.KERNEL, dict(zip(spec.slots, inputs)), extra, out)
         return self._primitive(op, out)
 
     def rmax(self, x, out=None):
