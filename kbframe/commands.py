@@ -46,6 +46,9 @@ class OpSpec:
         operands: named input handles, e.g. ``{"a": P, "b": V_j}`` or ``{"src_a": m, ...}``.
         extra: scalars (``{"factor": 0.088}``, ``{"m": 8, "k": 64, "n": 128}``).
         out: the handle written, or None (an epilogue op writes the GEMM accumulator).
+        logical_bytes: DDD-0065 §4.2: opcode + scope + count + 8/operand + 8 if out + count
+            + 4/scalar (set by ``__init__``: PE_CPU and the composite cap read it for every
+            op, and a property call costs more than computing it here).
     """
 
     kind: str
@@ -58,14 +61,10 @@ class OpSpec:
                  out: TensorHandle | None = None):
         d = self.__dict__
         d["kind"], d["scope"], d["out"] = kind, scope, out
-        d["operands"] = {} if operands is _DEFAULT else operands
-        d["extra"] = {} if extra is _DEFAULT else extra
-
-    @property
-    def logical_bytes(self) -> int:
-        """DDD-0065 §4.2: opcode + scope + count + 8/operand + 8 if out + count + 4/scalar."""
-        return (1 + 1 + 1 + 8 * len(self.operands) + (8 if self.out is not None else 0)
-                + 1 + 4 * len(self.extra))
+        d["operands"] = operands = {} if operands is _DEFAULT else operands
+        d["extra"] = extra = {} if extra is _DEFAULT else extra
+        d["logical_bytes"] = (1 + 1 + 1 + 8 * len(operands) + (8 if out is not None else 0)
+                              + 1 + 4 * len(extra))
 
 
 @dataclass(frozen=True, eq=False)

@@ -9,9 +9,8 @@ produces it (ADR-0062 lazy pattern): a consumer of a pending handle waits for it
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from math import prod
-from operator import attrgetter
 
 import numpy as np
 
@@ -114,13 +113,15 @@ class TensorHandle:
         row_bytes = prod(self.buf_shape[1:]) * itemsize(self.dtype) if len(self.buf_shape) > 1 else itemsize(self.dtype)
         return self.addr + self.rows[0] * row_bytes, self.addr + self.rows[1] * row_bytes
 
+    # Views (T, row windows) call the constructor positionally, in field order: kernels make
+    # them every KV tile, and copying the fields through a dict costs twice as much.
     @property
     def T(self) -> "TensorHandle":
         """The transposed view of a 2-D handle (a real transpose, not a reshape)."""
         if len(self.shape) != 2:
             raise ValueError(f"{self.name}: transpose needs a 2-D handle, got shape {self.shape}")
-        return self._derive(name=f"{self.name}.T", shape=self.shape[::-1], trans=not self.trans,
-                            id=next(_handle_ids))
+        return TensorHandle(f"{self.name}.T", self.shape[::-1], self.dtype, self.space, self.addr, self.buf,
+                            self.buf_shape, self.rows, not self.trans, self.pending, next(_handle_ids))
 
     def __getitem__(self, key: slice) -> "TensorHandle":
         """Row window ``h[r0:r1]`` of an untransposed handle (a tile of an HBM tensor)."""
@@ -131,16 +132,9 @@ class TensorHandle:
         r0, r1, _ = key.indices(n)
         if r1 <= r0:
             raise ValueError(f"{self.name}[{key.start}:{key.stop}] is empty")
-        return self._derive(name=f"{self.name.split('[')[0]}[{base0 + r0}:{base0 + r1}]",
-                            shape=(r1 - r0, *self.shape[1:]), rows=(base0 + r0, base0 + r1),
-                            id=next(_handle_ids))
-
-    def _derive(self, **changes) -> "TensorHandle":
-        """A new handle with this one's fields and ``changes`` (``dataclasses.replace``
-        without its per-call field lookup: kernels make views every KV tile)."""
-        kw = dict(zip(_INIT_FIELDS, _get_init_fields(self)))
-        kw.update(changes)
-        return TensorHandle(**kw)
+        return TensorHandle(f"{self.name.split('[')[0]}[{base0 + r0}:{base0 + r1}]", (r1 - r0, *self.shape[1:]),
+                            self.dtype, self.space, self.addr, self.buf, self.buf_shape, (base0 + r0, base0 + r1),
+                            self.trans, self.pending, next(_handle_ids))
 
     def view(self, mem: dict) -> np.ndarray:
         """This handle's numbers as a numpy view into ``mem[buf]`` (writes go through)."""
@@ -152,6 +146,3 @@ class TensorHandle:
     def __repr__(self) -> str:
         return f"<{self.space}:{self.name} {self.shape}>"
 
-
-_INIT_FIELDS = tuple(f.name for f in fields(TensorHandle) if f.init)
-_get_init_fields = attrgetter(*_INIT_FIELDS)

@@ -38,7 +38,8 @@ class TL:
         self._ids = itertools.count(1)
         self._scope_depth = 0
         self._arena_slots: dict = {}
-        self._recipe_shapes: dict = {}  # (recipe, operand shapes) -> inferred slot shapes
+        self._plans: dict = {}  # recipe name -> _RecipePlan
+        self._epilogue_cache: dict = {}  # see _epilogue
 
     # ---- handles -------------------------------------------------------------------
     def ref(self, name: str) -> TensorHandle:
@@ -50,7 +51,10 @@ class TL:
 
     def empty(self, shape, name: str = "t") -> TensorHandle:
         """Allocate an uninitialised TCM tensor in the active scratch_scope (or the arena)."""
-        shape = tuple(map(int, shape))
+        return self._alloc(tuple(map(int, shape)), name)
+
+    def _alloc(self, shape: tuple, name: str) -> TensorHandle:
+        """:meth:`empty` for a shape that is already a tuple of ints."""
         addr = self.pe.tcm.alloc(_nbytes(shape, self.dtype), name)
         h = TensorHandle(name, shape, self.dtype, "tcm", addr, f"tcm{self.pe.index}.{next(_buf_ids)}", shape)
         self.pe.numerics.allocate(h)
@@ -130,9 +134,10 @@ class TL:
             raise ValidationError(f"tl.math: {e.args[0]}") from None
         if len(inputs) != len(spec.slots):
             raise ValidationError(f"tl.{kind}: takes {len(spec.slots)} inputs, got {len(inputs)}")
-        missing = [k for k in spec.extras if k not in extra]
-        if missing:
-            raise ValidationError(f"tl.{kind}: missing scalar(s) {missing}")
+        if spec.extras:
+            missing = [k for k in spec.extras if k not in extra]
+            if missing:
+                raise ValidationError(f"tl.{kind}: missing scalar(s) {missing}")
         try:
             shape = spec.shape(*[h.shape for h in inputs])
         except ValueError as e:
@@ -142,7 +147,8 @@ class TL:
             raise ValidationError(f"tl.{kind}: MATH output must be TCM, got {out}")
         if tuple(out.shape) != tuple(shape):
             raise ValidationError(f"tl.{kind}: out {out} must have shape {shape}")
-        op = OpSpec(kind, Scope.KERNEL, dict(zip(spec.slots, inputs)), dict(extra), out)
+        # ``extra`` is this call's own ``**`` dict: the OpSpec keeps it without a copy
+        op = OpSpec(kind, Scope.KERNEL, dict(zip(spec.slots, inputs)), extra, out)
         return self._primitive(op, out)
 
     def rmax(self, x, out=None):
@@ -208,10 +214,12 @@ class TL:
         """
         ops, rw, produced = [], [], []
         primary = None
+        n_gemm = 0
         for item in prologue:
-            p_ops, p_rw, p_out = self._expand_recipe(dict(item))
+            p_ops, p_rw, p_out, p_gemm = self._expand_recipe(item if type(item) is dict else dict(item))
             ops += p_ops
             rw += p_rw
+            n_gemm += p_gemm
             produced.append(p_out)
             if p_out is not None:
                 primary = p_out
@@ -233,34 +241,75 @@ class TL:
             if tuple(out.shape) != (M, N):
                 raise ValidationError(f"tl.composite: out {out} must have shape {(M, N)}")
             ops.append(OpSpec("gemm", Scope.KERNEL, {"a": a, "b": b}, {"m": M, "k": K, "n": N}, out))
+            n_gemm += 1
             for item in epilogue:
-                e_op = self._epilogue_op(dict(item), out)
+                e_op, accumulates = self._epilogue(item if type(item) is dict else dict(item), out)
                 ops.append(e_op)
-                if any(h is out for h in e_op.operands.values()):
+                if accumulates:
                     rw.append(out)  # accumulate into out (DDD-0065 §6 step 7)
         elif op is None:
             _need(not epilogue, "tl.composite: an epilogue needs a GEMM (op='gemm')")
             _need(bool(prologue), "tl.composite: nothing to do (no op, no prologue)")
         else:
             raise ValidationError(f"tl.composite: op must be 'gemm' or None, got '{op}'")
-        n_gemm = sum(o.kind == "gemm" for o in ops)
-        if n_gemm > 1:
+        if n_gemm > 1:  # epilogue kinds are never "gemm": prologue GEMMs plus the head one
             raise ValidationError(f"two GEMMs in one composite ({n_gemm} gemm ops in "
                                   f"[{', '.join(o.kind for o in ops)}]); at most one (ADR-0065 D6.1)")
         rw_handles = tuple(dict.fromkeys(rw))
         cmd = CompositeCmd(self._completion("composite"), tuple(ops), rw_handles)
         self.pe.cpu.check_cap(cmd)
         self._dispatch(cmd)
-        for h in (*rw_handles, *[p for p in produced if p is not None], out):
+        done = cmd.completion
+        for h in rw_handles:
+            h.pending = done
+        for h in produced:
             if h is not None:
-                h.pending = cmd.completion
+                h.pending = done
+        if out is not None:
+            out.pending = done
         return out if op == "gemm" else primary
 
     def _expand_recipe(self, item: dict):
-        name = item.pop("op", None)
+        """A prologue entry ``{"op": recipe, <operand>: handle, ...}`` (not modified) as
+        ``(ops, RW operand handles, primary_out handle or None, number of GEMM ops)``.
+
+        The checks are one key-set comparison and a type/space test per handle (the recipe's
+        names and shapes are resolved once, in its :class:`_RecipePlan`); only a failing
+        entry goes through :meth:`_recipe_item_error` for the message."""
+        name = item.get("op")
         recipe: Recipe | None = self.recipes.get(name)
-        if recipe is None:
-            raise ValidationError(f"unknown recipe '{name}' (known: {', '.join(sorted(self.recipes)) or 'none'})")
+        plan = self._plans.get(name)
+        if plan is None or plan.recipe is not recipe:
+            if recipe is None:
+                raise ValidationError(f"unknown recipe '{name}' "
+                                      f"(known: {', '.join(sorted(self.recipes)) or 'none'})")
+            plan = self._plans[name] = _RecipePlan(recipe)
+        handles = [item.get(k) for k in plan.operands]
+        if item.keys() != plan.item_keys or not all(
+                [isinstance(h, TensorHandle) and h.space == "tcm" for h in handles]):
+            self._recipe_item_error(name, recipe, item)
+        shape_key = tuple([tuple(h.shape) for h in handles])
+        scratch = plan.scratch.get(shape_key)
+        if scratch is None:  # the same recipe on the same shapes every KV tile: infer once
+            try:
+                shapes = infer_shapes(recipe, dict(zip(plan.operands, [h.shape for h in handles])))
+            except RecipeError as e:
+                raise ValidationError(str(e)) from None
+            scratch = plan.scratch[shape_key] = tuple(
+                (slot, label, (recipe.name, slot, tuple(shapes[slot])), tuple(map(int, shapes[slot])))
+                for slot, label in plan.scratch_slots)
+        slots = dict(zip(plan.operands, handles))
+        for slot, label, arena_key, shape in scratch:
+            slots[slot] = self._scratch(label, arena_key, shape)
+        ops = [OpSpec(kind, Scope.KERNEL, {k: slots[v] for k, v in operands}, dict(extra), slots[dst])
+               for kind, operands, extra, dst in plan.steps]
+        po = recipe.primary_out
+        return ops, [slots[k] for k in plan.rw], (slots[po.name] if po is not None else None), plan.n_gemm
+
+    @staticmethod
+    def _recipe_item_error(name: str, recipe: Recipe, item: dict) -> None:
+        """Raise the ValidationError for a prologue entry that failed the quick checks."""
+        item = {k: v for k, v in item.items() if k != "op"}
         if item.keys() != recipe.operands.keys():
             missing = [k for k in recipe.operands if k not in item]
             if missing:
@@ -273,39 +322,36 @@ class TL:
             if h.space != "tcm":
                 raise ValidationError(f"MATH operand must be TCM: recipe '{name}' operand '{k}' is {h} "
                                       f"(ADR-0065 D6.7; tl.load it first)")
-        key = (name, tuple((k, tuple(h.shape)) for k, h in item.items()))
-        shapes = self._recipe_shapes.get(key)
-        if shapes is None:  # the same recipe on the same shapes every KV tile: infer once
-            try:
-                shapes = infer_shapes(recipe, {k: h.shape for k, h in item.items()})
-            except RecipeError as e:
-                raise ValidationError(str(e)) from None
-            self._recipe_shapes[key] = shapes
-        slots = dict(item)
-        for s in recipe.scratch:
-            slots[s] = self._scratch(recipe, s, shapes[s])
-        po = recipe.primary_out
-        if po is not None:
-            slots[po.name] = self._scratch(recipe, po.name, shapes[po.name])
-        ops = []
-        for st in recipe.steps:
-            operands = {k: slots[v] for k, v in st.slots.items()}
-            if st.op == "gemm":
-                operands = dict(zip(("a", "b"), operands.values()))
-            ops.append(OpSpec(st.op, Scope.KERNEL, operands, dict(st.extra), slots[st.dst]))
-        rw = [item[k] for k, tag in recipe.operands.items() if tag == "RW"]
-        return ops, rw, (slots[po.name] if po is not None else None)
 
-    def _scratch(self, recipe: Recipe, slot: str, shape) -> TensorHandle:
+    def _scratch(self, name: str, arena_key: tuple, shape: tuple) -> TensorHandle:
         """Recipe scratch: in the active scratch_scope, else a persistent arena slot reused
-        by every call with the same shape (ADR-0065 open item 2)."""
+        by every call with the same recipe, slot and shape (ADR-0065 open item 2)."""
         if self._scope_depth > 0:
-            return self.empty(shape, f"{recipe.name}.{slot}")
-        key = (recipe.name, slot, tuple(shape))
-        h = self._arena_slots.get(key)
+            return self._alloc(shape, name)
+        h = self._arena_slots.get(arena_key)
         if h is None:
-            h = self._arena_slots[key] = self.empty(shape, f"{recipe.name}.{slot}")
+            h = self._arena_slots[arena_key] = self._alloc(shape, name)
         return h
+
+    def _epilogue(self, item: dict, out: TensorHandle) -> tuple[OpSpec, bool]:
+        """:meth:`_epilogue_op` of a composite's epilogue entry (not modified), and whether
+        the op reads ``out`` (then ``out`` is an rw_handle).
+
+        Kernels pass the same entry every KV tile, so a validated result is reused when
+        every key and value of the entry and ``out`` are the very objects of an earlier call
+        (the cache holds them, so their ids cannot be reused): the inputs are then identical
+        (handles never change shape or space), and the OpSpec is frozen. Any other entry is
+        validated afresh."""
+        key = (out, *map(id, item), *map(id, item.values()))
+        hit = self._epilogue_cache.get(key)
+        if hit is not None:
+            return hit[0], hit[1]
+        e_op = self._epilogue_op(dict(item), out)
+        accumulates = any(h is out for h in e_op.operands.values())
+        if len(self._epilogue_cache) >= 64:
+            self._epilogue_cache.clear()
+        self._epilogue_cache[key] = (e_op, accumulates, tuple(item.items()))
+        return e_op, accumulates
 
     def _epilogue_op(self, item: dict, out: TensorHandle) -> OpSpec:
         """An epilogue entry as an OpSpec. K_TILE / OUTPUT_TILE ops act on the GEMM
@@ -344,6 +390,30 @@ class TL:
             slots = micro_ops.MICRO_OPS[kind].slots
             return OpSpec(kind, scope, dict(zip(slots, [out, *operands.values()])), item, out)
         return OpSpec(kind, scope, operands, item, None)
+
+
+class _RecipePlan:
+    """What expanding a recipe needs that does not change from call to call: its operand
+    names, the scratch slots (scratch, then primary_out) with their allocation names, and
+    each engine_seq step as ``(kind, ((operand key, slot name), ...), extra, dst slot)``
+    (a GEMM step's slots renamed ``a``, ``b``). ``scratch`` caches, per tuple of operand
+    shapes, each scratch slot's ``(slot, name, arena key, shape)``."""
+
+    __slots__ = ("recipe", "operands", "item_keys", "rw", "scratch_slots", "steps", "n_gemm", "scratch")
+
+    def __init__(self, recipe: Recipe):
+        self.recipe = recipe
+        self.operands = tuple(recipe.operands)
+        self.item_keys = {"op", *recipe.operands}
+        self.rw = tuple(k for k, tag in recipe.operands.items() if tag == "RW")
+        po = recipe.primary_out
+        self.scratch_slots = tuple((s, f"{recipe.name}.{s}")
+                                   for s in (*recipe.scratch, *([po.name] if po is not None else [])))
+        self.steps = tuple((st.op, tuple(zip(("a", "b"), st.slots.values()) if st.op == "gemm"
+                                         else st.slots.items()), st.extra, st.dst)
+                           for st in recipe.steps)
+        self.n_gemm = sum(st.op == "gemm" for st in recipe.steps)
+        self.scratch: dict = {}
 
 
 class _ScratchScope:
