@@ -66,6 +66,26 @@ class OpSpec:
         d["logical_bytes"] = (1 + 1 + 1 + 8 * len(operands) + (8 if out is not None else 0)
                               + 1 + 4 * len(extra))
 
+    @cached_attr
+    def shape_sig(self) -> tuple:
+        """``(kind, scope, operand names, (space, shape, bytes) per operand, out's or None)``:
+        all of the op a timing-only stage plan depends on (kbframe.hw.tiling.plan_key).
+        Computed once: an OpSpec and its handles' sizes never change, and the tl layer
+        reuses OpSpecs that repeat every KV tile."""
+        out = self.out
+        return (self.kind, self.scope, tuple(self.operands),
+                tuple([(h.space, h.shape, h.nbytes) for h in self.operands.values()]),
+                None if out is None else (out.space, out.shape, out.nbytes))
+
+
+    @cached_attr
+    def byte_ranges(self) -> tuple:
+        """``(reads, write)``: ``(space, lo, hi)`` of each operand, and of ``out`` or None,
+        what PE_SCHEDULER's hazard check compares (DDD-0065 §8). Computed once per op."""
+        out = self.out
+        return (tuple([(h.space, *h.byte_range) for h in self.operands.values()]),
+                None if out is None else (out.space, *out.byte_range))
+
 
 @dataclass(frozen=True, eq=False)
 class CompositeCmd:
@@ -128,14 +148,15 @@ def command_kind(cmd) -> str:
     return "composite" if isinstance(cmd, CompositeCmd) else cmd.op.kind
 
 
-def reads_and_writes(cmd) -> tuple[list, list]:
-    """Handles a command reads and writes, for the hazard tracker (DDD-0065 §8).
-
-    Reads are every op operand; writes every op ``out`` plus ``rw_handles``.
-    """
-    reads, writes = [], list(cmd.rw_handles)
+def hazard_ranges(cmd) -> tuple[list, list]:
+    """Byte ranges ``[(space, lo, hi)]`` a command reads and writes, for the hazard
+    tracker (DDD-0065 §8): reads are every op operand; writes every op ``out`` plus
+    ``rw_handles``. Each range once (a composite names the same state handles in many
+    ops), in first-seen order, writes starting with ``rw_handles``."""
+    reads, writes = [], [(h.space, *h.byte_range) for h in cmd.rw_handles]
     for op in cmd.ops:
-        reads.extend(op.operands.values())
-        if op.out is not None:
-            writes.append(op.out)
-    return reads, writes
+        r, w = op.byte_ranges
+        reads += r
+        if w is not None:
+            writes.append(w)
+    return list(dict.fromkeys(reads)), list(dict.fromkeys(writes))

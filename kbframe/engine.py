@@ -3,6 +3,7 @@ SimPy simulation, and reports time. Nothing here assumes one PE or knows any ker
 """
 from __future__ import annotations
 
+import gc
 import time
 
 import simpy
@@ -107,8 +108,14 @@ class Engine:
         for i, prog in programs.items():
             self.pes[i].cpu.start(prog)
         t0 = time.perf_counter()
-        self.env.run()
-        self.wall_s = time.perf_counter() - t0
+        # Everything alive now (modules, config, inputs) outlives the run: frozen, the
+        # collector's full passes skip it instead of rescanning it as the run grows.
+        gc.freeze()
+        try:
+            self.env.run()
+        finally:
+            gc.unfreeze()
+            self.wall_s = time.perf_counter() - t0
         for i in programs:
             pe = self.pes[i]
             if not pe.cpu.finished:

@@ -40,6 +40,8 @@ class TL:
         self._arena_slots: dict = {}
         self._plans: dict = {}  # recipe name -> _RecipePlan
         self._epilogue_cache: dict = {}  # see _epilogue
+        self._scope_scratch: dict = {}  # (arena key, address) -> handle; see _scratch
+        self._prologue_ops: dict = {}  # (recipe plan, bound handles) -> ops; see _expand_recipe
 
     # ---- handles -------------------------------------------------------------------
     def ref(self, name: str) -> TensorHandle:
@@ -55,7 +57,10 @@ class TL:
 
     def _alloc(self, shape: tuple, name: str) -> TensorHandle:
         """:meth:`empty` for a shape that is already a tuple of ints."""
-        addr = self.pe.tcm.alloc(_nbytes(shape, self.dtype), name)
+        return self._handle(shape, name, self.pe.tcm.alloc(_nbytes(shape, self.dtype), name))
+
+    def _handle(self, shape: tuple, name: str, addr: int) -> TensorHandle:
+        """A new TCM handle for an allocation at ``addr``, with its storage in data mode."""
         h = TensorHandle(name, shape, self.dtype, "tcm", addr, f"tcm{self.pe.index}.{next(_buf_ids)}", shape)
         self.pe.numerics.allocate(h)
         return h
@@ -301,8 +306,17 @@ class TL:
         slots = dict(zip(plan.operands, handles))
         for slot, label, arena_key, shape in scratch:
             slots[slot] = self._scratch(label, arena_key, shape)
-        ops = [OpSpec(kind, Scope.KERNEL, {k: slots[v] for k, v in operands}, dict(extra), slots[dst])
-               for kind, operands, extra, dst in plan.steps]
+        # the same recipe on the very same handles (state, scratch, the S buffers) repeats
+        # every few tiles; OpSpecs are frozen, so those ops are built once (the key holds
+        # the handles, which hash by identity)
+        key = (plan, *slots.values())
+        ops = self._prologue_ops.get(key)
+        if ops is None:
+            ops = [OpSpec(kind, Scope.KERNEL, {k: slots[v] for k, v in operands}, dict(extra), slots[dst])
+                   for kind, operands, extra, dst in plan.steps]
+            if len(self._prologue_ops) >= 256:
+                self._prologue_ops.clear()
+            self._prologue_ops[key] = ops
         po = recipe.primary_out
         return ops, [slots[k] for k in plan.rw], (slots[po.name] if po is not None else None), plan.n_gemm
 
@@ -327,7 +341,18 @@ class TL:
         """Recipe scratch: in the active scratch_scope, else a persistent arena slot reused
         by every call with the same recipe, slot and shape (ADR-0065 open item 2)."""
         if self._scope_depth > 0:
-            return self._alloc(shape, name)
+            # A scope's scratch lands at the same address every KV tile; the handle of a
+            # (slot, shape, address) is reused, and with it the prologue ops naming it
+            # (_expand_recipe). Reuse cannot change a number: the recipe check makes every
+            # scratch slot written before it is read, and hazards compare addresses.
+            addr = self.pe.tcm.alloc(_nbytes(shape, self.dtype), name)
+            key = (arena_key, addr)
+            h = self._scope_scratch.get(key)
+            if h is None:
+                if len(self._scope_scratch) >= 1024:
+                    self._scope_scratch.clear()
+                h = self._scope_scratch[key] = self._handle(shape, name, addr)
+            return h
         h = self._arena_slots.get(arena_key)
         if h is None:
             h = self._arena_slots[arena_key] = self._alloc(shape, name)

@@ -2,7 +2,7 @@
 import dataclasses
 
 
-from kbframe.commands import CompositeCmd, OpSpec, PrimitiveCmd, Scope, command_kind, reads_and_writes
+from kbframe.commands import CompositeCmd, OpSpec, PrimitiveCmd, Scope, command_kind, hazard_ranges
 from kbframe.handles import Completion, TensorHandle
 
 
@@ -75,10 +75,12 @@ def test_composite_has_no_head_or_epilogue_fields():
     assert [s.name for s in Scope] == ["KERNEL", "K_TILE", "OUTPUT_TILE"]
 
 
-def test_reads_and_writes_cover_operands_outs_and_rw_handles():
+def test_hazard_ranges_cover_operands_outs_and_rw_handles():
+    """Reads: every operand; writes: rw_handles, then every op out; each range once."""
     op1 = OpSpec("copy", Scope.KERNEL, {"src": A}, {}, B)
     op2 = OpSpec("add", Scope.OUTPUT_TILE, {"other": O})
-    c = CompositeCmd(Completion(1, "c"), (op1, op2), (M,))
-    reads, writes = reads_and_writes(c)
-    assert reads == [A, O]
-    assert writes == [M, B]
+    op3 = OpSpec("add", Scope.OUTPUT_TILE, {"other": O, "again": A}, {}, B)
+    c = CompositeCmd(Completion(1, "c"), (op1, op2, op3), (M,))
+    reads, writes = hazard_ranges(c)
+    assert reads == [(h.space, *h.byte_range) for h in (A, O)]
+    assert writes == [(h.space, *h.byte_range) for h in (M, B)]

@@ -266,6 +266,35 @@ def test_recipe_scratch_outside_scope_reuses_arena_slots(tmp_path):
     assert a.ops[3].out is b.ops[3].out  # the same P slot both times
 
 
+def test_scope_scratch_at_the_same_address_is_reused_with_its_ops(tmp_path):
+    """Per-tile scopes: the recipe's scratch lands at the same TCM address every time, so
+    its handles and the prologue OpSpecs naming them are reused (tl._scratch); each scope
+    still allocates (and frees) its scratch in the TCM record. A scratch slot that lands
+    elsewhere (an extra buffer allocated first) gets a new handle and new ops."""
+    def kern(tl):
+        s, m, l, O = _state(tl)
+        for shift in (False, False, True):
+            with tl.scratch_scope():
+                if shift:
+                    tl.empty((G, 1), "extra")
+                tl.composite(prologue=[{"op": "softmax_merge", "s": s, "m": m, "l": l, "O": O}], op="gemm",
+                             b=tl.ref("v"), out=O, epilogue=[{"op": "add", "other": O}])
+
+    cmds, sim = emit(kern, tmp_path, TENSORS)
+    a, b, c = cmds[-3:]
+    assert [op.kind for op in a.ops[:8]] == MERGE_KINDS
+    assert a.ops[:8] == b.ops[:8] and all(x is y for x, y in zip(a.ops[:8], b.ops[:8]))
+    assert a.ops[3].out is b.ops[3].out  # P
+    assert a.ops[3].out is not c.ops[3].out and a.ops[3].out.addr + 64 == c.ops[3].out.addr
+    assert not any(x is y for x, y in zip(a.ops[:8], c.ops[:8]))
+    assert a.ops[8] is not b.ops[8]  # the GEMM op is built per call
+    # 5 scratch allocations (m_loc, m_new, corr, l_loc, P) per scope, 1 extra in the third
+    names = [r[0] for r in sim.pe.tcm.allocations]
+    assert names[4:] == ["softmax_merge.m_loc", "softmax_merge.m_new", "softmax_merge.corr",
+                         "softmax_merge.l_loc", "softmax_merge.P"] * 2 + ["extra", "softmax_merge.m_loc",
+                         "softmax_merge.m_new", "softmax_merge.corr", "softmax_merge.l_loc", "softmax_merge.P"]
+
+
 @pytest.mark.parametrize("other_shape, msg", [
     ((3, 3), "epilogue 'add': shapes (8, 64) and (3, 3) do not broadcast (out <tcm:composite_out (8, 64)>)"),
     ((8, 64, 2), "epilogue 'add': shapes (8, 64) and (8, 64, 2) do not broadcast (out <tcm:composite_out (8, 64)>)"),

@@ -13,16 +13,10 @@ from __future__ import annotations
 
 from collections import deque
 
-from ..commands import reads_and_writes
+from ..commands import hazard_ranges
 from .params import at_least_one
 from . import tiling
 from .tiling import plan_stages
-
-
-def _ranges(handles) -> list:
-    """``[(space, lo, hi)]`` of ``handles``, each handle once (a composite names the same
-    state handles in many ops), in first-seen order."""
-    return [(h.space,) + h.byte_range for h in dict.fromkeys(handles)]
 
 
 def _overlap(xs, ys) -> bool:
@@ -94,8 +88,7 @@ class PeScheduler:
             if head is not None and head[0] is cmd:
                 _, reads, writes = head
             else:
-                r, w = reads_and_writes(cmd)
-                reads, writes = _ranges(r), _ranges(w)
+                reads, writes = hazard_ranges(cmd)
             blocker = self._blocker(reads, writes)
             if blocker is not None:
                 self.blocked_on = (cmd, blocker)

@@ -178,10 +178,7 @@ def plan_key(cmd) -> tuple:
     """Everything of ``cmd`` a timing-only plan depends on: per op its kind, scope, operand
     names and, per operand and output, space, shape and bytes (addresses and numbers do
     not change a plan's stages, sizes or edges)."""
-    return tuple((op.kind, op.scope, tuple(op.operands),
-                  tuple([(h.space, h.shape, h.nbytes) for h in op.operands.values()]),
-                  None if op.out is None else (op.out.space, op.out.shape, op.out.nbytes))
-                 for op in cmd.ops)
+    return tuple([op.shape_sig for op in cmd.ops])
 
 
 class PlanCache:
