@@ -65,8 +65,9 @@ def _exp_diff(a, b):
 
 
 MICRO_OPS: dict[str, MicroOp] = {
-    "rmax": MicroOp(("src",), lambda x: np.max(x, axis=-1, keepdims=True), _reduce),
-    "rsum": MicroOp(("src",), lambda x: np.sum(x, axis=-1, keepdims=True), _reduce),
+    # the ndarray methods: the same reductions as np.max / np.sum, without their wrapper
+    "rmax": MicroOp(("src",), lambda x: x.max(axis=-1, keepdims=True), _reduce),
+    "rsum": MicroOp(("src",), lambda x: x.sum(axis=-1, keepdims=True), _reduce),
     "max_elem": MicroOp(("src_a", "src_b"), np.maximum, _bcast),
     "exp_diff": MicroOp(("src_a", "src_b"), _exp_diff, _bcast),
     "mul_bcast": MicroOp(("src_a", "src_b"), np.multiply, _bcast),
