@@ -269,8 +269,9 @@ def run_bench(cfg, out_dir: Path) -> dict:
         os.replace(oplog_path, out_dir / "op_log.jsonl")
         if trace:
             os.replace(trace_tmp, out_dir / "trace.json")
-        else:  # a previous run's timeline would not belong to this run
+        else:  # a previous run's timeline (or a failed run's staged one) is not this run's
             (out_dir / "trace.json").unlink(missing_ok=True)
+            trace_tmp.unlink(missing_ok=True)
         if tensors is not None:
             os.replace(tmp, out_dir / "tensors.npz")
         else:  # a previous data-mode run's numbers would not belong to this run

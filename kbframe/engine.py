@@ -109,12 +109,16 @@ class Engine:
             self.pes[i].cpu.start(prog)
         t0 = time.perf_counter()
         # Everything alive now (modules, config, inputs) outlives the run: frozen, the
-        # collector's full passes skip it instead of rescanning it as the run grows.
-        gc.freeze()
+        # collector's full passes skip it instead of rescanning it as the run grows. A
+        # program embedding kbframe that froze objects itself keeps its own state.
+        freeze = gc.get_freeze_count() == 0
+        if freeze:
+            gc.freeze()
         try:
             self.env.run()
         finally:
-            gc.unfreeze()
+            if freeze:
+                gc.unfreeze()
             self.wall_s = time.perf_counter() - t0
         for i in programs:
             pe = self.pes[i]

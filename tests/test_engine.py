@@ -5,6 +5,7 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from kbframe.engine import Engine
@@ -137,3 +138,35 @@ def test_op_log_time_text_is_the_ns_float(tmp_path, times):
     assert rec.get("t_data_ns") == (t_data / 1000 if t_data >= 0 else None)
     assert lines[1] == ('{"pe": 0, "unit": "dma_read", "op_kind": "dma_read", "cmd": 8, "tile": -1, '
                         '"t_start_ns": 0.0, "t_end_ns": 0.001, "bytes": 64}')
+
+
+def test_op_log_batch_mixing_integer_float_and_negative_times(tmp_path):
+    """Every record of one batch gets its own text: a float end or data time that is not
+    the batch's latest, and a negative start, are printed as ps / 1000 like the rest."""
+    rows = [(0, 2000, -1), (1500.0, 1700, -1), (0, 3000, 2500.5), (-1500, 4000, -1), (4000, 5000, 4500)]
+    log = OpLog(tmp_path / "op_log.jsonl", batch=len(rows))
+    entry = log._entry(0, "dma_read")
+    for i, (t0, t1, t_data) in enumerate(rows):
+        log._record(0, "dma_read", entry, "dma_read", i, -1, t0, t1, 64, t_data)
+    log.close()
+    lines = (tmp_path / "op_log.jsonl").read_text().splitlines()
+    assert [json.loads(line)["t_start_ns"] for line in lines] == [0.0, 1.5, 0.0, -1.5, 4.0]
+    assert [json.loads(line).get("t_data_ns") for line in lines] == [None, None, 2.5005, None, 4.5]
+    assert lines[3].endswith('"t_start_ns": -1.5, "t_end_ns": 4.0, "bytes": 64}')
+
+
+def test_run_leaves_the_collector_as_it_found_it(tmp_path):
+    """gc.freeze during the simulation only: nothing frozen after a run, and a caller's
+    own frozen objects stay frozen."""
+    import gc
+    sim = Sim(tmp_path, {"k": np.ones((64, 128))}, data=False)
+    seen = []
+    sim.run(lambda tl: seen.append(gc.get_freeze_count()) or tl.load(tl.ref("k")))
+    assert seen[0] > 0 and gc.get_freeze_count() == 0
+    gc.freeze()
+    try:
+        (tmp_path / "b").mkdir()
+        Sim(tmp_path / "b", {"k": np.ones((64, 128))}, data=False).run(lambda tl: tl.load(tl.ref("k")))
+        assert gc.get_freeze_count() > 0  # not unfrozen by the run (objects freed meanwhile leave it)
+    finally:
+        gc.unfreeze()

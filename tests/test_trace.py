@@ -214,6 +214,7 @@ def test_run_trace_false_writes_none_and_removes_an_earlier_one(tmp_path):
     ``python -m kbframe.trace RUN_DIR`` builds the same trace later."""
     run(tmp_path, *SMALL)
     earlier = (tmp_path / "trace.json").read_bytes()
+    (tmp_path / "trace.json.partial").write_text("a failed run's staged trace")
     m = run(tmp_path, *SMALL, "run.trace=false")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.json", "op_log.jsonl", "tensors.npz"]
     assert m["files"] == ["metrics.json", "op_log.jsonl", "tensors.npz"]
