@@ -77,7 +77,6 @@ class OpSpec:
                 tuple([(h.space, h.shape, h.nbytes) for h in self.operands.values()]),
                 None if out is None else (out.space, out.shape, out.nbytes))
 
-
     @cached_attr
     def byte_ranges(self) -> tuple:
         """``(reads, write)``: ``(space, lo, hi)`` of each operand, and of ``out`` or None,

@@ -15,8 +15,7 @@ from collections import deque
 
 from ..commands import hazard_ranges
 from .params import at_least_one
-from . import tiling
-from .tiling import plan_stages
+from .tiling import PlanCache, plan_stages
 
 
 def _overlap(xs, ys) -> bool:
@@ -62,7 +61,7 @@ class PeScheduler:
         self.pe = pe
         self.env = pe.env
         # timing-only: one plan per command shape; data mode: effects are per command
-        self._plans = None if pe.numerics.enabled else tiling.PlanCache(plan_stages)
+        self._plans = None if pe.numerics.enabled else PlanCache(plan_stages)
         for unit in pe.stage_units.values():
             unit.bind(pe, unit.name or "", self._stage_done)
 
