@@ -23,6 +23,13 @@ class ValidationError(KbframeError):
     """A command violates an emit-time invariant (ADR-0065 D6); names the op and the limit."""
 
 
+def need(cond: bool, msg: str) -> None:
+    """Raise ValidationError(msg) unless ``cond`` (for constant messages: an f-string
+    argument would be formatted on every call, also when nothing is wrong)."""
+    if not cond:
+        raise ValidationError(msg)
+
+
 class RecipeError(KbframeError):
     """A recipe descriptor is invalid; names the recipe file and the step."""
 

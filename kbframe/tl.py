@@ -1,6 +1,7 @@
 """The tl programming model: what a kernel (a plain Python function, Triton-like, no
 ``yield``) calls to emit commands on its PE. The compiler analog (DESIGN.md layers): it
-builds commands, lowers recipes into flat OpSpecs and validates them at emit.
+builds commands, lowers recipes into flat OpSpecs (:mod:`kbframe.lowering`) and validates
+them at emit.
 
 Results are :class:`~kbframe.handles.TensorHandle` objects whose ``pending`` completion
 is the producing command (ADR-0062 lazy pattern). Kernels never wait for a value unless
@@ -14,10 +15,9 @@ from greenlet import getcurrent
 
 from . import micro_ops
 from .commands import CompositeCmd, OpSpec, PrimitiveCmd, Scope
-from .errors import ValidationError
+from .errors import ValidationError, need
 from .handles import Completion, TensorHandle, itemsize
-from .recipe import Recipe, infer_shapes
-from .errors import RecipeError
+from .lowering import Lowering
 
 
 class TL:
@@ -38,10 +38,8 @@ class TL:
         self._ids = itertools.count(1)
         self._scope_depth = 0
         self._arena_slots: dict = {}
-        self._plans: dict = {}  # recipe name -> _RecipePlan
-        self._epilogue_cache: dict = {}  # see _epilogue
         self._scope_scratch: dict = {}  # (arena key, address) -> handle; see _scratch
-        self._prologue_ops: dict = {}  # (recipe plan, bound handles) -> ops; see _expand_recipe
+        self._lower = Lowering(self.recipes, self._scratch)
 
     # ---- handles -------------------------------------------------------------------
     def ref(self, name: str) -> TensorHandle:
@@ -221,7 +219,7 @@ class TL:
         primary = None
         n_gemm = 0
         for item in prologue:
-            p_ops, p_rw, p_out, p_gemm = self._expand_recipe(item if type(item) is dict else dict(item))
+            p_ops, p_rw, p_out, p_gemm = self._lower.expand_recipe(item if type(item) is dict else dict(item))
             ops += p_ops
             rw += p_rw
             n_gemm += p_gemm
@@ -234,7 +232,7 @@ class TL:
                     f"auto-bind conflict: prologue recipe declares primary_out '{primary.name}', "
                     f"which binds to the GEMM's a, but a={a} was also given (ADR-0065 D6.6)")
             a = a if a is not None else primary
-            _need(a is not None and b is not None, "tl.composite: op='gemm' needs a and b (or a primary_out)")
+            need(a is not None and b is not None, "tl.composite: op='gemm' needs a and b (or a primary_out)")
             M, K = a.shape
             if b.shape[0] != K:
                 raise ValidationError(f"tl.composite: GEMM inner dimensions differ: {a} @ {b}")
@@ -248,13 +246,13 @@ class TL:
             ops.append(OpSpec("gemm", Scope.KERNEL, {"a": a, "b": b}, {"m": M, "k": K, "n": N}, out))
             n_gemm += 1
             for item in epilogue:
-                e_op, accumulates = self._epilogue(item if type(item) is dict else dict(item), out)
+                e_op, accumulates = self._lower.epilogue(item if type(item) is dict else dict(item), out)
                 ops.append(e_op)
                 if accumulates:
                     rw.append(out)  # accumulate into out (DDD-0065 §6 step 7)
         elif op is None:
-            _need(not epilogue, "tl.composite: an epilogue needs a GEMM (op='gemm')")
-            _need(bool(prologue), "tl.composite: nothing to do (no op, no prologue)")
+            need(not epilogue, "tl.composite: an epilogue needs a GEMM (op='gemm')")
+            need(bool(prologue), "tl.composite: nothing to do (no op, no prologue)")
         else:
             raise ValidationError(f"tl.composite: op must be 'gemm' or None, got '{op}'")
         if n_gemm > 1:  # epilogue kinds are never "gemm": prologue GEMMs plus the head one
@@ -274,77 +272,15 @@ class TL:
             out.pending = done
         return out if op == "gemm" else primary
 
-    def _expand_recipe(self, item: dict):
-        """A prologue entry ``{"op": recipe, <operand>: handle, ...}`` (not modified) as
-        ``(ops, RW operand handles, primary_out handle or None, number of GEMM ops)``.
-
-        The checks are one key-set comparison and a type/space test per handle (the recipe's
-        names and shapes are resolved once, in its :class:`_RecipePlan`); only a failing
-        entry goes through :meth:`_recipe_item_error` for the message."""
-        name = item.get("op")
-        recipe: Recipe | None = self.recipes.get(name)
-        plan = self._plans.get(name)
-        if plan is None or plan.recipe is not recipe:
-            if recipe is None:
-                raise ValidationError(f"unknown recipe '{name}' "
-                                      f"(known: {', '.join(sorted(self.recipes)) or 'none'})")
-            plan = self._plans[name] = _RecipePlan(recipe)
-        handles = [item.get(k) for k in plan.operands]
-        if item.keys() != plan.item_keys or not all(
-                [isinstance(h, TensorHandle) and h.space == "tcm" for h in handles]):
-            self._recipe_item_error(name, recipe, item)
-        shape_key = tuple([tuple(h.shape) for h in handles])
-        scratch = plan.scratch.get(shape_key)
-        if scratch is None:  # the same recipe on the same shapes every KV tile: infer once
-            try:
-                shapes = infer_shapes(recipe, dict(zip(plan.operands, [h.shape for h in handles])))
-            except RecipeError as e:
-                raise ValidationError(str(e)) from None
-            scratch = plan.scratch[shape_key] = tuple(
-                (slot, label, (recipe.name, slot, tuple(shapes[slot])), tuple(map(int, shapes[slot])))
-                for slot, label in plan.scratch_slots)
-        slots = dict(zip(plan.operands, handles))
-        for slot, label, arena_key, shape in scratch:
-            slots[slot] = self._scratch(label, arena_key, shape)
-        # the same recipe on the very same handles (state, scratch, the S buffers) repeats
-        # every few tiles; OpSpecs are frozen, so those ops are built once (the key holds
-        # the handles, which hash by identity)
-        key = (plan, *slots.values())
-        ops = self._prologue_ops.get(key)
-        if ops is None:
-            ops = [OpSpec(kind, Scope.KERNEL, {k: slots[v] for k, v in operands}, dict(extra), slots[dst])
-                   for kind, operands, extra, dst in plan.steps]
-            if len(self._prologue_ops) >= 256:
-                self._prologue_ops.clear()
-            self._prologue_ops[key] = ops
-        po = recipe.primary_out
-        return ops, [slots[k] for k in plan.rw], (slots[po.name] if po is not None else None), plan.n_gemm
-
-    @staticmethod
-    def _recipe_item_error(name: str, recipe: Recipe, item: dict) -> None:
-        """Raise the ValidationError for a prologue entry that failed the quick checks."""
-        item = {k: v for k, v in item.items() if k != "op"}
-        if item.keys() != recipe.operands.keys():
-            missing = [k for k in recipe.operands if k not in item]
-            if missing:
-                raise ValidationError(f"recipe '{name}': missing operand(s) {missing}")
-            extra = [k for k in item if k not in recipe.operands]
-            raise ValidationError(f"recipe '{name}': unknown operand(s) {extra} (takes {list(recipe.operands)})")
-        for k, h in item.items():
-            if not isinstance(h, TensorHandle):
-                raise ValidationError(f"recipe '{name}': operand '{k}' must be a handle, got {type(h).__name__}")
-            if h.space != "tcm":
-                raise ValidationError(f"MATH operand must be TCM: recipe '{name}' operand '{k}' is {h} "
-                                      f"(ADR-0065 D6.7; tl.load it first)")
-
     def _scratch(self, name: str, arena_key: tuple, shape: tuple) -> TensorHandle:
         """Recipe scratch: in the active scratch_scope, else a persistent arena slot reused
         by every call with the same recipe, slot and shape (ADR-0065 open item 2)."""
         if self._scope_depth > 0:
             # A scope's scratch lands at the same address every KV tile; the handle of a
             # (slot, shape, address) is reused, and with it the prologue ops naming it
-            # (_expand_recipe). Reuse cannot change a number: the recipe check makes every
-            # scratch slot written before it is read, and hazards compare addresses.
+            # (Lowering.expand_recipe). Reuse cannot change a number: the recipe check
+            # makes every scratch slot written before it is read, and hazards compare
+            # addresses.
             addr = self.pe.tcm.alloc(_nbytes(shape, self.dtype), name)
             key = (arena_key, addr)
             h = self._scope_scratch.get(key)
@@ -357,88 +293,6 @@ class TL:
         if h is None:
             h = self._arena_slots[arena_key] = self._alloc(shape, name)
         return h
-
-    def _epilogue(self, item: dict, out: TensorHandle) -> tuple[OpSpec, bool]:
-        """:meth:`_epilogue_op` of a composite's epilogue entry (not modified), and whether
-        the op reads ``out`` (then ``out`` is an rw_handle).
-
-        Kernels pass the same entry every KV tile, so a validated result is reused when
-        every key and value of the entry and ``out`` are the very objects of an earlier call
-        (the cache holds them, so their ids cannot be reused): the inputs are then identical
-        (handles never change shape or space), and the OpSpec is frozen. Any other entry is
-        validated afresh."""
-        key = (out, *map(id, item), *map(id, item.values()))
-        hit = self._epilogue_cache.get(key)
-        if hit is not None:
-            return hit[0], hit[1]
-        e_op = self._epilogue_op(dict(item), out)
-        accumulates = any(h is out for h in e_op.operands.values())
-        if len(self._epilogue_cache) >= 64:
-            self._epilogue_cache.clear()
-        self._epilogue_cache[key] = (e_op, accumulates, tuple(item.items()))
-        return e_op, accumulates
-
-    def _epilogue_op(self, item: dict, out: TensorHandle) -> OpSpec:
-        """An epilogue entry as an OpSpec. K_TILE / OUTPUT_TILE ops act on the GEMM
-        accumulator (``out=None``); a KERNEL-scope op runs once after the tile loop, so it
-        is lowered to a MATH op on ``out`` itself (first slot ``out``, written in place)."""
-        kind = item.pop("op", None)
-        scope_name = item.pop("scope", "output_tile")
-        try:
-            scope = Scope(scope_name)
-        except ValueError:
-            raise ValidationError(f"epilogue '{kind}': scope must be one of "
-                                  f"{[s.value for s in Scope]}, got '{scope_name}'") from None
-        if kind not in micro_ops.EPILOGUE_OPERANDS:
-            raise ValidationError(f"unknown epilogue op '{kind}' "
-                                  f"(known: {', '.join(sorted(micro_ops.EPILOGUE_OPERANDS))})")
-        names = micro_ops.EPILOGUE_OPERANDS[kind]
-        missing = [n for n in names if n not in item]
-        if missing:
-            raise ValidationError(f"epilogue '{kind}': missing operand(s) {missing}")
-        operands = {n: item.pop(n) for n in names}
-        for n in micro_ops.MICRO_OPS[kind].extras:
-            if n not in item:
-                raise ValidationError(f"epilogue '{kind}': missing scalar '{n}'")
-        for n, h in operands.items():
-            _need(isinstance(h, TensorHandle), f"epilogue '{kind}': operand '{n}' must be a handle, "
-                                               f"got {type(h).__name__}")
-        try:
-            shape = micro_ops.MICRO_OPS[kind].shape(out.shape, *[h.shape for h in operands.values()])
-        except ValueError as e:
-            raise ValidationError(f"epilogue '{kind}': {e} (out {out})") from None
-        if tuple(shape) != tuple(out.shape):
-            raise ValidationError(f"epilogue '{kind}': result shape {tuple(shape)} differs from out {out}")
-        if scope is Scope.KERNEL:
-            _need(out.space == "tcm", f"epilogue '{kind}' with scope kernel runs on out after the tile "
-                                      f"loop; MATH output must be TCM, got {out}")
-            slots = micro_ops.MICRO_OPS[kind].slots
-            return OpSpec(kind, scope, dict(zip(slots, [out, *operands.values()])), item, out)
-        return OpSpec(kind, scope, operands, item, None)
-
-
-class _RecipePlan:
-    """What expanding a recipe needs that does not change from call to call: its operand
-    names, the scratch slots (scratch, then primary_out) with their allocation names, and
-    each engine_seq step as ``(kind, ((operand key, slot name), ...), extra, dst slot)``
-    (a GEMM step's slots renamed ``a``, ``b``). ``scratch`` caches, per tuple of operand
-    shapes, each scratch slot's ``(slot, name, arena key, shape)``."""
-
-    __slots__ = ("recipe", "operands", "item_keys", "rw", "scratch_slots", "steps", "n_gemm", "scratch")
-
-    def __init__(self, recipe: Recipe):
-        self.recipe = recipe
-        self.operands = tuple(recipe.operands)
-        self.item_keys = {"op", *recipe.operands}
-        self.rw = tuple(k for k, tag in recipe.operands.items() if tag == "RW")
-        po = recipe.primary_out
-        self.scratch_slots = tuple((s, f"{recipe.name}.{s}")
-                                   for s in (*recipe.scratch, *([po.name] if po is not None else [])))
-        self.steps = tuple((st.op, tuple(zip(("a", "b"), st.slots.values()) if st.op == "gemm"
-                                         else st.slots.items()), st.extra, st.dst)
-                           for st in recipe.steps)
-        self.n_gemm = sum(st.op == "gemm" for st in recipe.steps)
-        self.scratch: dict = {}
 
 
 class _ScratchScope:
@@ -467,13 +321,6 @@ def _nbytes(shape, dtype) -> int:
     for s in shape:
         n *= s
     return n * itemsize(dtype)
-
-
-def _need(cond: bool, msg: str) -> None:
-    """Raise ValidationError(msg) unless ``cond`` (for constant messages: an f-string
-    argument would be formatted on every call, also when nothing is wrong)."""
-    if not cond:
-        raise ValidationError(msg)
 
 
 def _same_shape(what: str, x: TensorHandle, y: TensorHandle) -> None:
