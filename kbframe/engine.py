@@ -3,6 +3,7 @@ SimPy simulation, and reports time. Nothing here assumes one PE or knows any ker
 """
 from __future__ import annotations
 
+import copy
 import gc
 import time
 
@@ -79,7 +80,11 @@ class Engine:
         self.env = simpy.Environment()
         self.numerics = numerics
         self.oplog = oplog
-        self.pes = [PE(self.env, i, build_units(hw), numerics, oplog) for i in range(int(hw.n_pes))]
+        # one instantiate per unit (hydra's is slow: tens of ms per PE); the other PEs get
+        # copies, made before any PE binds its units
+        units = build_units(hw)
+        per_pe = [units] + [copy.deepcopy(units) for _ in range(int(hw.n_pes) - 1)]
+        self.pes = [PE(self.env, i, u, numerics, oplog) for i, u in enumerate(per_pe)]
         self.hbm: dict[str, TensorHandle] = {}
         self._hbm_top = 0
         self.wall_s = 0.0

@@ -170,3 +170,15 @@ def test_run_leaves_the_collector_as_it_found_it(tmp_path):
         assert gc.get_freeze_count() > 0  # not unfrozen by the run (objects freed meanwhile leave it)
     finally:
         gc.unfreeze()
+
+
+def test_pes_get_copies_of_one_instantiation_sharing_no_state():
+    """Units are instantiated once and copied per PE: equal parameters, no shared objects."""
+    cfg = compose_cfg("hardware.n_pes=3", "hardware.units.dma_read.max_outstanding=2", bench=None)
+    eng = Engine(cfg.hardware, Numerics(), OpLog(None))
+    reads = [pe.stage_units["dma_read"] for pe in eng.pes]
+    assert [(u.max_outstanding, u.setup_ps, u.bandwidth_gbps) for u in reads] == [(2, 77_000, 204.8)] * 3
+    assert len({id(u) for u in reads}) == 3 and len({id(u._ends) for u in reads}) == 3
+    assert len({id(u._transfer_cache) for u in reads}) == 3
+    assert [u.pe for u in reads] == eng.pes and [pe.tcm.pe_index for pe in eng.pes] == [0, 1, 2]
+    assert len({id(pe.scheduler.queue) for pe in eng.pes}) == 3
