@@ -113,17 +113,15 @@ class Engine:
         for i, prog in programs.items():
             self.pes[i].cpu.start(prog)
         t0 = time.perf_counter()
-        # Everything alive now (modules, config, inputs) outlives the run: frozen, the
-        # collector's full passes skip it instead of rescanning it as the run grows. A
-        # program embedding kbframe that froze objects itself keeps its own state.
-        freeze = gc.get_freeze_count() == 0
-        if freeze:
-            gc.freeze()
+        # No full collections during the run: they rescan everything alive (the setup, and
+        # with run.check every stage kept for the sanitizer), ever more as the run grows,
+        # and find next to nothing; young cyclic garbage is still collected.
+        thresholds = gc.get_threshold()
+        gc.set_threshold(thresholds[0], thresholds[1], 1 << 30)
         try:
             self.env.run()
         finally:
-            if freeze:
-                gc.unfreeze()
+            gc.set_threshold(*thresholds)
             self.wall_s = time.perf_counter() - t0
         for i in programs:
             pe = self.pes[i]
