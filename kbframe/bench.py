@@ -136,11 +136,13 @@ def make_inputs(b) -> dict:
     scale = b.scale if b.scale is not None else 1.0 / math.sqrt(b.d)
     q = (rng.standard_normal((b.G, b.d)) * (b.inputs.peak / (scale * math.sqrt(b.d)))).astype(np.float32)
 
+    chunk = np.empty((min(b.S_kv, _CHUNK_ROWS), b.d))  # drawn into (the same values, no new array per chunk)
+
     def normal_f32(rows):
         out = np.empty((rows, b.d), np.float32)
         for r0 in range(0, rows, _CHUNK_ROWS):
             r1 = min(rows, r0 + _CHUNK_ROWS)
-            out[r0:r1] = rng.standard_normal((r1 - r0, b.d))
+            out[r0:r1] = rng.standard_normal(out=chunk[:r1 - r0])
         return out
     k = normal_f32(b.S_kv)
     v = normal_f32(b.S_kv)

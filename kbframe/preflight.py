@@ -67,14 +67,21 @@ def check_inputs_fit(data_dtype: str, arrays: dict, scale: float | None = None) 
     (or, with ``scale``, scores ``q·kᵀ·scale`` beyond the float32 accumulator)."""
     dt = np.dtype(data_dtype)
     top = float(np.finfo(dt).max)
+    bigs = {}
     for name, a in arrays.items():
-        big = float(np.max(np.abs(a))) if np.size(a) else 0.0
+        big = bigs[name] = max(float(a.max()), -float(a.min())) if np.size(a) else 0.0  # max |x|, no |a| copy
         if big > top:
             raise NumericsError(f"bench.data_dtype={data_dtype}: input '{name}' has |x| up to {big:.6g}, beyond "
                                 f"{data_dtype}'s largest value {top:.6g} (refused rather than stored as inf); "
                                 f"use {'bench.data_dtype=float32 or ' if dt.itemsize < 4 else ''}smaller inputs")
     if scale is not None and "q" in arrays and "k" in arrays:
         acc_top = float(np.finfo(np.promote_types(dt, np.float32)).max)
+        q = np.asarray(arrays["q"], dtype=np.float64)
+        # |s| ≤ max_i Σ_d |q_id| · max |k| · |scale|: when that bound fits, so does every
+        # score, and the exact product (a pass over all of k) is not needed
+        bound = float(np.abs(q).sum(axis=-1).max()) * bigs["k"] * abs(scale) if q.size else 0.0
+        if bound <= acc_top:
+            return
         with np.errstate(over="ignore", invalid="ignore"):
             s_max = float(np.max(np.abs(arrays["q"]) @ np.abs(arrays["k"]).T)) * abs(scale)
         if not s_max <= acc_top:
