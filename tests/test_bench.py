@@ -208,3 +208,26 @@ def test_timing_only_run_makes_no_numbers(tmp_path):
     assert m["numerics"] == {"enabled": False, "dtype": None, "max_abs_err": None, "max_rel_err": None}
     assert not (tmp_path / "tensors.npz").exists()
     assert m["shape"]["S_kv"] == 128 and m["scale"] == 1 / math.sqrt(128)
+
+
+# ---- preflight.check_inputs_fit: input and score ranges ----------------------------------------
+def test_inputs_fit_scores_checked_exactly_when_the_bound_does_not_fit():
+    from kbframe.errors import NumericsError
+    from kbframe.preflight import check_inputs_fit
+    q = np.array([[1e19, 0.0]])
+    k = np.array([[0.0, 1e20], [1e19, 0.0]])
+    # Σ|q|·max|k| = 1e39 is over float32's 3.4e38, but |q|·|k|ᵀ peaks at 1e38: accepted
+    check_inputs_fit("float32", {"q": q, "k": k, "v": k}, 1.0)
+    k[1, 0] = 1e20  # now a score reaches 1e39
+    with pytest.raises(NumericsError, match=r"^scores q·kᵀ·scale reach \|s\| ≈ 1e\+39, beyond the accumulator's "
+                                            r"largest value 3\.40282e\+38; use smaller inputs or bench\.scale$"):
+        check_inputs_fit("float32", {"q": q, "k": k, "v": k}, 1.0)
+
+
+def test_inputs_fit_names_the_input_beyond_the_data_dtype():
+    from kbframe.errors import NumericsError
+    from kbframe.preflight import check_inputs_fit
+    v = np.array([[1.0, -70000.0]])
+    with pytest.raises(NumericsError, match=r"^bench\.data_dtype=float16: input 'v' has \|x\| up to 70000, beyond "
+                                            r"float16's largest value 65504 "):
+        check_inputs_fit("float16", {"q": np.ones((1, 2)), "k": np.ones((1, 2)), "v": v}, 1.0)
