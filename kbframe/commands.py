@@ -86,6 +86,14 @@ class OpSpec:
                 None if out is None else (out.space, *out.byte_range))
 
 
+    @cached_attr
+    def primitive_hazard_ranges(self) -> tuple[list, list]:
+        """:func:`hazard_ranges` of a primitive command of this op (computed once: opt3
+        issues the same MATH ops on the same handles every KV tile)."""
+        reads, write = self.byte_ranges
+        return list(dict.fromkeys(reads)), [] if write is None else [write]
+
+
 @dataclass(frozen=True, eq=False)
 class CompositeCmd:
     """A fused command: flat ordered ``ops`` (≤ 1 GEMM), ``rw_handles`` for the
@@ -151,7 +159,10 @@ def hazard_ranges(cmd) -> tuple[list, list]:
     """Byte ranges ``[(space, lo, hi)]`` a command reads and writes, for the hazard
     tracker (DDD-0065 §8): reads are every op operand; writes every op ``out`` plus
     ``rw_handles``. Each range once (a composite names the same state handles in many
-    ops), in first-seen order, writes starting with ``rw_handles``."""
+    ops), in first-seen order, writes starting with ``rw_handles``. A primitive's lists
+    are its op's, shared by every command of that op: read them, never change them."""
+    if cmd.__class__ is PrimitiveCmd:
+        return cmd.op.primitive_hazard_ranges
     reads, writes = [], [(h.space, *h.byte_range) for h in cmd.rw_handles]
     for op in cmd.ops:
         r, w = op.byte_ranges

@@ -38,7 +38,8 @@ class TL:
         self._ids = itertools.count(1)
         self._scope_depth = 0
         self._arena_slots: dict = {}
-        self._scope_scratch: dict = {}  # (arena key, address) -> handle; see _scratch
+        self._scope_scratch: dict = {}  # (key, address) -> handle; see _scope_handle
+        self._math_ops: dict = {}  # (kind, out, *inputs) -> OpSpec; see math
         self._lower = Lowering(self.recipes, self._scratch)
 
     # ---- handles -------------------------------------------------------------------
@@ -50,12 +51,32 @@ class TL:
             raise ValidationError(f"tl.ref: no HBM tensor '{name}' (have: {', '.join(sorted(self.hbm))})") from None
 
     def empty(self, shape, name: str = "t") -> TensorHandle:
-        """Allocate an uninitialised TCM tensor in the active scratch_scope (or the arena)."""
+        """Allocate an uninitialised TCM tensor in the active scratch_scope (or the arena).
+
+        In a scope, a tensor of the same shape and name at the same address as one of an
+        earlier scope (the next KV tile's) is the same memory, so it gets the same handle
+        (:meth:`_scope_handle`); uninitialised, it holds what that memory last held."""
         return self._alloc(tuple(map(int, shape)), name)
 
     def _alloc(self, shape: tuple, name: str) -> TensorHandle:
         """:meth:`empty` for a shape that is already a tuple of ints."""
-        return self._handle(shape, name, self.pe.tcm.alloc(_nbytes(shape, self.dtype), name))
+        addr = self.pe.tcm.alloc(_nbytes(shape, self.dtype), name)
+        if self._scope_depth > 0:
+            return self._scope_handle(("empty", shape, name), shape, name, addr)
+        return self._handle(shape, name, addr)
+
+    def _scope_handle(self, key: tuple, shape: tuple, name: str, addr: int) -> TensorHandle:
+        """The handle of a scope allocation: scopes of successive KV tiles allocate the same
+        tensors at the same addresses, and reusing their handles lets the ops naming them
+        be reused too (:meth:`math`, :meth:`Lowering.expand_recipe`), with their sizes,
+        byte ranges and stage plans. Hazards compare addresses, so this changes no order."""
+        key = (key, addr)
+        h = self._scope_scratch.get(key)
+        if h is None:
+            if len(self._scope_scratch) >= 1024:
+                self._scope_scratch.clear()
+            h = self._scope_scratch[key] = self._handle(shape, name, addr)
+        return h
 
     def _handle(self, shape: tuple, name: str, addr: int) -> TensorHandle:
         """A new TCM handle for an allocation at ``addr``, with its storage in data mode."""
@@ -150,8 +171,16 @@ class TL:
             raise ValidationError(f"tl.{kind}: MATH output must be TCM, got {out}")
         if tuple(out.shape) != tuple(shape):
             raise ValidationError(f"tl.{kind}: out {out} must have shape {shape}")
-        # ``extra`` is this call's own ``**`` dict: the OpSpec keeps it without a copy
-        op = OpSpec(kind, Scope.KERNEL, dict(zip(spec.slots, inputs)), extra, out)
+        if extra:
+            # ``extra`` is this call's own ``**`` dict: the OpSpec keeps it without a copy
+            op = OpSpec(kind, Scope.KERNEL, dict(zip(spec.slots, inputs)), extra, out)
+        else:  # the same op on the same handles (each KV tile's, _scope_handle) is one OpSpec
+            key = (kind, out, *inputs)
+            op = self._math_ops.get(key)
+            if op is None:
+                if len(self._math_ops) >= 1024:
+                    self._math_ops.clear()
+                op = self._math_ops[key] = OpSpec(kind, Scope.KERNEL, dict(zip(spec.slots, inputs)), {}, out)
         return self._primitive(op, out)
 
     def rmax(self, x, out=None):
@@ -276,19 +305,10 @@ class TL:
         """Recipe scratch: in the active scratch_scope, else a persistent arena slot reused
         by every call with the same recipe, slot and shape (ADR-0065 open item 2)."""
         if self._scope_depth > 0:
-            # A scope's scratch lands at the same address every KV tile; the handle of a
-            # (slot, shape, address) is reused, and with it the prologue ops naming it
-            # (Lowering.expand_recipe). Reuse cannot change a number: the recipe check
-            # makes every scratch slot written before it is read, and hazards compare
-            # addresses.
+            # the recipe check makes every scratch slot written before it is read, so a
+            # reused handle (the same address) never shows an earlier tile's numbers
             addr = self.pe.tcm.alloc(_nbytes(shape, self.dtype), name)
-            key = (arena_key, addr)
-            h = self._scope_scratch.get(key)
-            if h is None:
-                if len(self._scope_scratch) >= 1024:
-                    self._scope_scratch.clear()
-                h = self._scope_scratch[key] = self._handle(shape, name, addr)
-            return h
+            return self._scope_handle(arena_key, shape, name, addr)
         h = self._arena_slots.get(arena_key)
         if h is None:
             h = self._arena_slots[arena_key] = self._alloc(shape, name)

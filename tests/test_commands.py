@@ -84,3 +84,14 @@ def test_hazard_ranges_cover_operands_outs_and_rw_handles():
     reads, writes = hazard_ranges(c)
     assert reads == [(h.space, *h.byte_range) for h in (A, O)]
     assert writes == [(h.space, *h.byte_range) for h in (M, B)]
+
+
+def test_primitive_hazard_ranges_are_its_ops_once_computed():
+    """A primitive command's hazard lists follow the same rule (reads each once, the out as
+    the write) and are its OpSpec's, shared by every command of that op."""
+    op = OpSpec("max_elem", Scope.KERNEL, {"src_a": A, "src_b": A}, {}, B)
+    c1, c2 = PrimitiveCmd(Completion(1, "x"), op), PrimitiveCmd(Completion(2, "x"), op)
+    assert hazard_ranges(c1) == ([(A.space, *A.byte_range)], [(B.space, *B.byte_range)])
+    assert hazard_ranges(c1) is hazard_ranges(c2)
+    assert hazard_ranges(PrimitiveCmd(Completion(3, "f"), OpSpec("add", Scope.KERNEL, {"x": A}))) == \
+        ([(A.space, *A.byte_range)], [])

@@ -315,3 +315,33 @@ def test_epilogue_result_must_keep_out_shape(tmp_path):
                                      epilogue=[{"op": "add", "other": tl.zeros((G, 5), "wide")}]),
              tmp_path, TENSORS)
     assert str(e.value) == "epilogue 'add': result shape (8, 5) differs from out <tcm:composite_out (8, 1)>"
+
+
+def test_scope_empty_at_the_same_address_is_one_handle_and_its_math_ops_one_opspec(tmp_path):
+    """opt3's per-tile scratch: tl.empty in a scope at the address an earlier scope used
+    (same shape, name) returns that scope's handle, and a MATH op on the same handles is
+    the same OpSpec (tl.math), so its sizes and byte ranges are computed once. A tensor
+    that lands elsewhere (one more allocation first) is a new handle with a new op; ops
+    with scalars (scale) are built per call."""
+    outs = []
+
+    def kern(tl):
+        m = tl.full((G, 1), 0.0, "m")
+        for shift in (False, False, True):
+            with tl.scratch_scope():
+                if shift:
+                    tl.empty((G, 1), "extra")
+                x = tl.empty((G, TILE), "x")
+                r = tl.rmax(x)
+                tl.maximum(m, r, out=m)
+                outs.append((x, r, tl.scale(x, 0.5)))
+
+    cmds, sim = emit(kern, tmp_path, TENSORS)
+    ops = [c.op for c in cmds[1:]]
+    assert [op.kind for op in ops] == ["rmax", "max_elem", "scale"] * 3
+    (x1, r1, s1), (x2, r2, s2), (x3, r3, _) = outs
+    assert x1 is x2 and r1 is r2 and s1 is s2
+    assert ops[0] is ops[3] and ops[1] is ops[4]
+    assert ops[2] is not ops[5] and ops[2].extra == ops[5].extra == {"factor": 0.5}
+    assert x3 is not x1 and x3.addr == x1.addr + 64 and ops[6] is not ops[0]
+    assert [r[0] for r in sim.pe.tcm.allocations][1:] == ["x", "rmax", "scale"] * 2 + ["extra", "x", "rmax", "scale"]
