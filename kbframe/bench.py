@@ -248,7 +248,8 @@ def run_bench(cfg, out_dir: Path) -> dict:
     metrics["scale"] = scale
     tensors = None  # data mode only: timing-only runs compute no numbers
     if b.data:
-        ref = reference(q, k, v, scale)
+        with threadpool_limits(1):  # as fast alone, and a busy machine (a parallel sweep) slows BLAS threads 10×
+            ref = reference(q, k, v, scale)
         tensors = {"q": q, "k": k, "v": v, "ref": ref, "scale": np.float64(scale)}
         out = numerics.read(engine.hbm["out"]).astype(np.float64)
         if not np.all(np.isfinite(out)):
