@@ -25,16 +25,12 @@ class MicroOp:
         fn: ``fn(*inputs, **extra) -> ndarray``; the numeric meaning.
         shape: ``shape(*input_shapes) -> out shape``; raises ValueError if incompatible.
         extras: names of required scalar extras (``("factor",)``).
-        writes_out: ``fn`` also takes ``out=``, an array of the result's shape to write
-            into (elementwise ufuncs; the same numbers, without a temporary and a copy).
-            Data mode passes the output tensor's own buffer.
     """
 
     slots: tuple
     fn: Callable
     shape: Callable
     extras: tuple = ()
-    writes_out: bool = False
 
 
 def _bcast(*shapes):
@@ -64,34 +60,22 @@ def _fill_shape():
     raise ValueError("fill has no inputs; its shape comes from its out handle")
 
 
-def _exp_diff(a, b, out=None):
-    return np.exp(np.subtract(a, b, out=out), out=out)
-
-
-def _fma(a, b, c, out=None):
-    return np.add(a * b, c, out=out)  # a·b into a temporary: ``out`` may alias c
-
-
-def _copy(x, out=None):
-    if out is None:
-        return x.copy()
-    out[...] = x
-    return out
+def _exp_diff(a, b):
+    return np.exp(a - b)
 
 
 MICRO_OPS: dict[str, MicroOp] = {
     # the ndarray methods: the same reductions as np.max / np.sum, without their wrapper
     "rmax": MicroOp(("src",), lambda x: x.max(axis=-1, keepdims=True), _reduce),
     "rsum": MicroOp(("src",), lambda x: x.sum(axis=-1, keepdims=True), _reduce),
-    "max_elem": MicroOp(("src_a", "src_b"), np.maximum, _bcast, writes_out=True),
-    "exp_diff": MicroOp(("src_a", "src_b"), _exp_diff, _bcast, writes_out=True),
-    "mul_bcast": MicroOp(("src_a", "src_b"), np.multiply, _bcast, writes_out=True),
-    "div_bcast": MicroOp(("src_a", "src_b"), np.divide, _bcast, writes_out=True),
-    "add": MicroOp(("src_a", "src_b"), np.add, _bcast, writes_out=True),
-    "fma": MicroOp(("src_a", "src_b", "src_c"), _fma, _bcast, writes_out=True),
-    "copy": MicroOp(("src",), _copy, _same, writes_out=True),
-    "scale": MicroOp(("src",), lambda x, factor, out=None: np.multiply(x, factor, out=out), _same, ("factor",),
-                     writes_out=True),
+    "max_elem": MicroOp(("src_a", "src_b"), np.maximum, _bcast),
+    "exp_diff": MicroOp(("src_a", "src_b"), _exp_diff, _bcast),
+    "mul_bcast": MicroOp(("src_a", "src_b"), np.multiply, _bcast),
+    "div_bcast": MicroOp(("src_a", "src_b"), np.divide, _bcast),
+    "add": MicroOp(("src_a", "src_b"), np.add, _bcast),
+    "fma": MicroOp(("src_a", "src_b", "src_c"), lambda a, b, c: a * b + c, _bcast),
+    "copy": MicroOp(("src",), lambda x: x.copy(), _same),
+    "scale": MicroOp(("src",), lambda x, factor: x * factor, _same, ("factor",)),
     "fill": MicroOp((), None, _fill_shape, ("value",)),
 }
 

@@ -106,132 +106,72 @@ class NumpyNumerics(Numerics):
     def read(self, handle) -> np.ndarray:
         return handle.view(self.mem)
 
-    # Effects are compiled when a command is planned: every handle's numpy view is taken
-    # then (a buffer never moves: writes go into it in place), and the op's function and
-    # scalars are looked up then, so a stage's effect at completion is the numpy work
-    # itself. Only a DMA staging buffer (a ``str`` source) is made at run time, by its DMA.
-
-    def _view(self, src):
-        """A handle source's numpy view; a staging key is returned as it is."""
-        if src.__class__ is str:
-            return src
+    def _get(self, src) -> np.ndarray:
+        if isinstance(src, str):
+            return self.mem[src]
         h, region = src
         v = h.view(self.mem)
         return v if region is None else v[region]
 
-    def copy(self, src, dst):
-        mem = self.mem
-        s, d = self._view(src), self._view(dst)
-        if d.__class__ is str:  # into a staging buffer, at the storage dtype (what DMA moves)
-            dtype = self.dtype
-            if s.__class__ is str:
-                def effect():
-                    mem[d] = np.array(mem[s], dtype=dtype)
-            else:
-                def effect():
-                    mem[d] = np.array(s, dtype=dtype)
-        elif s.__class__ is str:
-            def effect():
-                d[...] = mem[s]
+    def _put(self, dst, value) -> None:
+        if isinstance(dst, str):
+            self.mem[dst] = np.array(value, dtype=self.dtype)
+            return
+        h, region = dst
+        v = h.view(self.mem)
+        if region is None:
+            v[...] = value
         else:
-            def effect():
-                d[...] = s
+            v[region] = value
+
+    def copy(self, src, dst):
+        def effect():
+            self._put(dst, self._get(src))
         return effect
 
-    def _operand_fn(self, src):
-        """``() -> ndarray``: a GEMM operand as the matrix unit takes it (at ``dtype`` when
-        narrow, rounded with the overflow check), widened to ``acc_dtype``; a staging
-        buffer is consumed."""
-        acc_dtype, mem = self.acc_dtype, self.mem
-        x = self._view(src)
-        if self.narrow:
-            what = f"GEMM operand '{src if isinstance(src, str) else src[0].name}'"
-            dtype, fit = self.dtype, self._fit
-            if x.__class__ is str:
-                key = x
-
-                def get():
-                    y = mem.pop(key)
-                    return (y if y.dtype == dtype else fit(y, what)).astype(acc_dtype)
-            else:
-                def get():
-                    return (x if x.dtype == dtype else fit(x, what)).astype(acc_dtype)
-            return get
-        if x.__class__ is str:
-            key = x
-
-            def get():
-                y = mem.pop(key)
-                return y if y.dtype == acc_dtype else y.astype(acc_dtype)
-            return get
-        if x.dtype == acc_dtype:
-            return lambda: x
-        return lambda: x.astype(acc_dtype)
+    def _operand(self, src) -> np.ndarray:
+        """A GEMM operand at the storage dtype (the matrix unit's input format)."""
+        x = self._get(src)
+        if x.dtype != self.dtype:
+            x = self._fit(x, f"GEMM operand '{src if isinstance(src, str) else src[0].name}'")
+        return x
 
     def gemm(self, a, b, acc_key, first, acc_init=None):
-        acc = self.acc
-        get_a, get_b = self._operand_fn(a), self._operand_fn(b)
-        if first:
-            def effect():
-                acc[acc_key] = get_a() @ get_b()
-        else:
-            def effect():
-                acc[acc_key] += get_a() @ get_b()
+        acc_dtype = self.acc_dtype
+        get = self._operand if self.narrow else self._get
+
+        def effect():
+            prod = get(a).astype(acc_dtype, copy=False) @ get(b).astype(acc_dtype, copy=False)
+            for src in (a, b):  # a staging buffer is consumed by its GEMM stage
+                if isinstance(src, str):
+                    self.mem.pop(src, None)
+            if first:
+                self.acc[acc_key] = prod
+            else:
+                self.acc[acc_key] += prod
         return effect
 
-    def _inputs(self, srcs):
-        """MATH / epilogue inputs: ``(views, None)`` when every input is a handle already at
-        ``acc_dtype`` (used as they are), else ``(None, resolve)`` with ``resolve()`` giving
-        them at completion time, widened to ``acc_dtype`` (a staged HBM operand, a TCM
-        tile DMA'd at ``dtype``)."""
-        acc_dtype, mem = self.acc_dtype, self.mem
-        xs = [self._view(src) for src in srcs]
-        if all(x.__class__ is not str and x.dtype == acc_dtype for x in xs):
-            return xs, None
-
-        def resolve():
-            return [(mem[x] if x.__class__ is str else x).astype(acc_dtype, copy=False) for x in xs]
-        return None, resolve
-
     def epilogue(self, kind, acc_key, others, extra):
-        acc, acc_dtype = self.acc, self.acc_dtype
-        op = micro_ops.MICRO_OPS[kind]
-        fn, kw = op.fn, {k: extra[k] for k in op.extras}
-        ins, resolve = self._inputs(others)
-        if resolve is not None:
-            def effect():
-                acc[acc_key] = np.asarray(fn(acc[acc_key], *resolve(), **kw), dtype=acc_dtype)
-        else:
-            def effect():
-                acc[acc_key] = np.asarray(fn(acc[acc_key], *ins, **kw), dtype=acc_dtype)
+        acc_dtype = self.acc_dtype
+
+        def effect():
+            ins = [self.acc[acc_key]] + [self._get(o).astype(acc_dtype, copy=False) for o in others]
+            self.acc[acc_key] = np.asarray(micro_ops.apply(kind, ins, extra), dtype=acc_dtype)
         return effect
 
     def writeback(self, acc_key, dst):
-        acc = self.acc
-        d = self._view(dst)
-
         def effect():
-            d[...] = acc.pop(acc_key)
+            self._put(dst, self.acc.pop(acc_key))
         return effect
 
     def math(self, kind, inputs, out, extra):
-        o = out.view(self.mem)
+        acc_dtype = self.acc_dtype
         if kind == "fill":
-            value = extra["value"]
-
             def effect():
-                o[...] = value
+                self._put((out, None), extra["value"])
             return effect
-        op = micro_ops.MICRO_OPS[kind]
-        fn, kw = op.fn, {k: extra[k] for k in op.extras}
-        ins, resolve = self._inputs(inputs)
-        if resolve is not None:
-            def effect():
-                o[...] = fn(*resolve(), **kw)
-        elif op.writes_out:
-            def effect():
-                fn(*ins, out=o, **kw)
-        else:
-            def effect():
-                o[...] = fn(*ins, **kw)
+
+        def effect():
+            ins = [self._get(s).astype(acc_dtype, copy=False) for s in inputs]
+            self._put((out, None), micro_ops.apply(kind, ins, extra))
         return effect
