@@ -136,7 +136,7 @@ def make_inputs(b) -> dict:
     scale = b.scale if b.scale is not None else 1.0 / math.sqrt(b.d)
     q = (rng.standard_normal((b.G, b.d)) * (b.inputs.peak / (scale * math.sqrt(b.d)))).astype(np.float32)
 
-    chunk = np.empty((min(b.S_kv, _CHUNK_ROWS), b.d))  # drawn into (the same values, no new array per chunk)
+    chunk = np.empty((min(b.S_kv, _CHUNK_ROWS), b.d))  # each chunk is drawn into this: the same values
 
     def normal_f32(rows):
         out = np.empty((rows, b.d), np.float32)
@@ -248,7 +248,9 @@ def run_bench(cfg, out_dir: Path) -> dict:
     metrics["scale"] = scale
     tensors = None  # data mode only: timing-only runs compute no numbers
     if b.data:
-        with threadpool_limits(1):  # as fast alone, and a busy machine (a parallel sweep) slows BLAS threads 10×
+        # one BLAS thread: faster here even when idle, and two threads slow tenfold when
+        # both cores are busy (a parallel sweep); the bits no longer depend on the core count
+        with threadpool_limits(1):
             ref = reference(q, k, v, scale)
         tensors = {"q": q, "k": k, "v": v, "ref": ref, "scale": np.float64(scale)}
         out = numerics.read(engine.hbm["out"]).astype(np.float64)

@@ -85,7 +85,6 @@ class OpSpec:
         return (tuple([(h.space, *h.byte_range) for h in self.operands.values()]),
                 None if out is None else (out.space, *out.byte_range))
 
-
     @cached_attr
     def primitive_hazard_ranges(self) -> tuple[list, list]:
         """:func:`hazard_ranges` of a primitive command of this op (computed once: opt3
