@@ -231,3 +231,20 @@ def test_inputs_fit_names_the_input_beyond_the_data_dtype():
     with pytest.raises(NumericsError, match=r"^bench\.data_dtype=float16: input 'v' has \|x\| up to 70000, beyond "
                                             r"float16's largest value 65504 "):
         check_inputs_fit("float16", {"q": np.ones((1, 2)), "k": np.ones((1, 2)), "v": v}, 1.0)
+
+
+def test_make_inputs_draws_the_same_stream_in_chunks():
+    """k and v are drawn chunk by chunk into one reused buffer: the values are those of one
+    standard_normal draw per chunk, in order (q, then every k chunk, then every v chunk),
+    kept as float32: here 8192 + 1 rows (a full chunk and a one-row tail)."""
+    from types import SimpleNamespace as NS
+    b = NS(seed=7, scale=None, d=5, G=3, S_kv=8193, inputs=NS(peak=2.0))
+    got = make_inputs(b)
+    rng = np.random.default_rng(7)
+    scale = 1 / math.sqrt(5)
+    q = (rng.standard_normal((3, 5)) * (2.0 / (scale * math.sqrt(5)))).astype(np.float32)
+    k = np.concatenate([rng.standard_normal((8192, 5)), rng.standard_normal((1, 5))]).astype(np.float32)
+    v = np.concatenate([rng.standard_normal((8192, 5)), rng.standard_normal((1, 5))]).astype(np.float32)
+    for name, want in (("q", q), ("k", k), ("v", v)):
+        assert got[name].dtype == np.float32 and got[name].tobytes() == want.tobytes(), name
+    assert got["scale"] == scale
