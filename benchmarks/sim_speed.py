@@ -79,7 +79,7 @@ def worker(report: str, overrides: list[str]) -> int:
     (``bare_s``: the fastest of three bare runs; ``bare_total_s``: all three)."""
     import resource
 
-    from kbframe import cli
+    from kbframe.cli import main as cli
     sys.argv = ["kbframe", *overrides]
     try:
         cli.main()

@@ -1,5 +1,5 @@
 """Speed of the tl layer alone (a script, not a test): the preflight dry run
-(:func:`kbframe.preflight.dry_run`: the kernel runs through the tl layer, commands are
+(:func:`kbframe.run.preflight.dry_run`: the kernel runs through the tl layer, commands are
 built and dropped, nothing is simulated) of decode_opt2 and decode_opt3, best of N.
 
     python benchmarks/tl_speed.py                       # S_kv=131072, G=8, d=128, tile=64, best of 5
@@ -14,9 +14,9 @@ import time
 from hydra import compose, initialize_config_module
 from hydra.utils import get_method
 
-from kbframe import schema
-from kbframe.preflight import dry_run
-from kbframe.recipe import load_recipes
+from kbframe.run import schema
+from kbframe.run.preflight import dry_run
+from kbframe.tl.recipe import load_recipes
 
 
 def main() -> None:

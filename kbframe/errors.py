@@ -44,7 +44,7 @@ class DeadlockError(KbframeError):
 
 class SanitizerError(KbframeError):
     """The simulation sanitizer (``run.check``) found a schedule real hardware could not
-    have run; names the rule, the commands and the simulated times (kbframe.sanitizer)."""
+    have run; names the rule, the commands and the simulated times (kbframe.sim.sanitizer)."""
 
     def __init__(self, message: str, rule: str = ""):
         super().__init__(message)

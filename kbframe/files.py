@@ -29,3 +29,17 @@ def write_json(path: Path, obj) -> None:
             json.dump(obj, f, indent=2, ensure_ascii=False)
             f.write("\n")
     atomic_write(path, write)
+
+
+#: a run directory's status file (kbframe.run.jobstatus writes it, the sweep report reads it)
+STATUS_FILE = "status.json"
+
+
+def read_status(job_dir: Path) -> dict | None:
+    """The job's status dict, or None if it has none (or it cannot be parsed)."""
+    try:
+        with open(Path(job_dir) / STATUS_FILE) as f:
+            st = json.load(f)
+        return st if isinstance(st, dict) else None
+    except (OSError, ValueError):
+        return None

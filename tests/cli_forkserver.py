@@ -53,7 +53,7 @@ def _child(req: dict, out_path: str, err_path: str) -> None:
 
 
 def serve(jobs: int) -> None:
-    import kbframe.cli  # noqa: F401  (the imports every child shares)
+    import kbframe.cli.main  # noqa: F401  (the imports every child shares)
 
     reqs = [json.loads(line) for line in sys.stdin if line.strip()]
     tmp = tempfile.mkdtemp(prefix="kbframe-forkserver-")

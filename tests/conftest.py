@@ -2,8 +2,8 @@
 
 * :func:`compose_cfg` composes the real Hydra config in-process (much faster than a
   subprocess), exactly as ``python -m kbframe`` would.
-* :func:`run` runs a bench in-process with :func:`kbframe.bench.run_bench`.
-* :class:`Sim` builds an :class:`~kbframe.engine.Engine` from the default hardware with
+* :func:`run` runs a bench in-process with :func:`kbframe.run.bench.run_bench`.
+* :class:`Sim` builds an :class:`~kbframe.sim.engine.Engine` from the default hardware with
   chosen HBM tensors, so a test can run a tiny hand-written kernel through the real tl
   layer, PE_CPU, PE_SCHEDULER and units.
 * :func:`emit` runs a kernel only as far as the tl layer: it collects the commands the
@@ -22,13 +22,13 @@ from hydra import compose, initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
-from kbframe import schema
-from kbframe.bench import run_bench
-from kbframe.engine import Engine
-from kbframe.numerics import Numerics, NumpyNumerics
-from kbframe.oplog import OpLog
-from kbframe.recipe import load_recipes
-from kbframe.tl import TL
+from kbframe.run import schema
+from kbframe.run.bench import run_bench
+from kbframe.sim.engine import Engine
+from kbframe.sim.numerics import Numerics, NumpyNumerics
+from kbframe.sim.oplog import OpLog
+from kbframe.tl.recipe import load_recipes
+from kbframe.tl.context import TL
 
 schema.register()
 
@@ -59,7 +59,7 @@ def load_out(out_dir: Path) -> dict:
 
 
 def ref64(q, k, v, scale) -> np.ndarray:
-    """Independent float64 reference: softmax(q·kᵀ·scale)·v (not kbframe.bench.reference)."""
+    """Independent float64 reference: softmax(q·kᵀ·scale)·v (not kbframe.run.bench.reference)."""
     s = np.einsum("gd,sd->gs", q.astype(np.float64), k.astype(np.float64)) * scale
     p = np.exp(s - s.max(axis=1, keepdims=True))
     return (p @ v.astype(np.float64)) / p.sum(axis=1, keepdims=True)

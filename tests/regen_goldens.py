@@ -78,7 +78,7 @@ def compute(case: str, work_dir: Path | None = None) -> dict:
     """Run ``case`` in-process and return its golden record."""
     sys.path.insert(0, str(HERE))
     from conftest import compose_cfg  # noqa: E402  (tests/ helper: composes like the CLI)
-    from kbframe.bench import run_bench
+    from kbframe.run.bench import run_bench
 
     bench, overrides = CASES[case]
     with tempfile.TemporaryDirectory() as tmp:

@@ -24,7 +24,7 @@ import pytest
 
 from cli_forkserver import run_many
 from conftest import REPO, compose_cfg
-from kbframe.bench import run_bench
+from kbframe.run.bench import run_bench
 from kbframe.errors import KbframeError, TcmOverflowError
 
 DOCS = REPO / "docs" / "errors.md"

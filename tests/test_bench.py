@@ -1,11 +1,11 @@
-"""kbframe.bench: inputs, validation, metrics, determinism, an end-to-end timeline by hand."""
+"""kbframe.run.bench: inputs, validation, metrics, determinism, an end-to-end timeline by hand."""
 import json
 import math
 
 import numpy as np
 import pytest
 
-from kbframe.bench import load_inputs, make_inputs, reference
+from kbframe.run.bench import load_inputs, make_inputs, reference
 from kbframe.errors import ConfigError, InputsError, TcmOverflowError
 
 from conftest import compose_cfg, load_out, read_oplog, ref64, run
@@ -213,7 +213,7 @@ def test_timing_only_run_makes_no_numbers(tmp_path):
 # ---- preflight.check_inputs_fit: input and score ranges ----------------------------------------
 def test_inputs_fit_scores_checked_exactly_when_the_bound_does_not_fit():
     from kbframe.errors import NumericsError
-    from kbframe.preflight import check_inputs_fit
+    from kbframe.run.preflight import check_inputs_fit
     q = np.array([[1e19, 0.0]])
     k = np.array([[0.0, 1e20], [1e19, 0.0]])
     # Σ|q|·max|k| = 1e39 is over float32's 3.4e38, but |q|·|k|ᵀ peaks at 1e38: accepted
@@ -226,7 +226,7 @@ def test_inputs_fit_scores_checked_exactly_when_the_bound_does_not_fit():
 
 def test_inputs_fit_names_the_input_beyond_the_data_dtype():
     from kbframe.errors import NumericsError
-    from kbframe.preflight import check_inputs_fit
+    from kbframe.run.preflight import check_inputs_fit
     v = np.array([[1.0, -70000.0]])
     with pytest.raises(NumericsError, match=r"^bench\.data_dtype=float16: input 'v' has \|x\| up to 70000, beyond "
                                             r"float16's largest value 65504 "):

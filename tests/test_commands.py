@@ -2,8 +2,8 @@
 import dataclasses
 
 
-from kbframe.commands import CompositeCmd, OpSpec, PrimitiveCmd, Scope, command_kind, hazard_ranges
-from kbframe.handles import Completion, TensorHandle
+from kbframe.ir.commands import CompositeCmd, OpSpec, PrimitiveCmd, Scope, command_kind, hazard_ranges
+from kbframe.ir.handles import Completion, TensorHandle
 
 
 def _h(name, shape=(8, 128), space="tcm", addr=0):

@@ -7,8 +7,8 @@ import pytest
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
-from kbframe.bench import validate
-from kbframe.engine import build_units
+from kbframe.run.bench import validate
+from kbframe.sim.engine import build_units
 from kbframe.errors import ConfigError
 from kbframe.hw.pe_cpu import PeCpu
 from kbframe.hw.pe_dma import DmaChannel

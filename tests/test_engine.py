@@ -8,19 +8,19 @@ import sys
 import numpy as np
 import pytest
 
-from kbframe.engine import Engine
+from kbframe.sim.engine import Engine
 from kbframe.errors import DeadlockError, TcmOverflowError
-from kbframe.handles import Completion
-from kbframe.numerics import Numerics
-from kbframe.oplog import OpLog
-from kbframe.tl import TL
+from kbframe.ir.handles import Completion
+from kbframe.sim.numerics import Numerics
+from kbframe.sim.oplog import OpLog
+from kbframe.tl.context import TL
 
 from conftest import REPO, Sim, compose_cfg
 
 # the engine and every hardware module (found on disk, so a new unit is covered too)
-BOUNDARY_MODULES = ["kbframe.engine"] + sorted(
+BOUNDARY_MODULES = ["kbframe.sim.engine"] + sorted(
     f"kbframe.hw.{p.stem}" for p in (REPO / "kbframe" / "hw").glob("*.py") if p.stem != "__init__")
-RECIPE_MODULES = ("kbframe.recipe", "kbframe.tl", "kbframe.recipes", "recipes")
+RECIPE_MODULES = ("kbframe.tl.recipe", "kbframe.tl.context", "kbframe.recipes", "recipes")
 
 
 def test_adr0065_scheduler_and_engines_import_nothing_recipe_related():

@@ -64,7 +64,7 @@ def test_golden_catches_a_calibration_change():
     """Changing a calibration value (as a changed default would) moves the golden metrics."""
     from regen_goldens import key_metrics
     from conftest import compose_cfg
-    from kbframe.bench import run_bench
+    from kbframe.run.bench import run_bench
     import tempfile
     from pathlib import Path
     bench, ov = CASES["opt2_ragged"]

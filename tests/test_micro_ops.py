@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from kbframe import micro_ops
+from kbframe.ir import micro_ops
 
 
 @pytest.fixture

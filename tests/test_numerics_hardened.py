@@ -24,14 +24,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import compose_cfg, ref64, run
-from kbframe import micro_ops, sanitizer
-from kbframe.engine import Engine
+from kbframe.ir import micro_ops
+from kbframe.sim import sanitizer
+from kbframe.sim.engine import Engine
 from kbframe.errors import NumericsError
 from kbframe.kernels.gqa_decode import gqa_decode_opt2, gqa_decode_opt3
-from kbframe.numerics import NumpyNumerics
-from kbframe.oplog import OpLog
-from kbframe.recipe import load_recipes
-from kbframe.tl import TL
+from kbframe.sim.numerics import NumpyNumerics
+from kbframe.sim.oplog import OpLog
+from kbframe.tl.recipe import load_recipes
+from kbframe.tl.context import TL
 
 KERNELS = {"opt2": gqa_decode_opt2, "opt3": gqa_decode_opt3}
 

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from kbframe import progress
-from kbframe.bench import run_bench
+from kbframe.run import progress
+from kbframe.run.bench import run_bench
 
 from conftest import REPO, compose_cfg
 

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
-from kbframe import micro_ops
-from kbframe.bench import run_bench
+from kbframe.ir import micro_ops
+from kbframe.run.bench import run_bench
 from kbframe.errors import RecipeError
-from kbframe.recipe import infer_shapes, load_recipes
+from kbframe.tl.recipe import infer_shapes, load_recipes
 
 from conftest import Sim, compose_cfg, emit
 

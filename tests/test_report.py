@@ -1,5 +1,5 @@
 """Sweep aggregation by hand (``python -m kbframe.report DIR``) on an interrupted sweep with
-ok, failed, missing and never-finished jobs; status.json outcomes of kbframe.jobstatus;
+ok, failed, missing and never-finished jobs; status.json outcomes of kbframe.run.jobstatus;
 metrics.json is never half-written (issue 5 "Failure isolation")."""
 import csv
 import json
@@ -8,10 +8,15 @@ import shutil
 import pytest
 from omegaconf import OmegaConf
 
-from kbframe import files, report, sweep_jobs
-from kbframe.bench import run_bench, write_json_atomic
+from kbframe import files
+
+from kbframe.report import sweep as report
+
+from kbframe.report import sweep_jobs
+from kbframe.run.bench import run_bench, write_json_atomic
 from kbframe.errors import ConfigError
-from kbframe.jobstatus import EXIT_INTERRUPTED, JobStatus, read_status
+from kbframe.files import read_status
+from kbframe.run.jobstatus import EXIT_INTERRUPTED, JobStatus
 
 from conftest import compose_cfg
 

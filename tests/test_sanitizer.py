@@ -11,9 +11,9 @@ import pytest
 from greenlet import greenlet
 
 from conftest import Sim, run
-from kbframe import sanitizer
+from kbframe.sim import sanitizer
 from kbframe.errors import KbframeError, SanitizerError
-from kbframe.footprint import footprint
+from kbframe.sim.footprint import footprint
 from kbframe.hw import pe_scheduler, tiling
 from kbframe.hw.pe_cpu import PeCpu
 from kbframe.hw.pe_dma import DmaChannel

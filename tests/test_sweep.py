@@ -178,7 +178,7 @@ def test_ctrl_c_in_a_sweep_leaves_interrupted_status_and_a_report_by_hand(tmp_pa
     """SIGINT while job 1 of 3 works: the sweep stops with status 130, job 1's status.json
     says interrupted and it has no metrics.json nor temporary files; the report by hand
     marks job 0 ok, job 1 interrupted, job 2 missing."""
-    from kbframe import report
+    from kbframe.report import sweep as report
     d = tmp_path / "sweep"
     args = [sys.executable, "-m", "kbframe", "-m", "+bench=decode_opt3", "bench.S_kv=64,262144,64", "bench.d=16",
             "bench.G=1", "bench.data=false", f"hydra.sweep.dir={d}"]

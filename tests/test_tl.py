@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from kbframe.commands import CompositeCmd, PrimitiveCmd, Scope
+from kbframe.ir.commands import CompositeCmd, PrimitiveCmd, Scope
 from kbframe.errors import ValidationError
 
 from conftest import emit

@@ -7,10 +7,10 @@ from collections import Counter, defaultdict
 import numpy as np
 import pytest
 
-from kbframe.bench import summary
+from kbframe.run.bench import summary
 from kbframe.errors import NumericsError
-from kbframe.trace import _OPLOG_LINE, UNIT_TRACKS, write_trace
-from kbframe.trace import main as trace_main
+from kbframe.report.trace import _OPLOG_LINE, UNIT_TRACKS, write_trace
+from kbframe.report.trace import main as trace_main
 
 from conftest import REPO, compose_cfg, read_oplog, run
 
@@ -155,7 +155,7 @@ def test_trace_is_byte_identical_to_the_golden(tmp_path):
 
 
 def test_every_line_kbframe_writes_takes_the_fast_path(opt2_run):
-    """A guard for kbframe.oplog: if OpLog's line layout changes, the trace stays right (any
+    """A guard for kbframe.sim.oplog: if OpLog's line layout changes, the trace stays right (any
     other layout is read with json.loads) but is slow again; update ``_OPLOG_LINE`` with it."""
     d, _, _ = opt2_run
     lines = (d / "op_log.jsonl").read_text().splitlines(keepends=True)
@@ -211,7 +211,7 @@ def test_run_trace_is_on_by_default_and_listed(tmp_path):
 def test_run_trace_false_writes_none_and_removes_an_earlier_one(tmp_path):
     """A sweep can skip the timeline; the trace an earlier run left in the directory is
     removed (it would not belong to this run), nothing claims one, and
-    ``python -m kbframe.trace RUN_DIR`` builds the same trace later."""
+    ``python -m kbframe.report.trace RUN_DIR`` builds the same trace later."""
     run(tmp_path, *SMALL)
     earlier = (tmp_path / "trace.json").read_bytes()
     (tmp_path / "trace.json.partial").write_text("a failed run's staged trace")

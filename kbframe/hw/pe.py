@@ -13,8 +13,8 @@ class PE:
         env: the shared SimPy environment.
         index: PE number.
         units: unit objects by port name; must hold every name in ``REQUIRED_UNITS``.
-        numerics: the run's :class:`~kbframe.numerics.Numerics`.
-        oplog: the run's :class:`~kbframe.oplog.OpLog`.
+        numerics: the run's :class:`~kbframe.sim.numerics.Numerics`.
+        oplog: the run's :class:`~kbframe.sim.oplog.OpLog`.
     Raises:
         ConfigError: a required unit is missing.
     """

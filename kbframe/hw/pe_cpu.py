@@ -46,7 +46,7 @@ class PeCpu:
         self.finished = False
         self.t_end_ps = 0
         self.proc = None
-        self.progress = None  # optional callable(cmd) after each dispatch (kbframe.progress)
+        self.progress = None  # optional callable(cmd) after each dispatch (kbframe.run.progress)
         self._cost_cache: dict = {}  # logical_bytes -> (cycles, ps): commands repeat a few sizes
 
     def cost_cycles(self, cmd) -> float:

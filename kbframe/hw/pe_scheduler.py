@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from ..commands import hazard_ranges
+from ..ir.commands import hazard_ranges
 from .params import at_least_one
 from .tiling import PlanCache, plan_stages
 

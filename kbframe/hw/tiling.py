@@ -21,7 +21,7 @@ once and copies the plan for later commands of that shape.
 """
 from __future__ import annotations
 
-from ..commands import Scope
+from ..ir.commands import Scope
 from .unit import Stage
 
 # Stages are built with positional arguments (this is the simulator's hottest loop):
@@ -50,7 +50,7 @@ def plan_stages(cmd, units: dict, nx) -> list[Stage]:
     Args:
         cmd: a ``PrimitiveCmd`` or ``CompositeCmd``.
         units: the PE's units by port name (``dma_read``, ``dma_write``, ``gemm``, ``math``).
-        nx: the :class:`~kbframe.numerics.Numerics` that supplies numeric effects.
+        nx: the :class:`~kbframe.sim.numerics.Numerics` that supplies numeric effects.
     Returns:
         Stages in a valid order; those with ``deps == 0`` are ready at once.
     """

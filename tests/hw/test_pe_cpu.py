@@ -35,7 +35,7 @@ EXPECTED = [("load", 24), ("fill", 20), ("load", 24), ("gemm", 44), ("add", 32),
 
 def test_logical_bytes_of_each_command_type(tmp_path):
     cmds, _ = emit(_all_command_types, tmp_path, TENSORS)
-    from kbframe.commands import command_kind
+    from kbframe.ir.commands import command_kind
     assert [(command_kind(c), c.logical_bytes) for c in cmds] == EXPECTED
 
 

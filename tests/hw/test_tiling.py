@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from kbframe.hw.tiling import plan_stages
-from kbframe.numerics import Numerics
+from kbframe.sim.numerics import Numerics
 
 from conftest import Sim, emit
 
@@ -262,7 +262,7 @@ def test_plan_cache_copies_equal_fresh_plans(tmp_path, kernel, n_shapes):
 def test_plan_key_separates_shapes_and_spaces(tmp_path):
     """Commands that plan differently never share a key: another tile length, or an output
     in HBM instead of TCM (a DMA_WRITE more)."""
-    from kbframe.commands import CompositeCmd
+    from kbframe.ir.commands import CompositeCmd
     from kbframe.hw.tiling import plan_key
 
     def kern(tl):

@@ -10,10 +10,10 @@ checks its inputs; a failing one gets the full message.
 """
 from __future__ import annotations
 
-from . import micro_ops
-from .commands import OpSpec, Scope
-from .errors import RecipeError, ValidationError, need
-from .handles import TensorHandle
+from ..ir import micro_ops
+from ..ir.commands import OpSpec, Scope
+from ..errors import RecipeError, ValidationError, need
+from ..ir.handles import TensorHandle
 from .recipe import Recipe, infer_shapes
 
 
@@ -23,7 +23,7 @@ class Lowering:
     Args:
         recipes: validated recipes by name.
         scratch: ``scratch(name, arena_key, shape) -> handle``, the TCM for a recipe's
-            scratch slot (:meth:`kbframe.tl.TL._scratch`).
+            scratch slot (:meth:`kbframe.tl.context.TL._scratch`).
     """
 
     def __init__(self, recipes: dict, scratch):

@@ -1,7 +1,7 @@
 """Memory footprints of stages: which bytes each stage reads and writes.
 
 The sanitizer's ``data_dependencies`` rule re-plans every command with
-:class:`FootprintNumerics`, a :class:`~kbframe.numerics.Numerics` whose effects report
+:class:`FootprintNumerics`, a :class:`~kbframe.sim.numerics.Numerics` whose effects report
 the sources they read and the destinations they write instead of computing; :func:`footprint`
 turns a source into byte intervals and :class:`Space` tracks the last writer and readers of
 each interval of one memory space.
@@ -11,7 +11,7 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right
 from math import prod
 
-from .handles import itemsize
+from ..ir.handles import itemsize
 from .numerics import Numerics
 
 
@@ -28,7 +28,7 @@ class _Access:
 
 
 class FootprintNumerics(Numerics):
-    """A :class:`~kbframe.numerics.Numerics` whose effects, instead of computing, report
+    """A :class:`~kbframe.sim.numerics.Numerics` whose effects, instead of computing, report
     the sources they read and the destinations they write (for re-planning a command)."""
 
     def __init__(self):

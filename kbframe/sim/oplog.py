@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from .commands import command_kind
+from ..ir.commands import command_kind
 
 #: ``_FRAC[r]``: how Python prints the fraction of ``r / 1000`` (``".5"``, ``".001"``, ``".0"``).
 _FRAC = tuple(repr(r / 1000)[1:] for r in range(1000))

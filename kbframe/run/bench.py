@@ -18,18 +18,20 @@ from hydra.utils import get_method, to_absolute_path
 from omegaconf import OmegaConf
 from threadpoolctl import threadpool_limits
 
-from .engine import Engine
-from .files import write_json
-from .errors import ConfigError, InputsError, NumericsError, OutputError
-from .numerics import Numerics, NumpyNumerics
-from .oplog import OpLog
-from .recipe import load_recipes
-from . import preflight, sanitizer
+from ..sim.engine import Engine
+from ..files import write_json
+from ..errors import ConfigError, InputsError, NumericsError, OutputError
+from ..sim.numerics import Numerics, NumpyNumerics
+from ..sim.oplog import OpLog
+from ..tl.recipe import load_recipes
+from . import preflight
+from ..sim import sanitizer
 from .schema import BenchConfig, CalibrationConfig, HardwareConfig, InputsConfig, RunConfig
-from .timebase import ps_to_ns
-from . import progress, roofline
-from .trace import write_trace
-from .tl import TL
+from ..timebase import ps_to_ns
+from . import progress
+from ..report import roofline
+from ..report.trace import write_trace
+from ..tl.context import TL
 
 
 def _check_keys(node, schema_cls, where: str) -> None:

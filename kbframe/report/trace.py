@@ -56,7 +56,7 @@ def _us(ps: int) -> str:
 
 # The fast path. A sweep writes one trace per job, and decoding every line with json.loads,
 # then turning its float ns into ps and back into µs text, was most of the trace's cost. A line
-# in the exact layout kbframe.oplog.OpLog writes (``_flush``) is read with one regular
+# in the exact layout kbframe.sim.oplog.OpLog writes (``_flush``) is read with one regular
 # expression instead, which accepts only text that json.loads reads to the same values:
 # canonical integers (so their text is ``str(int(text))``), strings without escapes or control
 # characters, and ns as ``int.frac`` with ≤ 12 + 3 digits, where ``round(float(ns) * 1000)``
@@ -258,11 +258,11 @@ def write_trace(op_log: Path | str, out: Path | str) -> dict:
 
 
 def main(argv=None) -> int:
-    """``python -m kbframe.trace OP_LOG [TRACE]``: (re)build a trace from an op_log."""
+    """``python -m kbframe.report.trace OP_LOG [TRACE]``: (re)build a trace from an op_log."""
     import sys
     args = sys.argv[1:] if argv is None else argv
     if not args or args[0] in ("-h", "--help"):
-        print("usage: python -m kbframe.trace RUN_DIR|op_log.jsonl [trace.json]")
+        print("usage: python -m kbframe.report.trace RUN_DIR|op_log.jsonl [trace.json]")
         return 0 if args else 2
     src = Path(args[0])
     if src.is_dir():

@@ -25,7 +25,7 @@ from pathlib import Path
 
 GROUPS = ("bench", "hardware", "calibration")
 _NAME = re.compile(r"[A-Za-z0-9_.\-]+")
-_CONF = Path(__file__).resolve().parent / "conf"
+_CONF = Path(__file__).resolve().parents[1] / "conf"
 
 
 def available(group: str) -> list[str]:

@@ -1,5 +1,5 @@
 """The jobs of a sweep directory: what was planned, what ran, and each job's status,
-overrides and metrics (see :mod:`kbframe.report`, which tabulates them).
+overrides and metrics (see :mod:`kbframe.report.sweep`, which tabulates them).
 
 Jobs come from two places: the sweep plan (the job list Hydra's basic sweeper expands from
 ``multirun.yaml``) and the job directories found under the sweep (any folder with
@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .jobstatus import read_status
+from ..files import read_status
 
 #: metric columns of sweep.csv, as metrics.json paths
 METRIC_COLUMNS = [

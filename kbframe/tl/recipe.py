@@ -7,7 +7,7 @@ A recipe is a Hydra config under ``recipes/`` (package ``recipes.<name>``)::
     primary_out: {name: P, from_shape: s, from_dtype: s, transform: identity}
     tile_alignment: single_shot
     scratch: [m_loc, m_new, corr, l_loc]         # internal slots; shapes are inferred
-    engine_seq:                                  # ordered micro-ops from kbframe.micro_ops
+    engine_seq:                                  # ordered micro-ops from kbframe.ir.micro_ops
       - {engine: MATH, op: rmax, src: s, dst: m_loc, reduce_axis: -1}
 
 :func:`load_recipes` validates every recipe when the run starts; a bad one raises
@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import micro_ops
-from .errors import RecipeError
+from ..ir import micro_ops
+from ..errors import RecipeError
 
 SLOT_KEYS = ("src", "src_a", "src_b", "src_c")
 STEP_EXTRAS = ("reduce_axis", "bcast_axis")

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import micro_ops
-from .errors import NumericsError
+from ..ir import micro_ops
+from ..errors import NumericsError
 
 
 class Numerics:

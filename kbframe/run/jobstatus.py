@@ -18,13 +18,12 @@ other Exception    traceback (a kbframe bug); exit 1           one line; traceba
 KeyboardInterrupt  ``kbframe: interrupted``; exit 130           same; the sweep stops
 =================  ==========================================  ===========================
 
-The sweep's callback (:mod:`kbframe.callbacks`) reads every job's status at the end,
+The sweep's callback (:mod:`kbframe.cli.callbacks`) reads every job's status at the end,
 lists the failed ones and makes the command exit non-zero.
 """
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import os
 import socket
 import sys
@@ -32,10 +31,9 @@ import time
 import traceback
 from pathlib import Path
 
-from .errors import KbframeError
-from .files import write_json
+from ..errors import KbframeError
+from ..files import STATUS_FILE, write_json
 
-STATUS_FILE = "status.json"
 #: exit status of an interrupted run (128 + SIGINT)
 EXIT_INTERRUPTED = 130
 
@@ -48,16 +46,6 @@ def write_status(out_dir: Path, status: dict) -> None:
     """Write ``status`` to ``out_dir/status.json`` atomically."""
     out_dir.mkdir(parents=True, exist_ok=True)
     write_json(out_dir / STATUS_FILE, status)
-
-
-def read_status(job_dir: Path) -> dict | None:
-    """The job's status dict, or None if it has none (or it cannot be parsed)."""
-    try:
-        with open(Path(job_dir) / STATUS_FILE) as f:
-            st = json.load(f)
-        return st if isinstance(st, dict) else None
-    except (OSError, ValueError):
-        return None
 
 
 class JobStatus:

@@ -21,12 +21,12 @@ import os
 import numpy as np
 from greenlet import greenlet
 
-from .engine import Engine
-from .errors import ConfigError, KbframeError, NumericsError, OutputError, TcmOverflowError
-from .handles import itemsize
-from .numerics import Numerics
-from .oplog import OpLog
-from .tl import TL
+from ..sim.engine import Engine
+from ..errors import ConfigError, KbframeError, NumericsError, OutputError, TcmOverflowError
+from ..ir.handles import itemsize
+from ..sim.numerics import Numerics
+from ..sim.oplog import OpLog
+from ..tl.context import TL
 
 
 def _gib(n: float) -> str:

@@ -1,12 +1,12 @@
 """Aggregate a sweep directory into ``sweep.csv``, a summary table and ``sweep.png``.
 
-Runs at the end of every ``python -m kbframe -m ...`` sweep (from :mod:`kbframe.callbacks`)
+Runs at the end of every ``python -m kbframe -m ...`` sweep (from :mod:`kbframe.cli.callbacks`)
 and by hand on any sweep directory, also an interrupted one::
 
     python -m kbframe.report outputs/sweeps/2025-01-01_12-00-00_123456
     python -m kbframe.report            # the newest sweep under outputs/sweeps/
 
-Jobs are collected by :mod:`kbframe.sweep_jobs`. Each job's ``status`` is read from its ``status.json``:
+Jobs are collected by :mod:`kbframe.report.sweep_jobs`. Each job's ``status`` is read from its ``status.json``:
 ``ok``, ``failed`` (with the error), ``interrupted`` (Ctrl-C), ``running`` (started, never
 finished: the process was killed or is still going) or ``missing`` (planned, but no
 directory or no status: it never ran). Metrics come from ``metrics.json``; for a job
@@ -34,7 +34,7 @@ import math
 import sys
 from pathlib import Path
 
-from .files import atomic_write
+from ..files import atomic_write
 from .sweep_jobs import CONFIG_FALLBACK, METRIC_COLUMNS, Job, Report, _job_dirs, _key, collect
 from .sweep_plot import plot_r_sweep
 
@@ -176,7 +176,7 @@ def write_csv(jobs: list[Job], path: Path) -> None:
 
 def write_plot(jobs: list[Job], path: Path) -> None:
     """sweep.png: dispatch cycles per KV tile and latency against R, one line per bench
-    (and per other swept setting); ok jobs only (drawn by kbframe.sweep_plot)."""
+    (and per other swept setting); ok jobs only (drawn by kbframe.report.sweep_plot)."""
     common = set.intersection(*(set(j.overrides) for j in jobs)) if jobs else set()
     series = {}
     for j in jobs:

@@ -1,9 +1,9 @@
 """The tl programming model: what a kernel (a plain Python function, Triton-like, no
 ``yield``) calls to emit commands on its PE. The compiler analog (DESIGN.md layers): it
-builds commands, lowers recipes into flat OpSpecs (:mod:`kbframe.lowering`) and validates
+builds commands, lowers recipes into flat OpSpecs (:mod:`kbframe.tl.lowering`) and validates
 them at emit.
 
-Results are :class:`~kbframe.handles.TensorHandle` objects whose ``pending`` completion
+Results are :class:`~kbframe.ir.handles.TensorHandle` objects whose ``pending`` completion
 is the producing command (ADR-0062 lazy pattern). Kernels never wait for a value unless
 they call :meth:`TL.wait`; RAW hazards between commands are PE_SCHEDULER's job.
 """
@@ -13,10 +13,10 @@ import itertools
 
 from greenlet import getcurrent
 
-from . import micro_ops
-from .commands import CompositeCmd, OpSpec, PrimitiveCmd, Scope
-from .errors import ValidationError, need
-from .handles import Completion, TensorHandle, itemsize
+from ..ir import micro_ops
+from ..ir.commands import CompositeCmd, OpSpec, PrimitiveCmd, Scope
+from ..errors import ValidationError, need
+from ..ir.handles import Completion, TensorHandle, itemsize
 from .lowering import Lowering
 
 
@@ -151,7 +151,7 @@ class TL:
         return self._primitive(op, out)
 
     def math(self, kind: str, *inputs: TensorHandle, out: TensorHandle | None = None, **extra) -> TensorHandle:
-        """One MATH micro-op from :mod:`kbframe.micro_ops` as a primitive command."""
+        """One MATH micro-op from :mod:`kbframe.ir.micro_ops` as a primitive command."""
         try:
             spec = micro_ops.get(kind)
         except KeyError as e:

@@ -40,9 +40,9 @@ from bisect import bisect_left, bisect_right
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from .errors import SanitizerError
+from ..errors import SanitizerError
 from .footprint import FootprintNumerics, Space, footprint
-from .hw.tiling import plan_stages
+from ..hw.tiling import plan_stages
 
 RULES = ("commands_once", "cpu_dispatch_serial", "unit_capacity", "tcm_no_overlap",
          "rw_no_interleave", "data_dependencies")
@@ -64,7 +64,7 @@ def check(engine, records) -> dict:
     """Check a finished run against every rule in :data:`RULES`.
 
     Args:
-        engine: the :class:`~kbframe.engine.Engine` after ``run`` (with :func:`enable`
+        engine: the :class:`~kbframe.sim.engine.Engine` after ``run`` (with :func:`enable`
             called before the run; without it the stage-level rules 1 (stage counts),
             5 and 6 cannot run and raise).
         records: the op_log records (dicts) or a path to ``op_log.jsonl``.
@@ -83,7 +83,7 @@ def check(engine, records) -> dict:
         recs = by_pe.get(pe.index, [])
         if pe.scheduler.record is None:
             raise SanitizerError("sanitizer: PE_SCHEDULER kept no stage record; call "
-                                 "kbframe.sanitizer.enable(engine) before the run")
+                                 "kbframe.sim.sanitizer.enable(engine) before the run")
         plan = sorted(pe.scheduler.record, key=lambda cs: cs[0].id)
         spans = check_commands_once(pe, recs, plan)
         check_cpu_dispatch_serial(pe.index, recs)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .files import atomic_write
+from ..files import atomic_write
 
 
 def plot_r_sweep(series: dict, title: str, path: Path) -> None:

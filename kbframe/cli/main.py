@@ -3,7 +3,7 @@
 A user mistake is printed as one line ``kbframe: error: ...`` and exits with status 1; no
 traceback (DESIGN.md decision 6). Every run writes ``status.json``; in a ``-m`` sweep a
 failed job is recorded and the others go on, and the sweep exits non-zero at the end
-(kbframe.jobstatus, kbframe.callbacks). Hydra's own composition errors (wrong types, unknown
+(kbframe.run.jobstatus, kbframe.cli.callbacks). Hydra's own composition errors (wrong types, unknown
 keys, unknown bench) are Hydra's messages, which name the key and list the options.
 """
 from __future__ import annotations
@@ -16,25 +16,27 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from . import cli_errors, schema
-from .bench import run_bench, summary
-from .errors import ConfigError
-from .jobstatus import JobStatus
+from . import hydra_errors
+
+from ..run import schema
+from ..run.bench import run_bench, summary
+from ..errors import ConfigError
+from ..run.jobstatus import JobStatus
 
 schema.register()
 
 
 def _available_benches() -> list[str]:
-    conf = Path(__file__).resolve().parent / "conf" / "bench"
+    conf = Path(__file__).resolve().parents[1] / "conf" / "bench"
     return sorted(p.stem for p in conf.glob("*.yaml"))
 
 
 @hydra.main(version_base="1.3", config_path="pkg://kbframe.conf", config_name="config")
 def _hydra_main(cfg: DictConfig) -> dict:
-    cli_errors.release()  # Hydra composed the config: stderr is ours again
+    hydra_errors.release()  # Hydra composed the config: stderr is ours again
     out_dir = Path(HydraConfig.get().runtime.output_dir)
     # status.json in out_dir; a job of a -m sweep that fails is recorded and the sweep goes
-    # on (kbframe.jobstatus); a single run exits 1 with one line
+    # on (kbframe.run.jobstatus); a single run exits 1 with one line
     with JobStatus.from_hydra() as job:
         if "bench" not in cfg:
             raise ConfigError(f"no bench selected; add +bench=NAME "
@@ -51,8 +53,8 @@ def _hydra_main(cfg: DictConfig) -> dict:
 def main() -> None:
     """``python -m kbframe`` / the ``kbframe`` script: Hydra's main, with Hydra's own
     composition errors (unknown bench, wrong type ...) folded into one line
-    (kbframe.cli_errors)."""
-    cli_errors.run(_hydra_main)
+    (kbframe.cli.hydra_errors)."""
+    hydra_errors.run(_hydra_main)
 
 
 if __name__ == "__main__":

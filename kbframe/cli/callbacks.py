@@ -4,7 +4,7 @@ Registered in ``conf/config.yaml`` under ``hydra.callbacks``. ``on_multirun_end`
 the launching process once every job has returned (with the joblib or submitit launchers
 the jobs ran elsewhere; everything is read back from the job directories), writes
 ``sweep.csv``, ``summary.md`` and ``sweep.png`` at the sweep root
-(:mod:`kbframe.report`), prints the summary, lists every job that is not ok on stderr and
+(:mod:`kbframe.report.sweep`), prints the summary, lists every job that is not ok on stderr and
 then raises ``SystemExit(1)`` so the command exits non-zero. Hydra's callback runner turns
 an ``Exception`` from a callback into a warning, but lets ``SystemExit`` through.
 
@@ -22,11 +22,11 @@ from omegaconf import DictConfig
 
 
 def _release_stderr() -> None:
-    """kbframe.cli_errors holds stderr back until a task function starts in this process;
+    """kbframe.cli.hydra_errors holds stderr back until a task function starts in this process;
     with the joblib or submitit launchers none does, so hand stderr back before reporting
     (else the list of failed jobs would be folded into one line)."""
     try:
-        from .cli_errors import release
+        from .hydra_errors import release
     except ImportError:
         return
     release()
@@ -46,7 +46,7 @@ class SweepReport(Callback):
         if not self.enabled:
             return
         _release_stderr()
-        from .report import write_report
+        from ..report.sweep import write_report
         sweep_dir = Path(config.hydra.sweep.dir)
         try:
             rep = write_report(sweep_dir)

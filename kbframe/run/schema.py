@@ -67,7 +67,7 @@ class RunConfig:
 
     check: bool = True
     progress: bool = True
-    trace: bool = True  # write trace.json; python -m kbframe.trace RUN_DIR makes it later
+    trace: bool = True  # write trace.json; python -m kbframe.report.trace RUN_DIR makes it later
 
 
 def register() -> None:

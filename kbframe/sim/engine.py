@@ -12,10 +12,10 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from .errors import ConfigError, DeadlockError
-from .handles import TensorHandle, itemsize
-from .hw.pe import PE
-from .timebase import ps_to_ns
+from ..errors import ConfigError, DeadlockError
+from ..ir.handles import TensorHandle, itemsize
+from ..hw.pe import PE
+from ..timebase import ps_to_ns
 
 
 def _check_targets(hw) -> None:
@@ -72,8 +72,8 @@ class Engine:
 
     Args:
         hw: the ``hardware`` config node.
-        numerics: a :class:`~kbframe.numerics.Numerics` (timing only) or NumpyNumerics.
-        oplog: the :class:`~kbframe.oplog.OpLog` records stream into.
+        numerics: a :class:`~kbframe.sim.numerics.Numerics` (timing only) or NumpyNumerics.
+        oplog: the :class:`~kbframe.sim.oplog.OpLog` records stream into.
     """
 
     def __init__(self, hw, numerics, oplog):

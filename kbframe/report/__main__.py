@@ -1,0 +1,3 @@
+from .sweep import main
+
+raise SystemExit(main())
