@@ -26,7 +26,7 @@ class Stage:
     """
 
     __slots__ = ("unit", "op_kind", "cmd", "tile", "nbytes", "flops", "n_elements",
-                 "effect", "succs", "deps", "t_start", "t_end", "t_data", "seq")
+                 "effect", "succs", "deps", "t_start", "t_end", "t_data")
 
     def __init__(self, unit, op_kind, cmd, tile=-1, nbytes=0, flops=0, n_elements=0, effect=None):
         self.unit = unit
@@ -40,7 +40,6 @@ class Stage:
         self.succs = []
         self.deps = 0
         self.t_start = self.t_end = self.t_data = -1
-        self.seq = 0
 
     def after(self, *preds) -> "Stage":
         """Make this stage wait for each stage in ``preds`` (None entries ignored)."""

@@ -19,13 +19,13 @@ from __future__ import annotations
 import os
 
 import numpy as np
-from greenlet import greenlet
 
 from ..sim.engine import Engine
 from ..errors import ConfigError, KbframeError, NumericsError, OutputError, TcmOverflowError
 from ..ir.handles import itemsize
 from ..sim.numerics import Numerics
 from ..sim.oplog import OpLog
+from ..ir.protocol import Dispatch, requests
 from ..tl.context import TL
 
 
@@ -106,13 +106,10 @@ def dry_run(hardware, pe_index: int, kernel, recipes: dict, dtype: str, shapes: 
     capacity = pe.tcm.capacity_bytes
     pe.tcm.capacity_bytes = 1 << 62
     tl = TL(pe, engine.hbm, recipes, dtype)
-    glet = greenlet(lambda: kernel(tl, **kwargs))
     n = 0
     try:
-        req = glet.switch()
-        while not glet.dead:
-            n += req[0] == "dispatch"
-            req = glet.switch()
+        for req in requests(lambda: kernel(tl, **kwargs)):
+            n += type(req) is Dispatch
     except KbframeError:
         raise
     except Exception:  # a kernel that reads simulated values: no exact dry run

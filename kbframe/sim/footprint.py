@@ -40,7 +40,7 @@ class FootprintNumerics(Numerics):
     def copy(self, src, dst):
         return self._acc([src], [dst])
 
-    def gemm(self, a, b, acc_key, first, acc_init=None):
+    def gemm(self, a, b, acc_key, first):
         return self._acc([a, b] + ([] if first else [("acc", acc_key)]), [("acc", acc_key)])
 
     def epilogue(self, kind, acc_key, others, extra):
