@@ -103,8 +103,9 @@ def _parse(name: str, raw: dict) -> Recipe:
             want = micro_ops.MICRO_OPS[op].slots
             if tuple(sorted(slots)) != tuple(sorted(want)):
                 raise RecipeError(f"{where} step {i} ({op}): needs slots {list(want)}, got {sorted(slots)}")
-        if s.get("engine", "MATH") != "MATH":  # the planner runs prologue micro-ops on PE_MATH
-            raise RecipeError(f"{where} step {i} ({op}): engine must be MATH, got '{s.get('engine')}'")
+        engine = "GEMM" if op == "gemm" else "MATH"  # the planner runs micro-ops on PE_MATH
+        if s.get("engine", engine) != engine:
+            raise RecipeError(f"{where} step {i} ({op}): engine must be {engine}, got '{s.get('engine')}'")
         if not s.get("dst"):
             raise RecipeError(f"{where} step {i} ({op}): no dst")
         steps.append(Step(i, s.get("engine", "MATH"), op, slots, s["dst"],
