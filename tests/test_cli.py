@@ -129,8 +129,8 @@ def test_cli_default_run(results, name, bench):
         assert z["out"].shape == (8, 128) and z["k"].shape == (4096, 128)
         assert np.abs(z["out"] - z["ref"]).max() <= 1e-5
     # the summary: shapes, latency, dispatch per tile, binding and fraction, error, file location
-    assert f"kbframe {bench}: G=8 d=128 S_kv=4096 tile=64 (64 tiles)" in so
-    for word in ("latency", f"{m['sim']['latency_ns']:.1f} ns", "per tile",
+    assert f"kbframe {bench}: G=8 d=128 S_kv=4096 tile=64 (64 KV tiles)" in so
+    for word in ("latency", f"{m['sim']['latency_ns']:.1f} ns", "per KV tile",
                  f"{m['dispatch']['commands_per_tile']:.2f}", f"{m['roofline']['binding']}-bound",
                  "max_abs_err", str(run_dir)):
         assert word in so, word

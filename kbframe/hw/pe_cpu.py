@@ -12,9 +12,10 @@ from ..errors import ValidationError
 from ..ir.protocol import Dispatch, requests
 from ..timebase import cycles_to_ps
 from .params import at_least_one, non_negative, positive
+from .unit import PeUnit
 
 
-class PeCpu:
+class PeCpu(PeUnit):
     """PE_CPU of one PE.
 
     Args:
@@ -26,13 +27,16 @@ class PeCpu:
         ValueError: a negative cost term, non-positive cap or clock.
     """
 
+    roles = ("dispatch",)
+    label = "PE_CPU"
+
     def __init__(self, fixed_cycles: float, r_cycles_per_byte: float, composite_cap_bytes: int,
-                 clock_ghz: float, description: str = ""):
+                 clock_ghz: float, description: str = "", roles=None, label=None):
+        super().__init__(description, roles, label)
         non_negative("fixed_cycles", fixed_cycles)
         non_negative("r_cycles_per_byte", r_cycles_per_byte)
         at_least_one("composite_cap_bytes", composite_cap_bytes)
         positive("clock_ghz", clock_ghz)
-        self.description = description
         self.fixed_cycles = float(fixed_cycles)
         self.r_cycles_per_byte = float(r_cycles_per_byte)
         self.composite_cap_bytes = int(composite_cap_bytes)

@@ -16,6 +16,7 @@ from collections import deque
 from ..ir.commands import hazard_ranges
 from .params import at_least_one
 from .tiling import PlanCache, plan_stages
+from .unit import PeUnit
 
 
 def _overlap(xs, ys) -> bool:
@@ -34,7 +35,7 @@ class _InFlight:
         self.touched = reads + writes  # what a later writer must not overlap (WAR and WAW)
 
 
-class PeScheduler:
+class PeScheduler(PeUnit):
     """PE_SCHEDULER of one PE.
 
     Args:
@@ -43,9 +44,12 @@ class PeScheduler:
         ValueError: ``max_queued_commands`` < 1.
     """
 
-    def __init__(self, max_queued_commands: int = 64, description: str = ""):
+    roles = ("admission",)
+    label = "PE_SCHEDULER"
+
+    def __init__(self, max_queued_commands: int = 64, description: str = "", roles=None, label=None):
+        super().__init__(description, roles, label)
         at_least_one("max_queued_commands", max_queued_commands)
-        self.description = description
         self.max_queued = int(max_queued_commands)
         self.queue: deque = deque()
         self.inflight: dict[int, _InFlight] = {}
@@ -109,9 +113,9 @@ class PeScheduler:
     def _start(self, cmd, reads, writes) -> None:
         plans = self._plans
         if plans is None:
-            stages = plan_stages(cmd, self.pe.stage_units, self.pe.numerics)
+            stages = plan_stages(cmd, self.pe.by_role, self.pe.numerics)
         else:
-            stages = plans.stages(cmd, self.pe.stage_units, self.pe.numerics)
+            stages = plans.stages(cmd, self.pe.by_role, self.pe.numerics)
         self.n_commands += 1
         self.inflight[cmd.id] = _InFlight(cmd, len(stages), reads, writes, self.env.now)
         if self.record is not None:
