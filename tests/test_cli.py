@@ -23,7 +23,7 @@ BAD_RECIPE = textwrap.dedent("""\
       - {op: copy, src: x, dst: y}
       - {op: softmax, src: x, dst: y}
     """)
-KNOWN = "add, copy, div_bcast, exp_diff, fill, fma, max_elem, mul_bcast, rmax, rsum, scale"
+KNOWN = "add, bias, clamp, copy, dequant, div_bcast, exp_diff, fill, fma, gelu, max_elem, mul_bcast, relu, rmax, rmean, rsqrt, rsum, scale, sigmoid"
 
 
 def _cases(tmp):
@@ -42,8 +42,8 @@ def _cases(tmp):
                   "be converted to Float"),
         "typo": (o3 + ["+calibration.typo=1"],
                  "kbframe: error: unknown key 'calibration.typo' (known: FIXED, R, cap_bytes)"),
-        "bench_nope": (["+bench=nope"], "kbframe: error: unknown bench 'nope' (available: decode_opt2, decode_opt3)"),
-        "no_bench": ([], "kbframe: error: no bench selected; add +bench=NAME (available: decode_opt2, decode_opt3)"),
+        "bench_nope": (["+bench=nope"], "kbframe: error: unknown bench 'nope' (available: decode_opt2, decode_opt3, gemm_load_load, gemm_load_ref, gemm_ref_ref, rmsnorm_linear)"),
+        "no_bench": ([], "kbframe: error: no bench selected; add +bench=NAME (available: decode_opt2, decode_opt3, gemm_load_load, gemm_load_ref, gemm_ref_ref, rmsnorm_linear)"),
         "tile0": (o3 + ["bench.tile=0"], "kbframe: error: bench.tile must be ≥ 1, got 0"),
         "skv0": (o3 + ["bench.S_kv=0"], "kbframe: error: bench.S_kv must be ≥ 1, got 0"),
         "missing_file": (o3 + [f"bench.inputs.path={tmp}/nope.npz"],

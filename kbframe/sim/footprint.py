@@ -43,6 +43,9 @@ class FootprintNumerics(Numerics):
     def gemm(self, a, b, acc_key, first):
         return self._acc([a, b] + ([] if first else [("acc", acc_key)]), [("acc", acc_key)])
 
+    def accumulate(self, part_key, acc_key, first):
+        return self._acc([("acc", part_key)] + ([] if first else [("acc", acc_key)]), [("acc", acc_key)])
+
     def epilogue(self, kind, acc_key, others, extra):
         return self._acc([("acc", acc_key), *others], [("acc", acc_key)])
 

@@ -31,6 +31,10 @@ class Numerics:
     def gemm(self, a, b, acc_key: str, first: bool):
         """Effect: ``acc[acc_key] (+)= a @ b``; ``first`` starts a fresh accumulator."""
 
+    def accumulate(self, part_key: str, acc_key: str, first: bool):
+        """Effect: ``acc[acc_key] (+)= acc[part_key]`` (a K tile's partial product, after its
+        K_TILE epilogue); ``first`` starts a fresh accumulator."""
+
     def epilogue(self, kind: str, acc_key: str, others: list, extra: dict):
         """Effect: ``acc[acc_key] = op(acc, *others)`` for an epilogue micro-op."""
 
@@ -151,6 +155,15 @@ class NumpyNumerics(Numerics):
         def effect():
             ins = [self.acc[acc_key]] + [self._get(o).astype(acc_dtype, copy=False) for o in others]
             self.acc[acc_key] = np.asarray(micro_ops.apply(kind, ins, extra), dtype=acc_dtype)
+        return effect
+
+    def accumulate(self, part_key, acc_key, first):
+        def effect():
+            part = self.acc.pop(part_key)
+            if first:
+                self.acc[acc_key] = part
+            else:
+                self.acc[acc_key] += part
         return effect
 
     def writeback(self, acc_key, dst):
