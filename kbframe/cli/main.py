@@ -63,7 +63,11 @@ def _hydra_main(cfg: DictConfig) -> dict:
 def main() -> None:
     """``python -m kbframe`` / the ``kbframe`` script: Hydra's main, with Hydra's own
     composition errors (unknown bench, wrong type ...) folded into one line
-    (kbframe.cli.hydra_errors)."""
+    (kbframe.cli.hydra_errors). ``--help`` / ``-h`` prints kbframe's own help (kbframe.cli.help)."""
+    if any(a in ("--help", "-h") for a in sys.argv[1:]):
+        from .help import text
+        print(text())
+        return
     hydra_errors.run(_hydra_main)
 
 

@@ -54,7 +54,7 @@ def workload_classes() -> dict:
     for info in pkgutil.iter_modules(workloads.__path__):
         mod = importlib.import_module(f"{workloads.__name__}.{info.name}")
         for obj in vars(mod).values():
-            if isinstance(obj, type) and issubclass(obj, Workload) and obj.__module__ == mod.__name__:
+            if isinstance(obj, type) and issubclass(obj, Workload) and obj is not Workload and obj.__module__ == mod.__name__:
                 found[info.name] = obj
     return found
 
