@@ -23,7 +23,7 @@ import re
 import sys
 from pathlib import Path
 
-GROUPS = ("bench", "hardware", "calibration")
+GROUPS = ("bench", "hardware", "calibration", "model")
 _NAME = re.compile(r"[A-Za-z0-9_.\-]+")
 _CONF = Path(__file__).resolve().parents[1] / "conf"
 

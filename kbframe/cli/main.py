@@ -41,6 +41,23 @@ def _explicit_keys(overrides) -> set:
     return keys
 
 
+def presets_after_bench(argv: list[str]) -> list[str]:
+    """``argv`` with every ``+model=...`` moved after the last ``+bench=...``.
+
+    Hydra merges appended config groups in command-line order, so a model preset (``# @package
+    bench``, ``conf/model/``) given before the bench would be overwritten by the bench's own
+    defaults without a word; a preset applies whatever the order."""
+    is_bench = [a.startswith("+bench=") for a in argv]
+    if True not in is_bench:
+        return list(argv)
+    last = len(argv) - 1 - is_bench[::-1].index(True)
+    early = [a for a in argv[:last] if a.startswith("+model=")]
+    if not early:
+        return list(argv)
+    rest = [a for a in argv[:last + 1] if not a.startswith("+model=")]
+    return rest + early + list(argv[last + 1:])
+
+
 @hydra.main(version_base="1.3", config_path="pkg://kbframe.conf", config_name="config")
 def _hydra_main(cfg: DictConfig) -> dict:
     hydra_errors.release()  # Hydra composed the config: stderr is ours again
@@ -68,6 +85,7 @@ def main() -> None:
         from .help import text
         print(text())
         return
+    sys.argv[1:] = presets_after_bench(sys.argv[1:])
     hydra_errors.run(_hydra_main)
 
 

@@ -56,25 +56,29 @@ def plan_stages(cmd, units: dict, nx) -> list[Stage]:
         Stages in a valid order; those with ``deps == 0`` are ready at once.
     """
     ops = cmd.ops
+    # DMA staging buffers and GEMM accumulators live in the PE: their keys name it, as
+    # command ids are PE-local and the PEs of a run share one memory model
+    tcm = units.get("tcm")
+    tag = f"pe{tcm.pe_index}.c{cmd.id}" if tcm is not None else f"c{cmd.id}"
     stages: list[Stage] = []
     gi = next((i for i, op in enumerate(ops) if op.kind == "gemm"), None)
     prev = None
     for op in ops[:gi] if gi is not None else ops:
-        prev = _op_stage(op, cmd, units, nx, stages, prev)
+        prev = _op_stage(op, cmd, tag, units, nx, stages, prev)
     if gi is None:
         return stages
-    ends = _tile_loop(ops[gi], ops[gi + 1:], cmd, units, nx, stages, prev)
+    ends = _tile_loop(ops[gi], ops[gi + 1:], cmd, tag, units, nx, stages, prev)
     post = None
     for op in ops[gi + 1:]:
         if op.scope is Scope.KERNEL:
-            post = _op_stage(op, cmd, units, nx, stages, post)
+            post = _op_stage(op, cmd, tag, units, nx, stages, post)
             if len(ends):
                 post.after(*ends)
                 ends = []
     return stages
 
 
-def _op_stage(op, cmd, units, nx, stages, prev) -> Stage:
+def _op_stage(op, cmd, tag, units, nx, stages, prev) -> Stage:
     """One non-GEMM op: a DMA stage for load/store, else a MATH stage (HBM operands of a
     head MATH op are staged in by DMA_READ first, ADR-0065 D4)."""
     kind, out = op.kind, op.out
@@ -88,7 +92,7 @@ def _op_stage(op, cmd, units, nx, stages, prev) -> Stage:
     n, nbytes = out.n_elements, out.nbytes  # elements produced or read, whichever is more
     for name, h in op.operands.items():
         if h.space == "hbm":
-            key = f"c{cmd.id}.{len(stages)}.{name}"
+            key = f"{tag}.{len(stages)}.{name}"
             d = Stage(units["dma_read"], "dma_read", cmd, -1, h.nbytes, 0, 0,
                       nx.copy((h, None), key)).after(prev)
             stages.append(d)
@@ -104,7 +108,7 @@ def _op_stage(op, cmd, units, nx, stages, prev) -> Stage:
     return st
 
 
-def _tile_loop(gemm, after_ops, cmd, units, nx, stages, pre_end) -> list:
+def _tile_loop(gemm, after_ops, cmd, tag, units, nx, stages, pre_end) -> list:
     a, b, out = gemm.operands["a"], gemm.operands["b"], gemm.out
     M, K = a.shape
     N = b.shape[1]
@@ -119,14 +123,14 @@ def _tile_loop(gemm, after_ops, cmd, units, nx, stages, pre_end) -> list:
         for n0 in range(0, N, tn):
             rn = slice(n0, min(N, n0 + tn))
             ro = (rm, rn)
-            acc = f"c{cmd.id}.acc{m0}.{n0}"
+            acc = f"{tag}.acc{m0}.{n0}"
             prev = None
             for k0 in range(0, K, tk):
                 rk = slice(k0, min(K, k0 + tk))
                 srcs, dmas = [], []
                 for name, h, reg, isz in (("a", a, (rm, rk), isz_a), ("b", b, (rk, rn), isz_b)):
                     if h.space == "hbm":
-                        key = f"c{cmd.id}.t{tile}.{name}"
+                        key = f"{tag}.t{tile}.{name}"
                         d = Stage(units["dma_read"], "dma_read", cmd, tile, _region_nbytes(*reg, isz), 0, 0,
                                   nx.copy((h, reg), key)).after(pre_end)
                         stages.append(d)

@@ -57,6 +57,8 @@ class Workload:
 
     Args:
         cfg: the ``bench`` config node (already checked against :attr:`Config`).
+        n_pes: PEs the topology has (``hardware.n_pes``): the PE indices
+            :meth:`programs` may use are ``0 .. n_pes - 1``.
     """
 
     #: the typed config (a dataclass extending BenchConfig)
@@ -70,8 +72,9 @@ class Workload:
     #: optional 0-d arrays an inputs file may hold besides the input tensors
     file_scalars: tuple = ()
 
-    def __init__(self, cfg):
+    def __init__(self, cfg, n_pes: int = 1):
         self.cfg = cfg
+        self.n_pes = int(n_pes)
 
     # ---- checks ----------------------------------------------------------------------
     def validate(self) -> None:

@@ -13,17 +13,11 @@ from typing import Optional
 
 import numpy as np
 
-from ..errors import ConfigError, InputsError, NumericsError
-from .base import BenchConfig, InputsConfig, Workload
+from ..errors import ConfigError, InputsError
+from .attention import DecodeInputsConfig, check_scores, draw_qkv, read_scale, reference, softmax_scale
+from .base import BenchConfig, Workload
 
-_CHUNK_ROWS = 8192
-
-
-@dataclass
-class DecodeInputsConfig(InputsConfig):
-    """``peak``: standard deviation of the generated scores ``q·kᵀ·scale``."""
-
-    peak: float = 1.0
+__all__ = ["GqaDecode", "GqaDecodeConfig", "reference"]
 
 
 @dataclass
@@ -61,11 +55,7 @@ class GqaDecode(Workload):
 
     def scale(self, inputs: dict | None = None) -> float:
         """The softmax scale: ``bench.scale``, else an inputs file's, else ``1/sqrt(d)``."""
-        if self.cfg.scale is not None:  # an explicit bench.scale wins over the file's
-            return float(self.cfg.scale)
-        if inputs and "scale" in inputs:
-            return float(inputs["scale"])
-        return 1.0 / math.sqrt(self.cfg.d)
+        return softmax_scale(self.cfg.scale, inputs, self.cfg.d)
 
     def host_bytes(self) -> int:
         """q, k, v as float64 (inputs and tensors.npz), the float64 reference's (G, S_kv)
@@ -84,17 +74,7 @@ class GqaDecode(Workload):
         are drawn in chunks (the same stream), so a long context never holds a float64 copy."""
         c = self.cfg
         scale = self.scale()
-        q = (rng.standard_normal((c.G, c.d)) * (c.inputs.peak / (scale * math.sqrt(c.d)))).astype(np.float32)
-        chunk = np.empty((min(c.S_kv, _CHUNK_ROWS), c.d))  # each chunk is drawn into this
-
-        def normal_f32(rows):
-            out = np.empty((rows, c.d), np.float32)
-            for r0 in range(0, rows, _CHUNK_ROWS):
-                r1 = min(rows, r0 + _CHUNK_ROWS)
-                out[r0:r1] = rng.standard_normal(out=chunk[:r1 - r0])
-            return out
-        k = normal_f32(c.S_kv)
-        v = normal_f32(c.S_kv)
+        q, k, v = draw_qkv(rng, c.G, c.S_kv, c.d, c.inputs.peak, scale)
         return {"q": q, "k": k, "v": v, "scale": scale}
 
     def shape_from_file(self, arrays: dict, path: str) -> dict:
@@ -107,33 +87,16 @@ class GqaDecode(Workload):
 
     def accept_file(self, arrays: dict, path: str) -> dict:
         out = super().accept_file(arrays, path)
-        if "scale" in arrays:
-            s = arrays["scale"]
-            real = np.issubdtype(s.dtype, np.floating) or np.issubdtype(s.dtype, np.integer)
-            if s.shape != () or not real or not np.isfinite(s) or float(s) <= 0:
-                raise InputsError(f"bench.inputs.path: '{path}' scale must be a 0-d finite number > 0, got {s!r}")
-            out["scale"] = float(s)
+        file_scale = read_scale(arrays, path)
+        if file_scale is not None:
+            out["scale"] = file_scale
         out["scale"] = self.scale(out)
         return out
 
     def check_inputs(self, data_dtype: str, inputs: dict) -> None:
         """Scores ``q·kᵀ·scale`` must fit the accumulator (fp32 at least): refused naming
         the bound, never turned into inf and then NaN."""
-        dt = np.dtype(data_dtype)
-        acc_top = float(np.finfo(np.promote_types(dt, np.float32)).max)
-        q, k, scale = inputs["q"], inputs["k"], inputs["scale"]
-        big_k = max(float(k.max()), -float(k.min())) if k.size else 0.0
-        q64 = np.asarray(q, dtype=np.float64)
-        # |s| ≤ max_i Σ_d |q_id| · max |k| · |scale|: when that bound fits, so does every
-        # score, and the exact product (a pass over all of k) is not needed
-        bound = float(np.abs(q64).sum(axis=-1).max()) * big_k * abs(scale) if q64.size else 0.0
-        if bound <= acc_top:
-            return
-        with np.errstate(over="ignore", invalid="ignore"):
-            s_max = float(np.max(np.abs(q) @ np.abs(k).T)) * abs(scale)
-        if not s_max <= acc_top:
-            raise NumericsError(f"scores q·kᵀ·scale reach |s| ≈ {s_max:.6g}, beyond the accumulator's largest "
-                                f"value {acc_top:.6g}; use smaller inputs or bench.scale")
+        check_scores(data_dtype, inputs["q"], inputs["k"], inputs["scale"])
 
     def kernel_kwargs(self, inputs: dict | None) -> dict:
         c = self.cfg
@@ -158,20 +121,3 @@ class GqaDecode(Workload):
     def reference(self, inputs: dict) -> dict:
         return {"out": reference(inputs["q"], inputs["k"], inputs["v"], self.scale(inputs))}
 
-
-def reference(q, k, v, scale) -> np.ndarray:
-    """float64 ``softmax(q·kᵀ·scale)·v``, ``(G, d)``, computed over chunks of keys so that
-    float32 k and v are widened a chunk at a time (no full float64 copy of either)."""
-    q64 = q.astype(np.float64, copy=False)
-    S = k.shape[0]
-    s = np.empty((q.shape[0], S))
-    for r0 in range(0, S, _CHUNK_ROWS):
-        s[:, r0:r0 + _CHUNK_ROWS] = q64 @ k[r0:r0 + _CHUNK_ROWS].astype(np.float64, copy=False).T
-    s *= scale
-    s -= s.max(axis=1, keepdims=True)
-    p = np.exp(s)
-    p /= p.sum(axis=1, keepdims=True)
-    out = np.zeros((q.shape[0], v.shape[1]))
-    for r0 in range(0, S, _CHUNK_ROWS):
-        out += p[:, r0:r0 + _CHUNK_ROWS] @ v[r0:r0 + _CHUNK_ROWS].astype(np.float64, copy=False)
-    return out

@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 
 from conftest import Sim, emit, ref64
-from kbframe.kernels.decode_multi import LSE_FLOOR, lse_floor, merge
-from kbframe.kernels.gqa_decode import PARTIALS, empty_partial
+from kbframe.kernels.attention import LSE_FLOOR, PARTIALS, empty_partial, lse_floor, merge
 
 G, D, TILE = 4, 16, 8
 

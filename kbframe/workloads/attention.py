@@ -1,0 +1,300 @@
+"""Helpers shared by the decode workloads (``gqa_decode``, ``decode_heads``,
+``decode_splitk``): the inputs config, drawing q/k/v, the softmax scale, the score range
+check, the float64 reference, and the batch of sequences × KV heads that the multi-PE
+workloads share (:class:`HeadsConfig`, :class:`HeadsBatch`). No workload class lives here.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import numpy as np
+from omegaconf import OmegaConf
+
+from ..errors import ConfigError, InputsError, NumericsError
+from ..kernels.attention import PARTIALS
+from .base import BenchConfig, InputsConfig
+
+#: rows of k and v drawn, or widened to float64, at a time
+CHUNK_ROWS = 8192
+
+
+@dataclass
+class DecodeInputsConfig(InputsConfig):
+    """``peak``: standard deviation of the generated scores ``q·kᵀ·scale``."""
+
+    peak: float = 1.0
+
+
+def softmax_scale(cfg_scale, inputs: dict | None, d: int) -> float:
+    """The softmax scale: ``bench.scale``, else an inputs file's ``scale``, else ``1/sqrt(d)``."""
+    if cfg_scale is not None:  # an explicit bench.scale wins over the file's
+        return float(cfg_scale)
+    if inputs and "scale" in inputs:
+        return float(inputs["scale"])
+    return 1.0 / math.sqrt(d)
+
+
+def draw_qkv(rng: np.random.Generator, n_q: int, n_kv: int, d: int, peak: float, scale: float):
+    """q ``(n_q, d)``, k and v ``(n_kv, d)``, drawn in float64 and kept as float32 (the
+    kernel's inputs are those float32 values; the reference uses the same values). q is
+    scaled so the scores ``q·kᵀ·scale`` have standard deviation ``peak``. k and v are drawn
+    in chunks (the same stream), so a long context never holds a float64 copy."""
+    q = (rng.standard_normal((n_q, d)) * (peak / (scale * math.sqrt(d)))).astype(np.float32)
+    chunk = np.empty((min(n_kv, CHUNK_ROWS), d))  # each chunk is drawn into this
+
+    def normal_f32(rows):
+        out = np.empty((rows, d), np.float32)
+        for r0 in range(0, rows, CHUNK_ROWS):
+            r1 = min(rows, r0 + CHUNK_ROWS)
+            out[r0:r1] = rng.standard_normal(out=chunk[:r1 - r0])
+        return out
+    k = normal_f32(n_kv)
+    v = normal_f32(n_kv)
+    return q, k, v
+
+
+def read_scale(arrays: dict, path: str) -> float | None:
+    """An inputs file's optional 0-d ``scale``, checked (InputsError unless a finite number > 0)."""
+    if "scale" not in arrays:
+        return None
+    s = arrays["scale"]
+    real = np.issubdtype(s.dtype, np.floating) or np.issubdtype(s.dtype, np.integer)
+    if s.shape != () or not real or not np.isfinite(s) or float(s) <= 0:
+        raise InputsError(f"bench.inputs.path: '{path}' scale must be a 0-d finite number > 0, got {s!r}")
+    return float(s)
+
+
+def check_scores(data_dtype: str, q, k, scale: float) -> None:
+    """Scores ``q·kᵀ·scale`` (every row of q against every row of k: a bound for any
+    pairing) must fit the accumulator (fp32 at least): refused naming the bound, never
+    turned into inf and then NaN.
+
+    Raises:
+        NumericsError: the largest |score| and the accumulator's largest value.
+    """
+    dt = np.dtype(data_dtype)
+    acc_top = float(np.finfo(np.promote_types(dt, np.float32)).max)
+    big_k = max(float(k.max()), -float(k.min())) if k.size else 0.0
+    q64 = np.asarray(q, dtype=np.float64)
+    # |s| ≤ max_i Σ_d |q_id| · max |k| · |scale|: when that bound fits, so does every
+    # score, and the exact product (a pass over all of k) is not needed
+    bound = float(np.abs(q64).sum(axis=-1).max()) * big_k * abs(scale) if q64.size else 0.0
+    if bound <= acc_top:
+        return
+    with np.errstate(over="ignore", invalid="ignore"):
+        s_max = float(np.max(np.abs(q) @ np.abs(k).T)) * abs(scale)
+    if not s_max <= acc_top:
+        raise NumericsError(f"scores q·kᵀ·scale reach |s| ≈ {s_max:.6g}, beyond the accumulator's largest "
+                            f"value {acc_top:.6g}; use smaller inputs or bench.scale")
+
+
+def reference(q, k, v, scale) -> np.ndarray:
+    """float64 ``softmax(q·kᵀ·scale)·v``, ``(G, d)``, computed over chunks of keys so that
+    float32 k and v are widened a chunk at a time (no full float64 copy of either). No keys
+    (``k`` of 0 rows) gives zeros: attention over nothing is defined as 0, not NaN."""
+    S = k.shape[0]
+    if S == 0:
+        return np.zeros((q.shape[0], v.shape[1]))
+    q64 = q.astype(np.float64, copy=False)
+    s = np.empty((q.shape[0], S))
+    for r0 in range(0, S, CHUNK_ROWS):
+        s[:, r0:r0 + CHUNK_ROWS] = q64 @ k[r0:r0 + CHUNK_ROWS].astype(np.float64, copy=False).T
+    s *= scale
+    s -= s.max(axis=1, keepdims=True)
+    p = np.exp(s)
+    p /= p.sum(axis=1, keepdims=True)
+    out = np.zeros((q.shape[0], v.shape[1]))
+    for r0 in range(0, S, CHUNK_ROWS):
+        out += p[:, r0:r0 + CHUNK_ROWS] @ v[r0:r0 + CHUNK_ROWS].astype(np.float64, copy=False)
+    return out
+
+
+@dataclass
+class HeadsConfig(BenchConfig):
+    """A batch of decode sequences × KV heads (``decode_heads``, ``decode_splitk``).
+
+    A model preset (``+model=NAME``, ``conf/model/``) sets ``model``, ``H_q``, ``H_kv`` and ``d``."""
+
+    model: Optional[str] = None  # the model preset that set the heads (named in errors), or None
+    H_q: int = 64  # query heads
+    H_kv: int = 8  # KV heads; each serves G = H_q / H_kv query heads
+    d: int = 128  # head dim
+    S_kv: Any = 4096  # keys per sequence: an int (every sequence), or a list (one per sequence: the batch)
+    batch: int = 1  # sequences, when S_kv is an int
+    tile: int = 64  # keys per KV tile (TILE)
+    inner: str = "opt2"  # the inner loop: opt2 (2 composites per tile) or opt3 (~13 primitives per tile)
+    scale: Optional[float] = None  # softmax scale; None → 1/sqrt(d)
+    inputs: DecodeInputsConfig = field(default_factory=DecodeInputsConfig)
+
+
+class HeadsBatch:
+    """What ``decode_heads`` and ``decode_splitk`` share (a mixin for a
+    :class:`~kbframe.workloads.base.Workload` whose ``cfg`` is a :class:`HeadsConfig`):
+    the batch, the stacked HBM tensors, inputs, the score check and the reference.
+
+    HBM tensors (row windows per (sequence b, KV head h), an *item*, numbered
+    ``i = b·H_kv + h``):
+
+    * ``q (B·H_q, d)``: item i's ``G`` query heads are rows ``i·G .. (i+1)·G`` (query head
+      ``h·G + g`` of sequence b uses KV head h, as in Llama's ``repeat_kv``);
+    * ``k``, ``v`` ``(H_kv·ΣS_b, d)``: sequence b's heads one after another, each ``S_b``
+      rows, so every item's keys are one contiguous window;
+    * ``out (B·H_q, d)``: laid out as q.
+
+    A sequence of length 0 has no rows in k and v and its output is 0.
+    """
+
+    outputs = ("out",)
+    generated_only_keys = ("seed", "inputs.peak")
+    file_scalars = ("scale",)
+    unit = "KV tile"
+
+    # ---- the batch -------------------------------------------------------------------
+    def lengths(self) -> list[int]:
+        """Keys of each sequence, ``[S_0, ..., S_{B-1}]``."""
+        s = self.cfg.S_kv
+        if isinstance(s, int):
+            return [int(s)] * int(self.cfg.batch)
+        return [int(x) for x in s]
+
+    @property
+    def G(self) -> int:
+        return self.cfg.H_q // self.cfg.H_kv
+
+    def items(self) -> list[tuple[int, int]]:
+        """``[(b, h), ...]`` in item order (sequence-major)."""
+        return [(b, h) for b in range(len(self.lengths())) for h in range(self.cfg.H_kv)]
+
+    def q_rows(self, b: int, h: int) -> tuple[int, int]:
+        """Rows of q (and out) of item (b, h)."""
+        r0 = (b * self.cfg.H_kv + h) * self.G
+        return r0, r0 + self.G
+
+    def kv_rows(self, b: int, h: int) -> tuple[int, int]:
+        """Rows of k and v of item (b, h) (empty when ``S_b = 0``)."""
+        lengths = self.lengths()
+        r0 = self.cfg.H_kv * sum(lengths[:b]) + h * lengths[b]
+        return r0, r0 + lengths[b]
+
+    def item_tiles(self, S: int) -> int:
+        """KV tiles of a key range of ``S`` keys."""
+        return -(-S // int(self.cfg.tile))
+
+    # ---- checks ----------------------------------------------------------------------
+    def validate_heads(self) -> None:
+        """Ranges and choices of the :class:`HeadsConfig` keys.
+
+        Raises:
+            ConfigError: names the key (and the model preset, for heads that do not divide).
+        """
+        c = self.cfg
+        for key in ("H_q", "H_kv", "d", "tile", "batch"):
+            if c[key] < 1:
+                raise ConfigError(f"bench.{key} must be ≥ 1, got {c[key]}")
+        if c.H_q % c.H_kv:
+            who = f"model preset '{c.model}' (conf/model/{c.model}.yaml): " if c.model else ""
+            raise ConfigError(f"{who}query heads bench.H_q={c.H_q} are not a multiple of KV heads "
+                              f"bench.H_kv={c.H_kv} (GQA needs H_q = G·H_kv)")
+        s = c.S_kv
+        vals = [s] if isinstance(s, int) else (list(s) if OmegaConf.is_list(s) or isinstance(s, list) else None)
+        if vals is None or not vals or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0
+                                               for x in vals):
+            raise ConfigError(f"bench.S_kv must be an int ≥ 0 or a non-empty list of them (one per sequence), "
+                              f"got {_plain(s)}")
+        if not isinstance(s, int) and c.batch not in (1, len(vals)):
+            raise ConfigError(f"bench.batch={c.batch} but bench.S_kv lists {len(vals)} sequence lengths "
+                              f"(a list sets the batch; drop bench.batch)")
+        if not any(self.lengths()):
+            raise ConfigError(f"bench.S_kv: every sequence is empty ({_plain(s)}); at least one needs a key")
+        if c.inner not in PARTIALS:
+            raise ConfigError(f"bench.inner must be one of {', '.join(PARTIALS)}, got '{c.inner}'")
+        if c.scale is not None and not (math.isfinite(c.scale) and c.scale > 0):
+            raise ConfigError(f"bench.scale must be a finite number > 0, got {c.scale}")
+        if not (math.isfinite(c.inputs.peak) and c.inputs.peak >= 0):
+            raise ConfigError(f"bench.inputs.peak must be a finite number ≥ 0, got {c.inputs.peak}")
+
+    # ---- tensors and inputs ----------------------------------------------------------
+    def tensors(self) -> dict:
+        c = self.cfg
+        B, rows = len(self.lengths()), c.H_kv * sum(self.lengths())
+        return {"q": (B * c.H_q, c.d), "k": (rows, c.d), "v": (rows, c.d), "out": (B * c.H_q, c.d)}
+
+    def scale(self, inputs: dict | None = None) -> float:
+        """The softmax scale: ``bench.scale``, else an inputs file's, else ``1/sqrt(d)``."""
+        return softmax_scale(self.cfg.scale, inputs, self.cfg.d)
+
+    def host_bytes(self) -> int:
+        """q, k, v as float64, the reference's score temporaries (one item at a time) and,
+        in data mode, the HBM copies at ``data_dtype``."""
+        c = self.cfg
+        shapes = self.tensors()
+        n_in = sum(math.prod(shapes[n]) for n in ("q", "k", "v"))
+        need = 8 * n_in + 3 * 8 * self.G * max(self.lengths())
+        if c.data:
+            need += np.dtype(c.data_dtype).itemsize * (n_in + math.prod(shapes["out"]))
+        return need
+
+    def generate(self, rng: np.random.Generator) -> dict:
+        """q, k, v (:func:`draw_qkv`: float32, scores of std ``bench.inputs.peak``)."""
+        shapes = self.tensors()
+        scale = self.scale()
+        q, k, v = draw_qkv(rng, shapes["q"][0], shapes["k"][0], self.cfg.d, self.cfg.inputs.peak, scale)
+        return {"q": q, "k": k, "v": v, "scale": scale}
+
+    def shape_from_file(self, arrays: dict, path: str) -> dict:
+        """An inputs file holds the stacked tensors of the batch the keys describe (its
+        ``d`` is taken from the file); rows that do not match are an InputsError."""
+        q, k, v = arrays["q"], arrays["k"], arrays["v"]
+        c = self.cfg
+        want_q = len(self.lengths()) * c.H_q
+        want_kv = c.H_kv * sum(self.lengths())
+        if q.ndim != 2 or k.ndim != 2 or v.ndim != 2 or k.shape != v.shape or q.shape[1] != k.shape[1] \
+                or q.shape[0] != want_q or k.shape[0] != want_kv or q.shape[1] == 0:
+            raise InputsError(f"bench.inputs.path: shapes in '{path}' (q {q.shape}, k {k.shape}, v {v.shape}) do "
+                              f"not fit the batch: need q (B·H_q = {want_q}, d), k and v (H_kv·ΣS_kv = {want_kv}, d)")
+        return {"d": int(q.shape[1])}
+
+    def accept_file(self, arrays: dict, path: str) -> dict:
+        out = {n: np.asarray(arrays[n], dtype=np.float64) for n in ("q", "k", "v")}
+        file_scale = read_scale(arrays, path)
+        if file_scale is not None:
+            out["scale"] = file_scale
+        out["scale"] = self.scale(out)
+        return out
+
+    def check_inputs(self, data_dtype: str, inputs: dict) -> None:
+        """Scores ``q·kᵀ·scale`` must fit the accumulator (:func:`check_scores`)."""
+        check_scores(data_dtype, inputs["q"], inputs["k"], inputs["scale"])
+
+    # ---- the run ---------------------------------------------------------------------
+    def progress_stream(self) -> tuple[str, int]:
+        return "k", int(self.cfg.tile)
+
+    def heads_shape(self) -> dict:
+        """The batch's part of ``metrics.json`` ``shape``."""
+        c = self.cfg
+        return {"model": c.model, "B": len(self.lengths()), "H_q": c.H_q, "H_kv": c.H_kv, "G": self.G,
+                "d": c.d, "S_kv": _plain(c.S_kv), "tile": int(c.tile), "inner": c.inner}
+
+    def extra_metrics(self, inputs: dict | None) -> dict:
+        return {"scale": self.scale(inputs)}
+
+    def saved_scalars(self, inputs: dict) -> dict:
+        return {"scale": np.float64(self.scale(inputs))}
+
+    def reference(self, inputs: dict) -> dict:
+        """float64 attention per item (:func:`reference`; zeros for an empty sequence)."""
+        q, k, v, scale = inputs["q"], inputs["k"], inputs["v"], self.scale(inputs)
+        out = np.zeros((q.shape[0], q.shape[1]))
+        for b, h in self.items():
+            q0, q1 = self.q_rows(b, h)
+            k0, k1 = self.kv_rows(b, h)
+            out[q0:q1] = reference(q[q0:q1], k[k0:k1], v[k0:k1], scale)
+        return {"out": out}
+
+
+def _plain(x):
+    """A config value as plain Python (a ListConfig as a list)."""
+    return OmegaConf.to_container(x) if OmegaConf.is_list(x) else x
