@@ -1,7 +1,8 @@
 """Simulation speed of kbframe beside a bare SimPy pipeline (a script, not a test).
 
 Runs decode_opt2 and decode_opt3 (TILE=64, G=8, d=128) at S_kv ∈ {4096, 32768, 131072}
-with data mode off and on, each case in a fresh subprocess (so peak RSS is per case). The
+with data mode off and on, and decode_heads for Llama-3-70B (8 KV heads on the 8 PEs of one
+cube) at S_kv = 131072 timing only (issue 12), each case in a fresh subprocess (so peak RSS is per case). The
 subprocess runs the CLI (``python -m kbframe ... run.check=false``, the same ``main``) and
 then, in the same process, times a bare SimPy 4-stage pipeline of processes connected by
 ``simpy.Store`` over the same number of stages (one stage = one token through one
@@ -13,8 +14,9 @@ per stage, the bare pipeline's µs per stage and the ratio, events per second, p
 (of the CLI run, before the bare pipeline); per kernel and mode the scaling ratio
 t(131072)/t(32768) of sim wall. Writes ``outputs/bench/sim_speed.json``.
 
-    python benchmarks/sim_speed.py             # all 12 cases (issue 6)
+    python benchmarks/sim_speed.py             # all 13 cases (issues 6 and 12)
     python benchmarks/sim_speed.py --quick     # opt3 at 4096 and 32768, data off and on (issue 2)
+    python benchmarks/sim_speed.py --kernels heads --s-kv 131072 --no-data   # the decode_heads case alone
 """
 from __future__ import annotations
 
@@ -97,13 +99,27 @@ def worker(report: str, overrides: list[str]) -> int:
     return 0
 
 
+#: decode_heads of Llama-3-70B: its 8 KV heads, one per PE of one cube (issue 12)
+HEADS = ["+bench=decode_heads", "+model=llama3_70b", "hardware.n_pes=8"]
+
+
+def case_overrides(kernel: str, s_kv: int, data: bool) -> list[str]:
+    """The kbframe overrides of a case: ``kernel`` is opt2 / opt3 (decode_opt2/3, G=8 d=128
+    TILE=64) or heads (:data:`HEADS`)."""
+    bench = HEADS if kernel == "heads" else [f"+bench=decode_{kernel}", "bench.G=8", "bench.d=128"]
+    return [*bench, f"bench.S_kv={s_kv}", f"bench.data={str(data).lower()}", "bench.tile=64"]
+
+
+def label(kernel: str) -> str:
+    return "decode_heads" if kernel == "heads" else f"decode_{kernel}"
+
+
 def run_case(kernel: str, s_kv: int, data: bool, extra: list[str], tree: Path = ROOT) -> dict:
     """One case in a fresh subprocess (:func:`worker`); figures from metrics.json and it.
     ``tree``: the kbframe source tree to import (another checkout, for before/after)."""
     run_dir = Path(tempfile.mkdtemp(prefix="kbframe_speed_"))
     report = run_dir / "worker.json"
-    overrides = [f"+bench=decode_{kernel}", f"bench.S_kv={s_kv}", f"bench.data={str(data).lower()}",
-                 "bench.tile=64", "bench.G=8", "bench.d=128", "run.check=false", "run.progress=false",
+    overrides = [*case_overrides(kernel, s_kv, data), "run.check=false", "run.progress=false",
                  f"hydra.run.dir={run_dir / 'run'}", *extra]
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", str(report), *overrides]
     os.sync()  # the previous case's files (tensors.npz: 268 MB at 131072) are not written back during this one
@@ -119,7 +135,7 @@ def run_case(kernel: str, s_kv: int, data: bool, extra: list[str], tree: Path = 
         m = json.loads((run_dir / "run" / "metrics.json").read_text())
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
-    return {"kernel": f"decode_{kernel}", "S_kv": s_kv, "data": data,
+    return {"kernel": label(kernel), "S_kv": s_kv, "data": data,
             "wall_s": m["sim"]["wall_s"], "process_wall_s": total - w["bare_total_s"],
             "stages": m["sim"]["stages"], "events": m["sim"]["events"],
             "peak_rss_mb": w["rss_kib"] / 1024.0, "bare_wall_s": w["bare_s"], "bare_stages": w["bare_stages"]}
@@ -134,7 +150,10 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=3,
                     help="runs per case, each in a fresh process; the fastest (by sim wall) is kept "
                          "(default 3: this is a shared 2-core machine)")
-    ap.add_argument("--kernels", default="opt2,opt3", help="comma list of opt2, opt3")
+    ap.add_argument("--kernels", default="opt2,opt3,heads",
+                    help="comma list of opt2, opt3 (data off and on at every --s-kv) and heads "
+                         "(decode_heads, Llama-3-70B on 8 PEs, timing only, S_kv 131072 when listed)")
+    ap.add_argument("--no-data", action="store_true", help="timing-only cases only")
     ap.add_argument("--s-kv", default="4096,32768,131072", help="comma list of S_kv")
     ap.add_argument("--tree", type=Path, default=ROOT,
                     help="kbframe source tree to measure (default: this checkout)")
@@ -146,14 +165,17 @@ def main() -> int:
 
     # round-robin repeats: a busy spell on this shared machine then slows one run of
     # several cases, not every run of one case (the fastest run of each case is kept)
-    cases = [(kernel, s_kv, data) for kernel in kernels for data in (False, True) for s_kv in s_kvs]
+    datas = (False,) if args.no_data else (False, True)
+    cases = [(kernel, s_kv, data) for kernel in kernels if kernel != "heads" for data in datas for s_kv in s_kvs]
+    if "heads" in kernels and 131072 in s_kvs:  # issue 12's case: timing only, the longest context
+        cases.append(("heads", 131072, False))
     runs: dict = {c: [] for c in cases}
     n_rep = max(1, args.repeat)
     for rep in range(n_rep):
         for kernel, s_kv, data in cases:
             x = run_case(kernel, s_kv, data, args.extra, args.tree.resolve())
             runs[(kernel, s_kv, data)].append(x)
-            print(f"  [{rep + 1}/{n_rep}] decode_{kernel} S_kv={s_kv} data={data}: {x['wall_s']:.3f} s",
+            print(f"  [{rep + 1}/{n_rep}] {label(kernel)} S_kv={s_kv} data={data}: {x['wall_s']:.3f} s",
                   file=sys.stderr)
     rows = []
     for case in cases:
@@ -172,9 +194,9 @@ def main() -> int:
     scaling = {}
     for kernel in kernels:
         for data in (False, True):
-            by_s = {r["S_kv"]: r["wall_s"] for r in rows if r["kernel"] == f"decode_{kernel}" and r["data"] == data}
+            by_s = {r["S_kv"]: r["wall_s"] for r in rows if r["kernel"] == label(kernel) and r["data"] == data}
             if 131072 in by_s and 32768 in by_s:
-                scaling[f"decode_{kernel}/{'data' if data else 'nodata'}"] = by_s[131072] / by_s[32768]
+                scaling[f"{label(kernel)}/{'data' if data else 'nodata'}"] = by_s[131072] / by_s[32768]
     for r in rows:
         key = f"{r['kernel']}/{'data' if r['data'] else 'nodata'}"
         r["t131072_over_t32768"] = scaling.get(key)

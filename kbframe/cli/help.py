@@ -65,9 +65,9 @@ def text() -> str:
         lines.append(f"  {cls.__name__} (kbframe/workloads/{name}.py; unit of progress: {cls.unit})")
         lines.append(f"    {_keys(cls.Config, common)}")
     lines.append("")
-    for group in ("hardware", "calibration", "sweep"):
+    for group in ("hardware", "calibration", "model", "sweep"):
         names = ", ".join(sorted(p.stem for p in (CONF / group).glob("*.yaml")))
-        lines.append(f"{group.capitalize()} ({'+' if group == 'sweep' else ''}{group}=NAME): {names}")
+        lines.append(f"{group.capitalize()} ({'+' if group in ('model', 'sweep') else ''}{group}=NAME): {names}")
     lines += [
         "  hardware keys: hardware.n_pes, hardware.clock_ghz, hardware.hbm_gbps, hardware.tcm_bytes,",
         "    hardware.units.<unit>.<param> (conf/hardware/default.yaml documents each)",
