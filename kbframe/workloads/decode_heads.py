@@ -50,9 +50,7 @@ class DecodeHeads(HeadsBatch, Workload):
         return out
 
     def programs(self, kernel, make_tl, inputs: dict | None) -> dict:
-        c = self.cfg
         items, lengths = self.items(), self.lengths()
-        scale = self.scale(inputs)
         progs = {}
         for pe, idx in self.assignment().items():
             tl = make_tl(pe)
@@ -64,12 +62,15 @@ class DecodeHeads(HeadsBatch, Workload):
                 k0, k1 = self.kv_rows(b, h)
                 kv = (k[k0:k1], v[k0:k1]) if k1 > k0 else (None, None)
                 work.append((q[q0:q1], *kv, out[q0:q1], lengths[b]))
-            kw = dict(items=work, G=self.G, d=c.d, tile=int(c.tile), scale=scale, inner=c.inner)
+            kw = {**self.kernel_kwargs(inputs), "items": work}
             progs[pe] = (lambda tl=tl, kw=kw: kernel(tl, **kw))
         return progs
 
     def kernel_kwargs(self, inputs: dict | None) -> dict:
-        raise NotImplementedError("decode_heads builds one program per PE (programs)")
+        """The keyword arguments of every PE's call; ``items`` (empty here) is each PE's own
+        (:meth:`programs`)."""
+        c = self.cfg
+        return dict(items=[], G=self.G, d=c.d, tile=int(c.tile), scale=self.scale(inputs), inner=c.inner)
 
     def n_units(self) -> int:
         return sum(self.item_tiles(self.lengths()[b]) for b, _ in self.items())

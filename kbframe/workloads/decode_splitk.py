@@ -79,7 +79,7 @@ class DecodeSplitk(HeadsBatch, Workload):
         P = self.splits
         plan = merge_plan(P, c.merge)
         lengths = self.lengths()
-        scale = self.scale(inputs)
+        common = self.kernel_kwargs(inputs)
         progs = {}
         for i, (b, h) in enumerate(self.items()):
             pes = [i * P + r for r in range(P)]
@@ -89,14 +89,18 @@ class DecodeSplitk(HeadsBatch, Workload):
                 tl = make_tl(pes[r])
                 q, k, v, out = (tl.ref(n) for n in ("q", "k", "v", "out"))
                 kv = (k[k0 + s0:k0 + s1], v[k0 + s0:k0 + s1]) if s1 > s0 else (None, None)
-                kw = dict(q=q[q0:q1], k=kv[0], v=kv[1], out=out[q0:q1] if r == 0 else None, S=s1 - s0,
-                          steps=plan[r], pes=pes, G=self.G, d=c.d, tile=int(c.tile), scale=scale,
-                          inner=c.inner, empty=lengths[b] == 0)
+                kw = {**common, "q": q[q0:q1], "k": kv[0], "v": kv[1], "out": out[q0:q1] if r == 0 else None,
+                      "S": s1 - s0, "steps": plan[r], "pes": pes, "empty": lengths[b] == 0}
                 progs[pes[r]] = (lambda tl=tl, kw=kw: kernel(tl, **kw))
         return progs
 
     def kernel_kwargs(self, inputs: dict | None) -> dict:
-        raise NotImplementedError("decode_splitk builds one program per PE (programs)")
+        """The keyword arguments of every PE's call; the split's own (``q``, ``k``, ``v``,
+        ``out``, ``S``, ``steps``, ``pes``, ``empty``) are neutral here and set per PE by
+        :meth:`programs`."""
+        c = self.cfg
+        return dict(q=None, k=None, v=None, out=None, S=0, steps=[], pes=[], G=self.G, d=c.d, tile=int(c.tile),
+                    scale=self.scale(inputs), inner=c.inner, empty=False)
 
     def n_units(self) -> int:
         lengths = self.lengths()
