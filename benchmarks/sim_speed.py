@@ -100,7 +100,7 @@ def worker(report: str, overrides: list[str]) -> int:
 
 
 #: decode_heads of Llama-3-70B: its 8 KV heads, one per PE of one cube (issue 12)
-HEADS = ["+bench=decode_heads", "+model=llama3_70b", "hardware.n_pes=8"]
+HEADS = ["+bench=decode_heads", "+model=llama3_70b", "hardware=cube"]
 
 
 def case_overrides(kernel: str, s_kv: int, data: bool) -> list[str]:

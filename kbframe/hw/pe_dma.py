@@ -39,6 +39,7 @@ class DmaChannel(Unit):
         self.channels = self.max_outstanding
         self._ends: deque = deque(maxlen=self.max_outstanding)
         self._transfer_cache: dict = {}  # nbytes -> ps (a kernel moves a few tile sizes)
+        self.port = None  # the cube's HbmPort when hardware.hbm_mode is shared (set by the engine)
 
     def transfer_ps(self, nbytes: int) -> int:
         """Data-phase time of ``nbytes`` on this channel, integer ps."""
@@ -56,8 +57,13 @@ class DmaChannel(Unit):
         slot_free = ends[0] if len(ends) == self.max_outstanding else 0
         start = now if now > slot_free else slot_free
         ready = start + self.setup_ps
-        data_start = ready if ready > self.free_ps else self.free_ps
-        end = data_start + self.transfer_ps(stage.nbytes)
+        port = self.port
+        if port is None:  # partitioned HBM: this channel's own bandwidth
+            data_start = ready if ready > self.free_ps else self.free_ps
+            end = data_start + self.transfer_ps(stage.nbytes)
+        else:  # shared HBM: the cube's one data server (kbframe.hw.hbm)
+            data_start = ready if ready > port.free_ps else port.free_ps
+            end = port.free_ps = data_start + port.transfer_ps(stage.nbytes)
         self.busy_ps += end - data_start
         self.free_ps = end
         ends.append(end)

@@ -14,7 +14,8 @@ PE_SCHEDULER calls :func:`plan_stages` with a command; it reads only the flat ``
 * KERNEL ops after the GEMM run once after the whole tile loop.
 
 A command with no GEMM runs its ops in order; a DMA op (``load`` / ``store``) is one
-DMA stage. Stage durations belong to the units; this module only orders stages.
+DMA stage, an IPCQ op (``send`` / ``recv``, extra ``peer``: the other PE) one stage on the
+unit serving ``ipcq_send`` / ``ipcq_recv``. Stage durations belong to the units; this module only orders stages.
 
 In timing-only runs a plan depends only on the command's *shape* (:func:`plan_key`), and
 a kernel repeats a few shapes once per KV tile, so :class:`PlanCache` plans each shape
@@ -82,6 +83,17 @@ def _op_stage(op, cmd, tag, units, nx, stages, prev) -> Stage:
     """One non-GEMM op: a DMA stage for load/store, else a MATH stage (HBM operands of a
     head MATH op are staged in by DMA_READ first, ADR-0065 D4)."""
     kind, out = op.kind, op.out
+    if kind in ("send", "recv"):
+        peer = op.extra["peer"]
+        if kind == "send":
+            unit = units["ipcq_send"]
+            src = op.operands["src"]
+            st = Stage(unit, "send", cmd, -1, src.nbytes, 0, 0, nx.send((src, None), (unit.pe.index, peer)), peer)
+        else:
+            unit = units["ipcq_recv"]
+            st = Stage(unit, "recv", cmd, -1, out.nbytes, 0, 0, nx.recv((peer, unit.pe.index), (out, None)), peer)
+        stages.append(st.after(prev))
+        return st
     if kind in ("load", "store"):
         src = op.operands["src"]
         port = "dma_read" if kind == "load" else "dma_write"
@@ -184,9 +196,9 @@ def _epilogue_stage(op, cmd, units, nx, stages, prev, tile, acc, region) -> Stag
 
 def plan_key(cmd) -> tuple:
     """Everything of ``cmd`` a timing-only plan depends on: per op its kind, scope, operand
-    names and, per operand and output, space, shape and bytes (addresses and numbers do
-    not change a plan's stages, sizes or edges)."""
-    return tuple([op.shape_sig for op in cmd.ops])
+    names and, per operand and output, space, shape and bytes, and an IPCQ op's peer
+    (addresses and numbers do not change a plan's stages, sizes or edges)."""
+    return tuple([op.shape_sig if "peer" not in op.extra else (op.shape_sig, op.extra["peer"]) for op in cmd.ops])
 
 
 class PlanCache:
@@ -218,9 +230,10 @@ class PlanCache:
                 return stages
             index = {st: i for i, st in enumerate(stages)}
             self.templates[key] = tuple((st.unit, st.op_kind, st.tile, st.nbytes, st.flops, st.n_elements,
-                                         st.deps, tuple([index[s] for s in st.succs])) for st in stages)
+                                         st.deps, tuple([index[s] for s in st.succs]), st.peer) for st in stages)
             return stages
-        new = [Stage(unit, kind, cmd, tile, nbytes, flops, n) for unit, kind, tile, nbytes, flops, n, _, _ in tpl]
+        new = [Stage(unit, kind, cmd, tile, nbytes, flops, n, None, peer)
+               for unit, kind, tile, nbytes, flops, n, _, _, peer in tpl]
         for st, row in zip(new, tpl):
             st.deps = row[6]
             if row[7]:

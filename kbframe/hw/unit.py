@@ -29,13 +29,13 @@ class Stage:
         n_elements: elements a MATH stage produces.
         effect: callable applying the numeric effect in data mode, or None.
         succs: stages waiting on this one; deps: how many stages this one still waits on.
-        reads / writes: handles read/written, for the sanitizer's dependency check.
+        peer: the other PE of an IPCQ send or receive (-1 for other stages).
     """
 
     __slots__ = ("unit", "op_kind", "cmd", "tile", "nbytes", "flops", "n_elements",
-                 "effect", "succs", "deps", "t_start", "t_end", "t_data")
+                 "effect", "succs", "deps", "t_start", "t_end", "t_data", "peer")
 
-    def __init__(self, unit, op_kind, cmd, tile=-1, nbytes=0, flops=0, n_elements=0, effect=None):
+    def __init__(self, unit, op_kind, cmd, tile=-1, nbytes=0, flops=0, n_elements=0, effect=None, peer=-1):
         self.unit = unit
         self.op_kind = op_kind
         self.cmd = cmd
@@ -47,6 +47,7 @@ class Stage:
         self.succs = []
         self.deps = 0
         self.t_start = self.t_end = self.t_data = -1
+        self.peer = peer  # the other PE of an IPCQ send or receive, else -1
 
     def after(self, *preds) -> "Stage":
         """Make this stage wait for each stage in ``preds`` (None entries ignored)."""

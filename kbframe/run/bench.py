@@ -87,6 +87,17 @@ def validate(cfg) -> Workload:
         raise ConfigError("bench.data_dtype=bfloat16 is not supported by numpy; use float16 or float32")
     if cfg.hardware.n_pes < 1:
         raise ConfigError(f"hardware.n_pes must be ≥ 1, got {cfg.hardware.n_pes}")
+    hw = cfg.hardware
+    if hw.hbm_mode not in ("partitioned", "shared"):
+        raise ConfigError(f"hardware.hbm_mode must be partitioned or shared, got '{hw.hbm_mode}'")
+    for key in ("pes_per_cube", "cubes_x", "cubes_y"):
+        if hw[key] < 1:
+            raise ConfigError(f"hardware.{key} must be ≥ 1, got {hw[key]}")
+    if hw.n_pes > hw.pes_per_cube * hw.cubes_x * hw.cubes_y:
+        raise ConfigError(f"hardware.n_pes={hw.n_pes} is more than the topology holds: pes_per_cube "
+                          f"{hw.pes_per_cube} × cubes_x {hw.cubes_x} × cubes_y {hw.cubes_y}")
+    if not (math.isfinite(hw.cube_hbm_gbps) and hw.cube_hbm_gbps > 0):
+        raise ConfigError(f"hardware.cube_hbm_gbps must be a finite number > 0, got {hw.cube_hbm_gbps}")
     if not 0 <= b.pe < cfg.hardware.n_pes:
         raise ConfigError(f"bench.pe={b.pe} but hardware.n_pes={cfg.hardware.n_pes}")
     if not str(b.kernel).startswith("kbframe."):

@@ -30,6 +30,11 @@ class HardwareConfig:
     hbm_bytes: int = 64 * 1024**3  # HBM capacity shared by the PEs, bytes (pre-flight check)
     tcm_bytes: int = 16 * 1024 * 1024
     allow_external_targets: bool = False
+    pes_per_cube: int = 8  # PEs sharing one cube's HBM and NoC
+    cubes_x: int = 1  # cubes per row of the mesh (PE i is in cube i // pes_per_cube, row by row)
+    cubes_y: int = 1
+    hbm_mode: str = "partitioned"  # partitioned: each PE owns its channels; shared: a cube's PEs contend
+    cube_hbm_gbps: float = 1638.4  # a cube's HBM bandwidth in shared mode (64 channels × 32 GB/s × 0.8)
     units: Dict[str, Any] = field(default_factory=dict)
 
 

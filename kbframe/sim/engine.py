@@ -14,6 +14,8 @@ from omegaconf import OmegaConf
 
 from ..errors import ConfigError, DeadlockError
 from ..ir.handles import TensorHandle, itemsize
+from ..hw.hbm import HbmPort
+from ..hw.ipcq import Fabric
 from ..hw.pe import PE
 from ..timebase import ps_to_ns
 
@@ -85,6 +87,16 @@ class Engine:
         units = build_units(hw)
         per_pe = [units] + [copy.deepcopy(units) for _ in range(int(hw.n_pes) - 1)]
         self.pes = [PE(self.env, i, u, numerics, oplog) for i, u in enumerate(per_pe)]
+        ppc = int(hw.get("pes_per_cube", 8))
+        self.fabric = Fabric(self.pes, ppc, int(hw.get("cubes_x", 1)))
+        for pe in self.pes:
+            pe.fabric = self.fabric
+        if hw.get("hbm_mode", "partitioned") == "shared":  # one data server per cube (kbframe.hw.hbm)
+            ports = {}
+            for pe in self.pes:
+                port = ports.setdefault(pe.index // ppc, HbmPort(hw.cube_hbm_gbps))
+                for unit in pe.units_serving("dma_read", "dma_write"):
+                    unit.port = port
         self.hbm: dict[str, TensorHandle] = {}
         self._hbm_top = 0
         self.wall_s = 0.0
@@ -123,6 +135,11 @@ class Engine:
         finally:
             gc.set_threshold(*thresholds)
             self.wall_s = time.perf_counter() - t0
+        for (src, dst), link in sorted(self.fabric.links.items()):
+            if link.waiting:
+                raise DeadlockError(f"deadlock at {ps_to_ns(self.env.now)} ns: PE{dst} waits to receive from PE{src}, "
+                                    f"which sends it nothing more ({link.sent} message(s) sent, "
+                                    f"{link.received} received)")
         for i in programs:
             pe = self.pes[i]
             if not pe.cpu.finished:

@@ -43,6 +43,12 @@ class FootprintNumerics(Numerics):
     def gemm(self, a, b, acc_key, first):
         return self._acc([a, b] + ([] if first else [("acc", acc_key)]), [("acc", acc_key)])
 
+    def send(self, src, link):
+        return self._acc([src], [])
+
+    def recv(self, link, dst):
+        return self._acc([], [dst])
+
     def accumulate(self, part_key, acc_key, first):
         return self._acc([("acc", part_key)] + ([] if first else [("acc", acc_key)]), [("acc", acc_key)])
 

@@ -11,6 +11,8 @@ view, or None) or a string key of a DMA staging buffer.
 """
 from __future__ import annotations
 
+from collections import deque
+
 import numpy as np
 
 from ..ir import micro_ops
@@ -30,6 +32,12 @@ class Numerics:
 
     def gemm(self, a, b, acc_key: str, first: bool):
         """Effect: ``acc[acc_key] (+)= a @ b``; ``first`` starts a fresh accumulator."""
+
+    def send(self, src, link: tuple):
+        """Effect: put a copy of ``src`` on PE↔PE link ``(src_pe, dst_pe)`` (FIFO)."""
+
+    def recv(self, link: tuple, dst):
+        """Effect: ``dst ←`` the oldest message on ``link``."""
 
     def accumulate(self, part_key: str, acc_key: str, first: bool):
         """Effect: ``acc[acc_key] (+)= acc[part_key]`` (a K tile's partial product, after its
@@ -155,6 +163,19 @@ class NumpyNumerics(Numerics):
         def effect():
             ins = [self.acc[acc_key]] + [self._get(o).astype(acc_dtype, copy=False) for o in others]
             self.acc[acc_key] = np.asarray(micro_ops.apply(kind, ins, extra), dtype=acc_dtype)
+        return effect
+
+    def send(self, src, link):
+        def effect():
+            q = self.mem.get(("ipcq", link))
+            if q is None:
+                q = self.mem[("ipcq", link)] = deque()
+            q.append(self._get(src).copy())
+        return effect
+
+    def recv(self, link, dst):
+        def effect():
+            self._put(dst, self.mem[("ipcq", link)].popleft())
         return effect
 
     def accumulate(self, part_key, acc_key, first):

@@ -5,7 +5,8 @@ Record fields (all times in ns, from integer ps):
 span, else the unit port: ``dma_read``, ``dma_write``, ``gemm``, ``math``), ``op_kind``,
 ``cmd`` (PE-local command id), ``tile`` (tile index in the command's loop, -1 if none),
 ``t_start_ns``, ``t_end_ns``, ``bytes`` (moved or read; a dispatch's logical bytes).
-DMA records also carry ``t_data_ns``, when the transfer's data phase began.
+DMA records also carry ``t_data_ns``, when the transfer's data phase began; IPCQ send and
+receive records carry ``peer``, the other PE.
 
 Records are written in completion order, which is deterministic: the file is
 byte-identical across runs of the same config.
@@ -132,7 +133,12 @@ class OpLog:
             t.busy_ps += t1 - t0
         self.flops += st.flops
         self.n_records += 1
-        if self._f is not None:  # _record, inlined: this is once per stage
+        if st.peer >= 0 and self._f is not None:  # an IPCQ stage also names the other PE
+            if self._rows:
+                self._flush()
+            self._f.write(_row(t.heads.get(st.op_kind) or self._head(pe, unit.name, t, st.op_kind), st.cmd.id,
+                               st.tile, t0, t1, nbytes, -1)[:-2] + f', "peer": {st.peer}}}\n')
+        elif self._f is not None:  # _record, inlined: this is once per stage
             head = t.heads.get(st.op_kind) or self._head(pe, unit.name, t, st.op_kind)
             rows = self._rows
             rows.append((head, st.cmd.id, st.tile, t0, t1, nbytes, t_data))

@@ -25,12 +25,21 @@ Rules (checked in this order; ``RULES`` lists their names):
    freed by a ``scratch_scope`` and reused counts as the same memory), DMA staging
    buffers and GEMM accumulators by their key.
 
+With more than one PE (checked only when they apply, so ``rules_checked`` counts them then):
+
+7. ``ipcq_matched`` — on every PE→PE link, the k-th receive took the k-th send, of the same
+   bytes, and every send was received;
+8. ``ipcq_arrival`` — no receive completed before its message's transfer ended plus the
+   link latency (so no stage read received data before it arrived);
+9. ``ipcq_credits`` — a link never held more messages (sent, not yet received) than its credits;
+10. ``hbm_writes_disjoint`` — HBM writes of different PEs never touch the same bytes.
+
 Cost: nothing while the simulation runs when ``run.check=false``. When it is on,
 PE_SCHEDULER keeps each command's stage list (``PeScheduler.record``) and the check
 afterwards re-plans every command with :class:`FootprintNumerics`, which returns, in
-place of numeric effects, the byte ranges each stage reads and writes. Cross-PE ordering
-of shared HBM is not checked (no PE↔PE synchronisation exists yet); each PE is checked
-in its own program order.
+place of numeric effects, the byte ranges each stage reads and writes. Each PE is checked
+in its own program order; across PEs, data moves only through IPCQ (rules 7–9) and HBM
+writes never share bytes (rule 10).
 """
 from __future__ import annotations
 
@@ -46,6 +55,9 @@ from ..hw.tiling import plan_stages
 
 RULES = ("commands_once", "cpu_dispatch_serial", "unit_capacity", "tcm_no_overlap",
          "rw_no_interleave", "data_dependencies")
+#: rules of runs with IPCQ traffic, and of runs on more than one PE
+IPCQ_RULES = ("ipcq_matched", "ipcq_arrival", "ipcq_credits")
+MULTI_PE_RULES = ("hbm_writes_disjoint",)
 
 
 def enable(engine) -> None:
@@ -79,6 +91,7 @@ def check(engine, records) -> dict:
     for r in records:
         by_pe[r["pe"]].append(r)
     n_cmds = n_stages = n_acc = 0
+    hbm_writes: list = []
     for pe in engine.pes:
         recs = by_pe.get(pe.index, [])
         if pe.scheduler.record is None:
@@ -91,10 +104,17 @@ def check(engine, records) -> dict:
         dispatches = sorted((_ps(r["t_start_ns"]), r["cmd"]) for r in recs if r["unit"] == "cpu")
         check_tcm_no_overlap(pe.index, pe.tcm.allocations, pe.tcm.capacity_bytes, dispatches)
         check_rw_no_interleave(pe.index, plan, spans)
-        n_acc += check_data_dependencies(pe, plan)
+        n_acc += check_data_dependencies(pe, plan, hbm_writes)
         n_cmds += len(plan)
         n_stages += sum(len(st) for _, st in plan)
-    return {"rules_checked": len(RULES), "rules": list(RULES), "commands": n_cmds,
+    rules = list(RULES)
+    if engine.fabric.links:
+        check_ipcq(engine, records)
+        rules += IPCQ_RULES
+    if sum(bool(pe.scheduler.record) for pe in engine.pes) > 1:
+        check_hbm_writes_disjoint(hbm_writes)
+        rules += MULTI_PE_RULES
+    return {"rules_checked": len(rules), "rules": rules, "commands": n_cmds,
             "stages": n_stages, "accesses": n_acc}
 
 
@@ -315,8 +335,9 @@ def _hazard(kind, later, earlier, label, lo, hi, space, t_later, t_earlier):
           f"{_stage_desc(earlier)} {did} ({where}), and that stage ended only at {_ns(t_earlier)}")
 
 
-def check_data_dependencies(pe, plan) -> int:
-    """Rule ``data_dependencies``. Returns the number of byte-range accesses checked."""
+def check_data_dependencies(pe, plan, hbm_writes: list | None = None) -> int:
+    """Rule ``data_dependencies``. Returns the number of byte-range accesses checked; HBM
+    writes are appended to ``hbm_writes`` as ``(lo, hi, pe, stage)`` for rule 10."""
     nx = FootprintNumerics()
     spaces: dict = defaultdict(Space)
     n = 0
@@ -351,7 +372,58 @@ def check_data_dependencies(pe, plan) -> int:
                     if not seg[3] or seg[3][-1] is not st:
                         seg[3].append(st)
             for space, lo, hi, _ in w_iv:
+                if space == "hbm" and hbm_writes is not None:
+                    hbm_writes.append((lo, hi, pe.index, st))
                 for seg in spaces[space].cover(lo, hi):
                     seg[2] = st
                     seg[3] = []
     return n
+
+
+# ---- rules 7–9: IPCQ -------------------------------------------------------------------------
+def check_ipcq(engine, records) -> None:
+    """Rules ``ipcq_matched``, ``ipcq_arrival`` and ``ipcq_credits`` from the op_log's send
+    and receive records (each names its ``peer``)."""
+    sends, recvs = defaultdict(list), defaultdict(list)
+    for r in records:
+        if "peer" not in r:
+            continue
+        role = engine.pes[r["pe"]].units[r["unit"]].roles
+        if "ipcq_send" in role:
+            sends[(r["pe"], r["peer"])].append(r)
+        elif "ipcq_recv" in role:
+            recvs[(r["peer"], r["pe"])].append(r)
+    for (src, dst), link in sorted(engine.fabric.links.items()):
+        s = sorted(sends[(src, dst)], key=lambda r: (_ps(r["t_start_ns"]), r["cmd"]))
+        v = sorted(recvs[(src, dst)], key=lambda r: (_ps(r["t_end_ns"]), r["cmd"]))
+        if len(s) != len(v):
+            _fail("ipcq_matched", f"link PE{src}→PE{dst}: {len(s)} send(s) but {len(v)} receive(s)")
+        events = []
+        for k, (a, b) in enumerate(zip(s, v)):
+            if a["bytes"] != b["bytes"]:
+                _fail("ipcq_matched", f"link PE{src}→PE{dst} message {k}: PE{src} command {a['cmd']} sent "
+                                      f"{a['bytes']} B, PE{dst} command {b['cmd']} received {b['bytes']} B")
+            arrive = _ps(a["t_end_ns"]) + link.latency_ps
+            if _ps(b["t_end_ns"]) < arrive:
+                _fail("ipcq_arrival", f"link PE{src}→PE{dst} message {k}: PE{dst} command {b['cmd']} received it at "
+                                      f"{_ns(_ps(b['t_end_ns']))}, before it arrived at {_ns(arrive)}")
+            events += [(_ps(a["t_start_ns"]), 1), (_ps(b["t_end_ns"]), -1)]
+        held = 0
+        for t, d in sorted(events, key=lambda e: (e[0], e[1])):  # a receive frees its credit first
+            held += d
+            if held > link.credits:
+                _fail("ipcq_credits", f"link PE{src}→PE{dst} held {held} messages at {_ns(t)}, "
+                                      f"more than its {link.credits} credits")
+
+
+# ---- rule 10 --------------------------------------------------------------------------------
+def check_hbm_writes_disjoint(writes: list) -> None:
+    """Rule ``hbm_writes_disjoint`` on ``(lo, hi, pe, stage)`` HBM writes of every PE."""
+    writes.sort(key=lambda w: (w[0], w[1]))
+    reach = None  # the write reaching furthest so far: (hi, pe, stage)
+    for lo, hi, p, st in writes:
+        if reach is not None and lo < reach[0] and p != reach[1]:
+            _fail("hbm_writes_disjoint", f"PE{p} {_stage_desc(st)} writes HBM bytes [{lo}, {hi}) that PE{reach[1]} "
+                                         f"{_stage_desc(reach[2])} also writes")
+        if reach is None or hi > reach[0]:
+            reach = (hi, p, st)

@@ -137,6 +137,37 @@ class TL:
         _same_shape("tl.store", src, dst)
         return self._primitive(OpSpec("store", Scope.KERNEL, {"src": src}, {}, dst), dst)
 
+    # ---- PE↔PE queues (IPCQ, kbframe.hw.ipcq) ------------------------------------------------
+    def _peer(self, what: str, role: str, pe: int) -> int:
+        fabric = self.pe.fabric
+        if not (isinstance(pe, int) and 0 <= pe < fabric.n_pes) or pe == self.pe.index:
+            raise ValidationError(f"{what}: PE{pe} is not another PE of this hardware (PEs 0..{fabric.n_pes - 1}, "
+                                  f"this is PE{self.pe.index})")
+        if role not in self.pe.by_role:
+            raise ValidationError(f"{what}: PE{self.pe.index} has no unit serving role '{role}' "
+                                  f"(a hardware with IPCQ, e.g. hardware=cube)")
+        return pe
+
+    def send(self, h: TensorHandle, dst_pe: int) -> None:
+        """Send TCM tensor ``h`` to PE ``dst_pe`` (one command; it completes when the data has
+        left; a full link queue blocks it). Raises ValidationError: not TCM, no such PE."""
+        self._peer("tl.send", "ipcq_send", dst_pe)
+        if h.space != "tcm":
+            raise ValidationError(f"tl.send: {h} must be in TCM (tl.load it first)")
+        op = OpSpec("send", Scope.KERNEL, {"src": h}, {"peer": int(dst_pe)}, None)
+        self._dispatch(PrimitiveCmd(self._completion("send"), op))
+
+    def recv_async(self, shape, src_pe: int, name: str = "recv") -> TensorHandle:
+        """Receive the next message from PE ``src_pe`` (FIFO per link) into a new TCM tensor of
+        ``shape``; the kernel goes on, and commands reading the result wait for it."""
+        self._peer("tl.recv", "ipcq_recv", src_pe)
+        out = self.empty(shape, name)
+        return self._primitive(OpSpec("recv", Scope.KERNEL, {}, {"peer": int(src_pe)}, out), out)
+
+    def recv(self, shape, src_pe: int, name: str = "recv") -> TensorHandle:
+        """:meth:`recv_async`, then block the kernel until the data has arrived."""
+        return self.wait(self.recv_async(shape, src_pe, name))
+
     def dot(self, a: TensorHandle, b: TensorHandle, out: TensorHandle | None = None) -> TensorHandle:
         """GEMM ``a (M, K) @ b (K, N)`` → ``(M, N)``; ``b`` may be a transposed view."""
         M, K = a.shape

@@ -65,7 +65,7 @@ def test_merge_plans_merge_every_partial_once(P):
 
 
 def test_items_use_consecutive_pes():
-    wl = _wl("+model=llama3_70b", "hardware.n_pes=32", "bench.splits=4", "bench.data=false")
+    wl = _wl("+model=llama3_70b", "hardware=cube_mesh", "bench.splits=4", "bench.data=false")
     assert wl.splits == 4 and wl.shape()["pes"] == 32
     progs = wl.programs(lambda tl, **kw: None, lambda i: _FakeTL(i), None)
     assert sorted(progs) == list(range(32))
