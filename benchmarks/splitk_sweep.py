@@ -4,7 +4,7 @@
 Reads every ok job's ``metrics.json`` under the sweep directories given (the ``dir`` column of
 ``sweep.csv``) and prints markdown:
 
-* for each S_kv, the latency of one KV head on 1 PE (splits = 1: the same commands as
+* per HBM mode, for each S_kv, the latency of one KV head on 1 PE (splits = 1: the same commands as
   decode_heads' one head per PE) and split over 2, 4, 8 PEs, with the speed-up over 1 PE,
   and for each P the *crossover*: the smallest S_kv from which P splits are faster than one
   PE at every longer S_kv of the sweep;
@@ -24,7 +24,8 @@ from pathlib import Path
 
 
 def jobs(sweep_dirs: list[Path]) -> list[dict]:
-    """``{"splits", "merge", "S_kv", "pes", "latency_ns"}`` of every ok decode_splitk job."""
+    """``{"splits", "merge", "S_kv", "pes", "hbm_mode", "latency_ns"}`` of every ok decode_splitk
+    job (``hbm_mode`` from the sweep's ``hardware.hbm_mode`` column, else the cube's default)."""
     out = []
     for sd in sweep_dirs:
         with open(sd / "sweep.csv", newline="") as f:
@@ -36,6 +37,7 @@ def jobs(sweep_dirs: list[Path]) -> list[dict]:
                 if m["workload"] != "DecodeSplitk":
                     continue
                 out.append({"splits": s["splits"], "merge": s["merge"], "S_kv": s["S_kv"], "pes": s["pes"],
+                            "hbm_mode": row.get("hardware.hbm_mode") or "partitioned",
                             "latency_ns": m["sim"]["latency_ns"]})
     return out
 
@@ -43,25 +45,28 @@ def jobs(sweep_dirs: list[Path]) -> list[dict]:
 def crossover_table(rows: list[dict], merge: str = "tree") -> str:
     rows = [r for r in rows if r["merge"] == merge or r["splits"] == 1]
     lat = {(r["S_kv"], r["splits"]): r["latency_ns"] for r in rows}
-    s_kvs = sorted({s for s, _ in lat})
-    ps = sorted({p for _, p in lat})
+    s_kvs = sorted({s for s, p in lat if p == 1})
+    # the splits measured at every S_kv of the one-PE runs (a merge sweep's P = 32 is not)
+    ps = sorted(p for p in {p for _, p in lat} if all((s, p) in lat for s in s_kvs))
     if 1 not in ps:
         return ""
     lines = ["| S_kv | " + " | ".join(f"{p} PE{'s' if p > 1 else ''} µs" for p in ps) + " | "
-             + " | ".join(f"×{p}" for p in ps if p > 1) + " |",
-             "|---:|" + "---:|" * (2 * len(ps) - 1)]
+             + " | ".join(f"×{p}" for p in ps if p > 1) + " | fastest |",
+             "|---:|" + "---:|" * (2 * len(ps) - 1) + "---:|"]
     for s in s_kvs:
-        base = lat.get((s, 1))
-        cells = [f"{lat[(s, p)] / 1000:.2f}" if (s, p) in lat else "-" for p in ps]
-        ups = [f"{base / lat[(s, p)]:.2f}" if base and (s, p) in lat else "-" for p in ps if p > 1]
-        lines.append(f"| {s} | " + " | ".join(cells) + " | " + " | ".join(ups) + " |")
+        base = lat[(s, 1)]
+        cells = [f"{lat[(s, p)] / 1000:.2f}" for p in ps]
+        ups = [f"{base / lat[(s, p)]:.2f}" for p in ps if p > 1]
+        best = min(ps, key=lambda p: lat[(s, p)])
+        lines.append(f"| {s} | " + " | ".join(cells) + " | " + " | ".join(ups) + f" | {best} PE{'s' if best > 1 else ''} |")
     lines.append("")
     for p in ps:
         if p == 1:
             continue
         wins = [s for s in s_kvs if (s, p) in lat and (s, 1) in lat and lat[(s, p)] < lat[(s, 1)]]
-        cross = next((s for s in s_kvs if all(t in wins for t in s_kvs if t >= s and (t, p) in lat)), None)
-        lines.append(f"- {p} splits ({merge} merge) beat 1 PE from S_kv = {cross if cross is not None else 'never'}")
+        cross = next((s for s in s_kvs if all(t in wins for t in s_kvs if t >= s)), None)
+        at = "never" if cross is None else (f"≤ {cross} (every S_kv measured)" if cross == s_kvs[0] else cross)
+        lines.append(f"- {p} splits ({merge} merge) beat 1 PE from S_kv = {at}")
     return "\n".join(lines)
 
 
@@ -84,9 +89,14 @@ def main() -> int:
         print(__doc__)
         return 2
     rows = jobs(dirs)
-    print(crossover_table(rows))
-    print()
-    print(merge_table(rows))
+    for mode in sorted({r["hbm_mode"] for r in rows}, reverse=True):
+        sub = [r for r in rows if r["hbm_mode"] == mode]
+        table = crossover_table(sub)
+        if table:
+            print(f"HBM {mode}:\n\n{table}\n")
+        table = merge_table(sub)
+        if table.count("\n") > 1:
+            print(f"HBM {mode}, merge topologies:\n\n{table}\n")
     return 0
 
 
