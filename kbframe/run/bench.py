@@ -14,11 +14,12 @@ from pathlib import Path
 from dataclasses import fields
 
 import numpy as np
-from hydra.utils import get_method, to_absolute_path
+from hydra.utils import to_absolute_path
 from omegaconf import OmegaConf
 from threadpoolctl import threadpool_limits
 
 from ..sim.engine import Engine
+from ..sim.targets import resolve_kernel
 from ..files import write_json
 from ..errors import ConfigError, InputsError, NumericsError, OutputError
 from ..sim.numerics import Numerics, NumpyNumerics
@@ -70,8 +71,6 @@ def validate(cfg) -> None:
         raise ConfigError(f"hardware.n_pes must be ≥ 1, got {cfg.hardware.n_pes}")
     if not 0 <= b.pe < cfg.hardware.n_pes:
         raise ConfigError(f"bench.pe={b.pe} but hardware.n_pes={cfg.hardware.n_pes}")
-    if not str(b.kernel).startswith("kbframe."):
-        raise ConfigError(f"bench.kernel '{b.kernel}' is outside the kbframe. namespace")
     if b.seed < 0:
         raise ConfigError(f"bench.seed must be ≥ 0, got {b.seed}")
     if not (math.isfinite(b.inputs.peak) and b.inputs.peak >= 0):
@@ -205,10 +204,8 @@ def run_bench(cfg, out_dir: Path) -> dict:
     q, k, v, scale = inp["q"], inp["k"], inp["v"], float(inp["scale"])
     G, d, S_kv = (q.shape[0], q.shape[1], k.shape[0]) if q is not None else (b.G, b.d, b.S_kv)
     tile = int(b.tile)
-    try:
-        kernel = get_method(b.kernel)
-    except Exception:
-        raise ConfigError(f"bench.kernel: cannot import '{b.kernel}'") from None
+    kernel = resolve_kernel(b.kernel, "bench.kernel", bool(cfg.hardware.allow_external_targets),
+                            kwargs=("G", "d", "S_kv", "tile", "scale"))
 
     if b.data:
         preflight.check_inputs_fit(b.data_dtype, {"q": q, "k": k, "v": v}, scale)

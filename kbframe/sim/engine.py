@@ -16,37 +16,41 @@ from ..errors import ConfigError, DeadlockError
 from ..ir.handles import TensorHandle, itemsize
 from ..hw.pe import PE
 from ..timebase import ps_to_ns
+from .targets import resolve_unit_class
 
 
-def _check_targets(hw) -> None:
-    """Refuse any ``_target_`` outside ``kbframe.`` anywhere in ``hardware.units`` (nested
-    nodes too: Hydra instantiates them recursively) unless ``hardware.allow_external_targets``.
+def _check_targets(hw) -> dict:
+    """Resolve every ``_target_`` in ``hardware.units`` (nested nodes too: Hydra instantiates
+    them recursively) to a unit class (kbframe.sim.targets.resolve_unit_class); nothing is
+    imported outside ``kbframe.`` unless ``hardware.allow_external_targets``.
 
+    Returns:
+        ``{unit name: its class}``.
     Raises:
-        ConfigError: names the key path of the refused ``_target_``.
+        ConfigError: names the key path of the refused ``_target_`` and why.
     """
-    if hw.get("allow_external_targets", False):
-        return
+    allow = bool(hw.get("allow_external_targets", False))
 
     def walk(node, path):
         if OmegaConf.is_dict(node):
             for key in node.keys():
-                child = node._get_node(key)
                 if key == "_target_":
-                    target = str(node[key])
-                    if not target.startswith("kbframe."):
-                        raise ConfigError(f"{path}._target_ '{target}' is outside the kbframe. namespace; "
-                                          f"set hardware.allow_external_targets=true to allow it")
+                    resolve_unit_class(node[key], f"{path}._target_", allow)
+                elif key == "_partial_":
+                    raise ConfigError(f"{path}._partial_ is not supported: a unit is built, not a partial")
                 else:
-                    walk(child, f"{path}.{key}")
+                    walk(node._get_node(key), f"{path}.{key}")
         elif OmegaConf.is_list(node):
             for i, child in enumerate(node._iter_ex(resolve=False)):
                 walk(child, f"{path}[{i}]")
 
+    classes = {}
     for name in hw.units.keys():
         if not OmegaConf.is_dict(hw.units._get_node(name)) or "_target_" not in hw.units[name]:
             raise ConfigError(f"hardware.units.{name} needs a _target_ (a kbframe unit class)")
         walk(hw.units._get_node(name), f"hardware.units.{name}")
+        classes[name] = resolve_unit_class(hw.units[name]._target_, f"hardware.units.{name}._target_", allow)
+    return classes
 
 
 def build_units(hw) -> dict:
@@ -56,7 +60,7 @@ def build_units(hw) -> dict:
         ConfigError: a refused target, or a unit whose parameters its class rejects
             (names ``hardware.units.<name>`` and the reason).
     """
-    _check_targets(hw)
+    classes = _check_targets(hw)
     units = {}
     for name, ucfg in hw.units.items():
         try:
@@ -64,6 +68,9 @@ def build_units(hw) -> dict:
         except InstantiationException as e:
             cause = e.__cause__ or e
             raise ConfigError(f"hardware.units.{name}: {type(cause).__name__}: {cause}") from None
+        if type(units[name]) is not classes[name]:  # e.g. a _target_ whose text resolved differently
+            raise ConfigError(f"hardware.units.{name}: built a {type(units[name]).__name__}, "
+                              f"not the {classes[name].__name__} its _target_ names")
     return units
 
 
