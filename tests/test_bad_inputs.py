@@ -84,6 +84,13 @@ def make_files(tmp: Path) -> None:
     rd.mkdir(parents=True)
     for name, body in RECIPES.items():
         (rd / f"{name}.yaml").write_text(f"# @package recipes.{name}\n{body}")
+    # a recipe file that would set any key, one without a package line, and a bench of the
+    # user's whose defaults load the first (issue 14 class 2)
+    (rd / "global.yaml").write_text("# @package _global_\nhardware:\n  allow_external_targets: true\n")
+    (rd / "nopackage.yaml").write_text(f"# a recipe without its package line\n{RECIPES['writes_r']}")
+    (tmp / "more" / "bench").mkdir()
+    (tmp / "more" / "bench" / "loads_global.yaml").write_text(
+        "defaults:\n  - decode_opt2\n  - /recipes: [global]\n  - _self_\nname: loads_global\n")
     (tmp / "runs" / "out_file_blocked" / "metrics.json").mkdir(parents=True)
 
 

@@ -17,11 +17,15 @@ Two cheap measures, both inert for a correct command line and for ``-m`` sweeps:
 """
 from __future__ import annotations
 
+import importlib.util
 import io
 import os
 import re
 import sys
 from pathlib import Path
+
+from ..errors import KbframeError, RecipeError
+from ..tl import recipe as recipe_files
 
 GROUPS = ("bench", "hardware", "calibration")
 _NAME = re.compile(r"[A-Za-z0-9_.\-]+")
@@ -46,8 +50,108 @@ def _writable_dir(path: str) -> str | None:
     return None
 
 
+_SWEEP_FUNCS = {"choice", "range", "interval", "glob", "sort", "shuffle", "tag"}
+_RECIPES_KEYS = ("recipes", "+recipes", "++recipes")
+
+
+def _search_dirs(argv: list[str]) -> list[Path]:
+    """Folders of the config search path this command line gives Hydra: the primary config
+    folder, ``--config-dir`` and ``hydra.searchpath`` (else conf/config.yaml's)."""
+    dirs, entries = [_CONF], None
+    for i, a in enumerate(argv):
+        if a in ("-cd", "--config-dir") and i + 1 < len(argv):
+            dirs.append(Path(argv[i + 1]))
+        elif a.startswith("--config-dir="):
+            dirs.append(Path(a.split("=", 1)[1]))
+        elif a.lstrip("+").startswith("hydra.searchpath="):
+            entries = re.findall(r"[^\[\],\s'\"]+", a.split("=", 1)[1])
+    if entries is None:
+        entries = ["pkg://kbframe"]
+    for e in entries:
+        if e.startswith("file://"):
+            dirs.append(Path(e[len("file://"):]))
+        elif e.startswith("pkg://"):
+            try:
+                spec = importlib.util.find_spec(e[len("pkg://"):])
+            except (ImportError, ValueError):
+                spec = None
+            if spec is not None and spec.submodule_search_locations:
+                dirs += [Path(p) for p in spec.submodule_search_locations]
+        else:
+            dirs.append(Path(e))
+    return dirs
+
+
+def _default_recipes() -> list[str]:
+    """The recipe names conf/config.yaml's defaults list loads."""
+    from omegaconf import OmegaConf
+    for item in OmegaConf.load(_CONF / "config.yaml").get("defaults", []):
+        if OmegaConf.is_dict(item) and "recipes" in item:
+            return [str(n) for n in (item.recipes or [])]
+    return []
+
+
+def check_recipes(argv: list[str]) -> None:
+    """Before Hydra reads any recipe file: every recipe name on the command line is a plain
+    name, and every file on the search path that a loaded recipe name resolves to is headed
+    ``# @package recipes.NAME`` (kbframe.tl.recipe.check_name / check_file).
+
+    Raises:
+        RecipeError: the first name or file that breaks this.
+    """
+    names = None
+    for a in argv:
+        key, eq, val = a.partition("=")
+        if eq and key in _RECIPES_KEYS:
+            if re.search(r"[/\\]|\.\.", val):
+                bad = next(t for t in re.findall(r"[^\[\],()\s]+", val) if re.search(r"[/\\]|\.\.", t))
+                recipe_files.check_name(bad, "recipes")
+            names = [t for t in re.findall(r"[^\[\],()\s]+", val) if t not in _SWEEP_FUNCS]
+            for n in names:
+                recipe_files.check_name(n, "recipes")
+    for name in (names if names is not None else _default_recipes()):
+        for d in _search_dirs(argv):
+            f = d / "recipes" / f"{name}.yaml"
+            if f.is_file():
+                recipe_files.check_file(name, f)
+
+
+_OWN_SOURCES = {("pkg", "hydra.conf"), ("pkg", "kbframe.conf"), ("pkg", "kbframe"), ("structured", "")}
+
+
+def check_composed_recipes() -> None:
+    """After composition, in the task function: every recipe Hydra's defaults list loaded
+    (from the command line or any config's defaults) is ``recipes/NAME`` with a plain name
+    and package ``recipes.NAME``. Only when the search path holds folders other than
+    kbframe's own (a user's recipes or configs); kbframe's are checked by the tests.
+
+    Raises:
+        RecipeError: names the recipe and the package it was loaded into.
+    """
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
+    hc = HydraConfig.get()
+    if all((src.schema, src.path) in _OWN_SOURCES for src in hc.runtime.config_sources):
+        return
+    dl = GlobalHydra.instance().config_loader().compute_defaults_list(
+        hc.job.config_name, [str(o) for o in (*hc.overrides.hydra, *hc.overrides.task)], hc.mode)
+    for d in dl.defaults:
+        path = d.config_path or ""
+        if path.startswith("recipes/"):
+            name = path[len("recipes/"):]
+            recipe_files.check_name(name, "recipes")
+            if d.package != f"recipes.{name}":
+                raise RecipeError(
+                    f"recipe '{name}' (recipes/{name}.yaml): a recipe file may set only recipes.{name}; "
+                    f"it was loaded into package '{d.package or '_global_'}'")
+
+
 def precheck(argv: list[str]) -> str | None:
     """The one-line message for a command line Hydra would reject, or None."""
+    try:
+        check_recipes(argv)
+    except KbframeError as e:
+        return str(e)
     if any(a in ("-cd", "--config-dir", "-cp", "--config-path") or a.startswith(("--config-dir=", "--config-path="))
            or a.lstrip("+").startswith("hydra.searchpath") for a in argv):
         return None
