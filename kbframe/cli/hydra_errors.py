@@ -24,7 +24,7 @@ import re
 import sys
 from pathlib import Path
 
-from ..errors import KbframeError, RecipeError
+from ..errors import ConfigError, KbframeError, RecipeError
 from ..tl import recipe as recipe_files
 
 GROUPS = ("bench", "hardware", "calibration")
@@ -144,6 +144,46 @@ def check_composed_recipes() -> None:
                 raise RecipeError(
                     f"recipe '{name}' (recipes/{name}.yaml): a recipe file may set only recipes.{name}; "
                     f"it was loaded into package '{d.package or '_global_'}'")
+
+
+#: top-level sections every run needs (``~calibration`` deletes one)
+SECTIONS = ("hardware", "calibration", "run")
+
+
+def _raw_value(cfg, key: str):
+    """The text of ``key`` in ``cfg`` before interpolation (``a.b[0].c``)."""
+    from omegaconf import OmegaConf
+    node = OmegaConf.to_container(cfg, resolve=False)
+    for part in re.findall(r"[^.\[\]]+", key):
+        try:
+            node = node[int(part)] if isinstance(node, list) else node[part]
+        except (KeyError, IndexError, ValueError, TypeError):
+            return None
+    return node
+
+
+def check_config(cfg) -> None:
+    """The composed config, before kbframe reads it: every section a run needs is there,
+    and every value resolves (an interpolation in an override, ``${oc.env:NOPE}`` or a
+    cycle, is an error naming the key, not a traceback from wherever it is first read).
+
+    Raises:
+        ConfigError: names the key and why.
+    """
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+    for sec in SECTIONS:
+        if sec not in cfg:
+            raise ConfigError(f"the config has no '{sec}' section (deleted with ~{sec}?); every run needs "
+                              f"{', '.join(SECTIONS)}")
+    try:
+        OmegaConf.to_container(cfg, resolve=True)
+    except OmegaConfBaseException as e:
+        key = e.full_key or "?"
+        raw = _raw_value(cfg, key) if e.full_key else None
+        why = str(e.msg or e).splitlines()[0] if str(e.msg or e).strip() else type(e).__name__
+        text = f" '{raw}'" if isinstance(raw, str) else ""
+        raise ConfigError(f"{key}: cannot resolve{text}: {why}") from None
 
 
 def precheck(argv: list[str]) -> str | None:

@@ -42,6 +42,7 @@ def _hydra_main(cfg: DictConfig) -> dict:
         if "bench" not in cfg:
             raise ConfigError(f"no bench selected; add +bench=NAME "
                               f"(available: {', '.join(_available_benches())})")
+        hydra_errors.check_config(cfg)
         metrics = run_bench(cfg, out_dir)
     if job.ok:
         try:  # the run is done and recorded ok; a closed pipe (`| head`) must not fail it

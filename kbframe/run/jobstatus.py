@@ -73,11 +73,14 @@ class JobStatus:
         """For the current Hydra job: its output dir, mode, job number and overrides."""
         from hydra.core.hydra_config import HydraConfig
         from hydra.types import RunMode
+        from omegaconf import OmegaConf
         hc = HydraConfig.get()
         multirun = hc.mode == RunMode.MULTIRUN
         num = hc.job.get("num") if multirun else None
-        job = cls(Path(hc.runtime.output_dir), multirun,
-                  {"num": num, "overrides": [str(o) for o in hc.overrides.task]})
+        # the override text as typed: an override may hold an interpolation (${oc.env:X}),
+        # which is the run's to resolve (and report), not the status writer's
+        overrides = [str(o) for o in OmegaConf.to_container(hc.overrides.task, resolve=False)]
+        job = cls(Path(hc.runtime.output_dir), multirun, {"num": num, "overrides": overrides})
         job.sweep_dir = str(hc.sweep.dir) if multirun else None
         return job
 
@@ -125,7 +128,8 @@ class JobStatus:
         if issubclass(et, Exception):
             self._finish("failed", exc, tb=True)
             if self.multirun:
-                print(f"kbframe: error{where}: {type(exc).__name__}: {exc} "
+                text = "; ".join(ln.strip() for ln in str(exc).splitlines() if ln.strip())
+                print(f"kbframe: error{where}: {type(exc).__name__}: {text} "
                       f"(traceback in {self.out_dir / STATUS_FILE})", file=sys.stderr)
                 return True
             return False  # a bug: Hydra prints the traceback and exits 1
