@@ -22,11 +22,12 @@ import numpy as np
 from greenlet import greenlet
 
 from ..sim.engine import Engine
-from ..errors import ConfigError, KbframeError, NumericsError, OutputError, TcmOverflowError
+from ..errors import ConfigError, KbframeError, NumericsError, OutputError, TcmOverflowError, TimeBaseError
 from ..ir.handles import itemsize
 from ..sim.numerics import Numerics
 from ..sim.oplog import OpLog
 from ..tl.context import TL
+from ..timebase import LIMIT_TEXT, MAX_PS, cycles_to_ps
 
 
 def _gib(n: float) -> str:
@@ -108,17 +109,25 @@ def dry_run(hardware, pe_index: int, kernel, recipes: dict, dtype: str, shapes: 
     tl = TL(pe, engine.hbm, recipes, dtype)
     glet = greenlet(lambda: kernel(tl, **kwargs))
     n = 0
+    cpu, cost = pe.cpu, {}  # logical bytes -> dispatch ps (a kernel repeats a few sizes)
+    dispatch_ps = 0
     try:
         req = glet.switch()
         while not glet.dead:
-            n += req[0] == "dispatch"
+            if req[0] == "dispatch":
+                n += 1
+                nbytes = req[1].logical_bytes
+                ps = cost.get(nbytes)
+                if ps is None:
+                    ps = cost[nbytes] = cycles_to_ps(cpu.cost_cycles(req[1]), cpu.clock_ghz)
+                dispatch_ps += ps
             req = glet.switch()
     except KbframeError:
         raise
     except Exception:  # a kernel that reads simulated values: no exact dry run
         return {}
     return {"tcm_bytes": pe.tcm.high_water, "tcm_capacity_bytes": capacity, "tcm_allocations": pe.tcm.allocations,
-            "hbm_bytes": engine._hbm_top, "commands": n}
+            "hbm_bytes": engine._hbm_top, "commands": n, "dispatch_ps": dispatch_ps}
 
 
 def check_resources(cfg, kernel, recipes: dict, G: int, d: int, S_kv: int, tile: int, scale: float) -> dict:
@@ -141,6 +150,11 @@ def check_resources(cfg, kernel, recipes: dict, G: int, d: int, S_kv: int, tile:
                           f"S_kv={S_kv} ({b.dtype}), hardware.hbm_bytes is {hbm_cap} B ({_gib(hbm_cap)})")
     fig = dry_run(hw, int(b.pe), kernel, recipes, b.dtype, shapes,
                   dict(G=G, d=d, S_kv=S_kv, tile=tile, scale=scale))
+    if fig and fig["dispatch_ps"] >= MAX_PS:  # PE_CPU dispatches one command at a time
+        c = cfg.calibration
+        raise TimeBaseError(f"PE_CPU alone needs {fig['dispatch_ps']:.4g} ps to dispatch the kernel's "
+                            f"{fig['commands']} commands (calibration.FIXED={c.FIXED}, calibration.R={c.R}, "
+                            f"hardware.clock_ghz={hw.clock_ghz}); {LIMIT_TEXT}")
     if fig and fig["tcm_bytes"] > fig["tcm_capacity_bytes"]:
         cap = fig["tcm_capacity_bytes"]
         name, addr, size = next((n, a, s) for n, a, s, *_ in fig["tcm_allocations"] if a + s > cap)

@@ -6,16 +6,18 @@ from __future__ import annotations
 import copy
 import gc
 import time
+from types import SimpleNamespace
 
 import simpy
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from ..errors import ConfigError, DeadlockError
+from ..errors import ConfigError, DeadlockError, TimeBaseError
 from ..ir.handles import TensorHandle, itemsize
 from ..hw.pe import PE
-from ..timebase import ps_to_ns
+from ..hw.unit import Stage
+from ..timebase import LIMIT_TEXT, MAX_PS, cycles_to_ps, ps_to_ns
 from .targets import resolve_unit_class
 
 
@@ -74,6 +76,60 @@ def build_units(hw) -> dict:
     return units
 
 
+def _params(hw, name: str) -> str:
+    """A unit's numeric parameters for a message, each with the key it comes from when it
+    is an interpolation (``clock_ghz=1e-300 from hardware.clock_ghz``)."""
+    node = hw.units[name]
+    raw = OmegaConf.to_container(node, resolve=False)
+    out = []
+    for key, text in raw.items():
+        try:
+            value = node[key]
+        except Exception:  # noqa: BLE001 (an unresolvable value was reported already)
+            continue
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            src = f" from {text[2:-1]}" if isinstance(text, str) and text.startswith("${") else ""
+            out.append(f"{key}={value:g}{src}")
+    return ", ".join(out)
+
+
+#: logical bytes of a large primitive command (framing + one op is under 100, DDD-0065 §4);
+#: the pre-flight dry run times every real command's dispatch exactly
+_PRIMITIVE_BYTES = 256
+
+
+def check_time_base(pe, hw) -> None:
+    """Refuse, before a run, a unit whose longest possible stage would not fit the integer
+    time base (kbframe.timebase.MAX_PS). The longest stage any kernel can give a unit moves
+    or reads at most a TCM-full of bytes and elements, and at most ``2·(E/3)^1.5`` flops
+    (a GEMM whose three operands share a TCM of E elements); PE_CPU's longest dispatch is
+    of a command of 256 logical bytes (the pre-flight dry run times every real command).
+    Each is timed by the unit's own rule (``duration_ps``), so any unit type is covered.
+
+    Raises:
+        ConfigError: names ``hardware.units.<name>``, the stage and its parameters (with
+            the keys they come from).
+    """
+    cap = int(pe.tcm.capacity_bytes)
+    flops = int(2 * (cap / 3) ** 1.5)
+    for name, unit in pe.stage_units.items():
+        probe = Stage(unit, "probe", None, -1, cap, flops, cap)
+        try:
+            unit.duration_ps(probe)
+        except (TimeBaseError, OverflowError, ZeroDivisionError) as e:
+            raise ConfigError(f"hardware.units.{name}: its longest possible stage (a TCM-full: {cap} B, "
+                              f"{cap} elements, {flops:.3g} flop) does not fit the time base: {e} "
+                              f"({_params(hw, name)})") from None
+    cpu = pe.cpu
+    nbytes = _PRIMITIVE_BYTES
+    cycles = cpu.cost_cycles(SimpleNamespace(logical_bytes=nbytes))
+    try:
+        cycles_to_ps(cycles, cpu.clock_ghz)
+    except (TimeBaseError, OverflowError) as e:
+        raise ConfigError(f"hardware.units.cpu: dispatching a command of {nbytes} logical bytes (FIXED + R × "
+                          f"bytes) does not fit the time base: {e} ({_params(hw, 'cpu')})") from None
+
+
 class Engine:
     """A simulation of ``hardware.n_pes`` PEs sharing one HBM.
 
@@ -92,6 +148,7 @@ class Engine:
         units = build_units(hw)
         per_pe = [units] + [copy.deepcopy(units) for _ in range(int(hw.n_pes) - 1)]
         self.pes = [PE(self.env, i, u, numerics, oplog) for i, u in enumerate(per_pe)]
+        check_time_base(self.pes[0], hw)  # every PE's units are copies of these
         self.hbm: dict[str, TensorHandle] = {}
         self._hbm_top = 0
         self.wall_s = 0.0
@@ -135,6 +192,9 @@ class Engine:
             if not pe.cpu.finished:
                 raise DeadlockError(f"deadlock at {ps_to_ns(self.env.now)} ns: PE{i} PE_CPU waits for "
                                     f"{pe.cpu.waiting_for or 'nothing that can complete'}")
+        if self.env.now >= MAX_PS:  # each stage fits (check_time_base), but not their sum
+            raise TimeBaseError(f"the simulation reached {self.env.now:.4g} ps; {LIMIT_TEXT}: use a shorter "
+                                f"run (a smaller shape) or faster units")
         for pe in self.pes:
             sched = pe.scheduler
             if sched.queue or sched.inflight:
