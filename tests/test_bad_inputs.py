@@ -56,6 +56,21 @@ RECIPES = {
 }
 
 
+def write_npz_bomb(path: Path) -> None:
+    """An .npz of a few KB whose headers declare k and v of 2^37 × 128 int8 (16 TiB each):
+    numpy would allocate that before reading a byte (issue 14 class 7)."""
+    import io
+    import zipfile
+
+    def member(shape):
+        b = io.BytesIO()
+        np.lib.format.write_array_header_1_0(b, {"descr": "|i1", "fortran_order": False, "shape": shape})
+        return b.getvalue() + bytes(1000)
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
+        for name, shape in (("q", (8, 128)), ("k", (2**37, 128)), ("v", (2**37, 128))):
+            z.writestr(f"{name}.npy", member(shape))
+
+
 def make_files(tmp: Path) -> None:
     """The files the rows refer to as ``<tmp>/...``."""
     rng = np.random.default_rng(0)
@@ -78,6 +93,9 @@ def make_files(tmp: Path) -> None:
     q60[0, 0] = 60000.0
     np.savez(tmp / "q60k.npz", q=q60, k=rng.standard_normal((32, 8)) * 1e-3, v=rng.standard_normal((32, 8)),
              scale=np.float64(2.0))
+    write_npz_bomb(tmp / "bomb.npz")
+    os.mkfifo(tmp / "fifo.npz")
+    (tmp / "zero.npz").symlink_to("/dev/zero")
     (tmp / "adir").mkdir()
     (tmp / "afile").write_text("a file, not a directory\n")
     rd = tmp / "more" / "recipes"

@@ -73,6 +73,8 @@ def validate(cfg) -> None:
         raise ConfigError(f"bench.pe={b.pe} but hardware.n_pes={cfg.hardware.n_pes}")
     if b.seed < 0:
         raise ConfigError(f"bench.seed must be ≥ 0, got {b.seed}")
+    if b.inputs.path is not None and not str(b.inputs.path).strip():
+        raise ConfigError("bench.inputs.path is empty; give an .npz file, or null for generated inputs")
     if not (math.isfinite(b.inputs.peak) and b.inputs.peak >= 0):
         raise ConfigError(f"bench.inputs.peak must be a finite number ≥ 0, got {b.inputs.peak}")
     for key in ("clock_ghz", "hbm_gbps", "hbm_bytes", "tcm_bytes"):
@@ -95,11 +97,14 @@ def load_inputs(path: str) -> dict:
     p = Path(path)
     if p.is_dir():
         raise InputsError(f"bench.inputs.path: '{path}' is a directory, not an .npz file")
-    if not p.is_file():
+    if not p.exists():
         raise InputsError(f"bench.inputs.path: no such file '{path}'")
+    if not p.is_file():  # checked before opening: reading a FIFO blocks, /dev/zero never ends
+        raise InputsError(f"bench.inputs.path: '{path}' is not a regular file (a FIFO, device or socket?)")
     if not zipfile.is_zipfile(p):
         raise InputsError(f"bench.inputs.path: '{path}' is not an .npz file (not a zip archive; "
                           f"a truncated or plain .npy/text/pickle file?)")
+    preflight.check_npz_memory(p, ("q", "k", "v", "scale"))
     try:
         with np.load(p, allow_pickle=False) as z:
             arrays = {k: np.asarray(z[k]) for k in ("q", "k", "v", "scale") if k in z.files}

@@ -16,16 +16,19 @@ after minutes of simulation or with a MemoryError.
 """
 from __future__ import annotations
 
+import math
 import os
+import zipfile
 
 import numpy as np
 from greenlet import greenlet
 
 from ..sim.engine import Engine
-from ..errors import ConfigError, KbframeError, NumericsError, OutputError, TcmOverflowError, TimeBaseError
+from ..errors import ConfigError, InputsError, KbframeError, NumericsError, OutputError, TcmOverflowError, TimeBaseError
 from ..ir.handles import itemsize
 from ..sim.numerics import Numerics
 from ..sim.oplog import OpLog
+from ..hw.tiling import plan_key
 from ..tl.context import TL
 from ..timebase import LIMIT_TEXT, MAX_PS, cycles_to_ps
 
@@ -63,6 +66,70 @@ def check_host_memory(G: int, d: int, S_kv: int, data: bool, data_dtype: str) ->
                           f"{_gib(have)}; reduce bench.S_kv or bench.d")
 
 
+#: host memory the sanitizer (run.check) keeps per op_log record, bytes: measured 1.8 to
+#: 1.9 KB (peak RSS with and without run.check, opt2 and opt3 at S_kv = 131072 timing only:
+#: +66 MB for 36882 records, +148 MB for 79893), rounded up
+SANITIZER_BYTES_PER_RECORD = 2048
+
+
+def check_sanitizer_memory(cfg, fig: dict) -> None:
+    """Raise ConfigError if ``run.check`` would keep more than this machine's memory: the
+    sanitizer keeps every stage and op_log record until the run ends (the dry run's
+    ``records`` counts them exactly)."""
+    if not fig or not fig["records"]:  # run.check=false (no records counted) or no exact dry run
+        return
+    need = fig["records"] * SANITIZER_BYTES_PER_RECORD
+    have = physical_memory_bytes()
+    if have is not None and need > have:
+        raise ConfigError(f"run.check=true keeps about {_gib(need)} of host memory for the sanitizer "
+                          f"({fig['records']} op_log records × {SANITIZER_BYTES_PER_RECORD} B); this machine has "
+                          f"{_gib(have)}; use run.check=false or a shorter run")
+
+
+def npz_headers(path) -> dict:
+    """``{array name: (shape, dtype)}`` of the ``.npy`` members of an ``.npz``, read from
+    their headers only (nothing is decompressed but the header); ``{}`` if it cannot be read
+    that way (numpy's own load then says why)."""
+    out = {}
+    try:
+        with zipfile.ZipFile(path) as zf:
+            for info in zf.infolist():
+                if not info.filename.endswith(".npy"):
+                    continue
+                with zf.open(info) as f:
+                    version = np.lib.format.read_magic(f)
+                    read = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
+                        np.lib.format.read_array_header_2_0
+                    shape, _, dtype = read(f)
+                out[info.filename[:-4]] = (tuple(int(x) for x in shape), np.dtype(dtype))
+    except Exception:  # noqa: BLE001 (not an npz numpy can read: its own error names it)
+        return {}
+    return out
+
+
+def check_npz_memory(path, names, key: str = "bench.inputs.path") -> None:
+    """Raise InputsError if loading arrays ``names`` of the ``.npz`` at ``path`` (each as
+    stored, then as float64) would not fit in host memory. A small file can expand a
+    thousandfold (deflate), and numpy allocates what a header declares before reading, so
+    this is checked from the headers before anything is loaded (issue 14)."""
+    heads = npz_headers(path)
+    need, biggest = 0, None
+    for name in names:
+        if name not in heads or heads[name][1].hasobject:
+            continue
+        shape, dtype = heads[name]
+        count = math.prod(shape)
+        need += count * (dtype.itemsize + 8)
+        if biggest is None or count * dtype.itemsize > biggest[0]:
+            biggest = (count * dtype.itemsize, name, shape, dtype)
+    have = physical_memory_bytes()
+    if biggest is not None and have is not None and need > have:
+        _, name, shape, dtype = biggest
+        raise InputsError(f"{key}: '{path}' needs about {_gib(need)} of host memory to load (array '{name}' is "
+                          f"{shape} {dtype}, {_gib(biggest[0])} once expanded, then float64); this machine has "
+                          f"{_gib(have)}")
+
+
 def check_inputs_fit(data_dtype: str, arrays: dict, scale: float | None = None) -> None:
     """Raise NumericsError naming the first input with a finite value beyond ``data_dtype``
     (or, with ``scale``, scores ``q·kᵀ·scale`` beyond the float32 accumulator)."""
@@ -90,11 +157,16 @@ def check_inputs_fit(data_dtype: str, arrays: dict, scale: float | None = None) 
                                 f"value {acc_top:.6g}; use smaller inputs or bench.scale")
 
 
-def dry_run(hardware, pe_index: int, kernel, recipes: dict, dtype: str, shapes: dict, kwargs: dict) -> dict:
+def dry_run(hardware, pe_index: int, kernel, recipes: dict, dtype: str, shapes: dict, kwargs: dict,
+            count_stages: bool = False) -> dict:
     """Run ``kernel`` through the tl layer only, on an unbounded TCM; nothing is simulated.
+    With ``count_stages``, each command shape is also planned once, to count the stages
+    (and so the op_log records) the run will have.
 
     Returns:
-        ``{"tcm_bytes": high water, "hbm_bytes": HBM footprint, "commands": n}``, or
+        ``{"tcm_bytes": high water, "hbm_bytes": HBM footprint, "commands": n,
+        "dispatch_ps": PE_CPU's dispatch time in all, "stages", "records": op_log records
+        (stages and records 0 unless count_stages)}``, or
         ``{}`` if the kernel needs simulated values to go on (then only the real run's
         TcmOverflowError guards the TCM).
     Raises:
@@ -110,24 +182,33 @@ def dry_run(hardware, pe_index: int, kernel, recipes: dict, dtype: str, shapes: 
     glet = greenlet(lambda: kernel(tl, **kwargs))
     n = 0
     cpu, cost = pe.cpu, {}  # logical bytes -> dispatch ps (a kernel repeats a few sizes)
-    dispatch_ps = 0
+    dispatch_ps = stages = 0
+    n_stages_of: dict = {}
     try:
         req = glet.switch()
         while not glet.dead:
             if req[0] == "dispatch":
+                cmd = req[1]
                 n += 1
-                nbytes = req[1].logical_bytes
+                nbytes = cmd.logical_bytes
                 ps = cost.get(nbytes)
                 if ps is None:
-                    ps = cost[nbytes] = cycles_to_ps(cpu.cost_cycles(req[1]), cpu.clock_ghz)
+                    ps = cost[nbytes] = cycles_to_ps(cpu.cost_cycles(cmd), cpu.clock_ghz)
                 dispatch_ps += ps
+                if count_stages:  # planned once per command shape, never run
+                    key = plan_key(cmd)
+                    k = n_stages_of.get(key)
+                    if k is None:
+                        k = n_stages_of[key] = len(pe.scheduler.plan(cmd))
+                    stages += k
             req = glet.switch()
     except KbframeError:
         raise
     except Exception:  # a kernel that reads simulated values: no exact dry run
         return {}
     return {"tcm_bytes": pe.tcm.high_water, "tcm_capacity_bytes": capacity, "tcm_allocations": pe.tcm.allocations,
-            "hbm_bytes": engine._hbm_top, "commands": n, "dispatch_ps": dispatch_ps}
+            "hbm_bytes": engine._hbm_top, "commands": n, "dispatch_ps": dispatch_ps, "stages": stages,
+            "records": 2 * n + stages if count_stages else 0}
 
 
 def check_resources(cfg, kernel, recipes: dict, G: int, d: int, S_kv: int, tile: int, scale: float) -> dict:
@@ -144,12 +225,15 @@ def check_resources(cfg, kernel, recipes: dict, G: int, d: int, S_kv: int, tile:
     shapes = {"q": (G, d), "k": (S_kv, d), "v": (S_kv, d), "out": (G, d)}
     hbm_cap = hw.get("hbm_bytes")
     isz = itemsize(b.dtype)
-    hbm_need = sum(-(-int(np.prod(s)) * isz // 4096) * 4096 for s in shapes.values())
+    # Python integers: numpy's prod wraps at 2^63 (S_kv = 2^62 would need 0 B)
+    hbm_need = sum(-(-math.prod(int(x) for x in s) * isz // 4096) * 4096 for s in shapes.values())
     if hbm_cap is not None and hbm_need > hbm_cap:
         raise ConfigError(f"HBM too small: q, k, v and out need {hbm_need} B ({_gib(hbm_need)}) at G={G} d={d} "
                           f"S_kv={S_kv} ({b.dtype}), hardware.hbm_bytes is {hbm_cap} B ({_gib(hbm_cap)})")
+    check = bool(cfg.run.check) if "run" in cfg else True
     fig = dry_run(hw, int(b.pe), kernel, recipes, b.dtype, shapes,
-                  dict(G=G, d=d, S_kv=S_kv, tile=tile, scale=scale))
+                  dict(G=G, d=d, S_kv=S_kv, tile=tile, scale=scale), count_stages=check)
+    check_sanitizer_memory(cfg, fig)
     if fig and fig["dispatch_ps"] >= MAX_PS:  # PE_CPU dispatches one command at a time
         c = cfg.calibration
         raise TimeBaseError(f"PE_CPU alone needs {fig['dispatch_ps']:.4g} ps to dispatch the kernel's "

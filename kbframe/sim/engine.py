@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import copy
 import gc
+import operator
 import time
+from collections.abc import Sequence
 from types import SimpleNamespace
 
 import simpy
@@ -130,6 +132,50 @@ def check_time_base(pe, hw) -> None:
                           f"bytes) does not fit the time base: {e} ({_params(hw, 'cpu')})") from None
 
 
+#: most PEs a topology may declare (2^20: a 4×4 mesh of 8-PE cubes is 128, so room for
+#: thousands of such trays); PEs are built only when a run uses them, so this refuses
+#: absurd values, it is not a memory budget
+MAX_PES = 1 << 20
+
+
+class PEs(Sequence):
+    """``engine.pes``: the ``hardware.n_pes`` PEs, each built (its units copied and bound)
+    the first time it is used, so a run on PE 0 of ``n_pes=100000`` builds one PE.
+    :meth:`built` lists those built so far; iterating builds them all."""
+
+    def __init__(self, engine, n: int, units: dict, hw):
+        self._engine, self._n, self._units, self._hw = engine, n, units, hw
+        self._built: dict[int, PE] = {}
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(self._n))]
+        i = operator.index(i)
+        if i < 0:
+            i += self._n
+        if not 0 <= i < self._n:
+            raise IndexError(f"PE {i} of {self._n}")
+        pe = self._built.get(i)
+        if pe is None:
+            eng = self._engine
+            # one instantiate (hydra's is slow); a second PE gets a copy of the units, made
+            # from the template before any PE binds it
+            units = self._units if self._n == 1 else copy.deepcopy(self._units)
+            pe = self._built[i] = PE(eng.env, i, units, eng.numerics, eng.oplog)
+            if len(self._built) == 1:
+                check_time_base(pe, self._hw)  # every PE's units are copies of these
+            if eng.keep_stage_records:
+                pe.scheduler.record = []
+        return pe
+
+    def built(self) -> list:
+        """The PEs built so far, by index."""
+        return [self._built[i] for i in sorted(self._built)]
+
+
 class Engine:
     """A simulation of ``hardware.n_pes`` PEs sharing one HBM.
 
@@ -137,18 +183,20 @@ class Engine:
         hw: the ``hardware`` config node.
         numerics: a :class:`~kbframe.sim.numerics.Numerics` (timing only) or NumpyNumerics.
         oplog: the :class:`~kbframe.sim.oplog.OpLog` records stream into.
+    Raises:
+        ConfigError: ``hardware.n_pes`` outside 1..MAX_PES, or a unit refused (build_units,
+            check_time_base).
     """
 
     def __init__(self, hw, numerics, oplog):
         self.env = simpy.Environment()
         self.numerics = numerics
         self.oplog = oplog
-        # one instantiate per unit (hydra's is slow: tens of ms per PE); the other PEs get
-        # copies, made before any PE binds its units
-        units = build_units(hw)
-        per_pe = [units] + [copy.deepcopy(units) for _ in range(int(hw.n_pes) - 1)]
-        self.pes = [PE(self.env, i, u, numerics, oplog) for i, u in enumerate(per_pe)]
-        check_time_base(self.pes[0], hw)  # every PE's units are copies of these
+        self.keep_stage_records = False  # set by kbframe.sim.sanitizer.enable
+        n = int(hw.n_pes)
+        if not 1 <= n <= MAX_PES:
+            raise ConfigError(f"hardware.n_pes must be 1 to {MAX_PES}, got {n}")
+        self.pes = PEs(self, n, build_units(hw), hw)
         self.hbm: dict[str, TensorHandle] = {}
         self._hbm_top = 0
         self.wall_s = 0.0
@@ -195,7 +243,7 @@ class Engine:
         if self.env.now >= MAX_PS:  # each stage fits (check_time_base), but not their sum
             raise TimeBaseError(f"the simulation reached {self.env.now:.4g} ps; {LIMIT_TEXT}: use a shorter "
                                 f"run (a smaller shape) or faster units")
-        for pe in self.pes:
+        for pe in self.pes.built():
             sched = pe.scheduler
             if sched.queue or sched.inflight:
                 blocked = sched.blocked_on

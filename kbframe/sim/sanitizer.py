@@ -49,8 +49,10 @@ RULES = ("commands_once", "cpu_dispatch_serial", "unit_capacity", "tcm_no_overla
 
 
 def enable(engine) -> None:
-    """Make every PE_SCHEDULER of ``engine`` keep its ``(cmd, stages)`` (call before run)."""
-    for pe in engine.pes:
+    """Make every PE_SCHEDULER of ``engine`` keep its ``(cmd, stages)`` (call before run;
+    PEs the engine builds later keep them too)."""
+    engine.keep_stage_records = True
+    for pe in engine.pes.built():
         pe.scheduler.record = []
 
 
@@ -79,7 +81,7 @@ def check(engine, records) -> dict:
     for r in records:
         by_pe[r["pe"]].append(r)
     n_cmds = n_stages = n_acc = 0
-    for pe in engine.pes:
+    for pe in engine.pes.built():
         recs = by_pe.get(pe.index, [])
         if pe.scheduler.record is None:
             raise SanitizerError("sanitizer: PE_SCHEDULER kept no stage record; call "
