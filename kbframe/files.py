@@ -5,7 +5,28 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 from pathlib import Path
+
+#: marks kbframe's temporary files: ``.NAME.kbframe-tmp-PID-TOKEN``, unique per writer, so
+#: two writers never share one and a later run recognises a stale one (kbframe.run.rundir)
+TEMP_MARK = ".kbframe-tmp-"
+
+
+def new_token() -> str:
+    """A writer's token for temporary names: the process id and 8 random hex digits."""
+    return f"{os.getpid()}-{secrets.token_hex(4)}"
+
+
+def temp_path(path: Path, token: str | None = None) -> Path:
+    """A unique temporary name beside ``path`` (hidden, carrying :data:`TEMP_MARK`)."""
+    path = Path(path)
+    return path.with_name(f".{path.name}{TEMP_MARK}{token or new_token()}")
+
+
+def final_name(name: str) -> str:
+    """The file name a temporary name (:func:`temp_path`) stands for; other names as given."""
+    return name[1:].split(TEMP_MARK, 1)[0] if TEMP_MARK in name and name.startswith(".") else name
 
 
 def atomic_write(path: Path, write) -> None:
@@ -14,7 +35,7 @@ def atomic_write(path: Path, write) -> None:
     Raises:
         whatever ``write`` or the rename raises (OSError ...); the temporary file is removed.
     """
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = temp_path(path)
     try:
         write(tmp)
         os.replace(tmp, path)

@@ -13,7 +13,8 @@ from kbframe import files
 from kbframe.report import sweep as report
 
 from kbframe.report import sweep_jobs
-from kbframe.run.bench import run_bench, write_json_atomic
+from kbframe.files import write_json as write_json_atomic
+from kbframe.run.bench import run_bench
 from kbframe.errors import ConfigError
 from kbframe.files import read_status
 from kbframe.run.jobstatus import EXIT_INTERRUPTED, JobStatus

@@ -78,7 +78,7 @@ def test_every_target_and_kernel_in_conf_resolves():
 
 @pytest.mark.parametrize("dotted, what", [
     ("kbframe.run.bench.np.save", "a built-in function of numpy"),          # a re-exported numpy function
-    ("kbframe.run.bench.os.makedirs", "a function defined in os"),          # a re-exported os function
+    ("kbframe.run.rundir.os.makedirs", "a function defined in os"),          # a re-exported os function
     ("kbframe.sim.engine.simpy.Environment", "a class defined in simpy.core"),  # a re-exported class
     ("kbframe.hw.unit.Unit", "the abstract base kbframe.hw.unit.Unit"),     # the base itself
     ("kbframe.hw.unit.Stage", "a class defined in kbframe.hw.unit"),       # a kbframe.hw class, not a unit
@@ -91,7 +91,7 @@ def test_unit_kind_check_refuses(dotted, what):
 
 
 @pytest.mark.parametrize("dotted, what", [
-    ("kbframe.run.bench.os.system", "a built-in function of posix"),
+    ("kbframe.run.rundir.os.system", "a built-in function of posix"),
     ("kbframe.run.bench.np.save", "a built-in function of numpy"),
     ("kbframe.run.bench.validate", "a function defined in kbframe.run.bench"),  # kbframe, but not a kernel
     ("kbframe.kernels.kernel", "a function defined in kbframe.kernels"),        # the decorator itself
@@ -156,7 +156,7 @@ def test_refused_target_runs_nothing(tmp_path):
     re-export must not write its file (it is refused before anything is instantiated)."""
     target = tmp_path / "x.npy"
     cfg = compose_cfg(f"+hardware.units.zz={{_target_:kbframe.run.bench.np.save,file:{target},arr:[1,2,3]}}",
-                      "+hardware.units.yy={_target_:kbframe.run.bench.os.makedirs,name:" + str(tmp_path / "d") + "}",
+                      "+hardware.units.yy={_target_:kbframe.run.rundir.os.makedirs,name:" + str(tmp_path / "d") + "}",
                       "run.progress=false", "bench.S_kv=64")
     with pytest.raises(ConfigError, match="is a built-in function of numpy, not a unit class"):
         run_bench(cfg, tmp_path / "run")

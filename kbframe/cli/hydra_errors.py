@@ -6,8 +6,12 @@ Two cheap measures, both inert for a correct command line and for ``-m`` sweeps:
   (``+bench=NAME``, ``hardware=NAME``, ``calibration=NAME``, also comma lists of a sweep)
   that names no file in ``conf/<group>/`` is reported with the available names, and a
   ``hydra.run.dir`` / ``hydra.sweep.dir`` that cannot be created or written is reported
-  before Hydra tries to. It stays silent when the config search path is extended
-  (``hydra.searchpath``, ``--config-dir``) or a value uses sweep syntax.
+  before Hydra tries to (one holding ``${...}``, the default too, by its existing part;
+  an empty one is refused). Recipe names and files are checked (check_recipes). Group
+  choices are not checked when the config search path is extended (``hydra.searchpath``,
+  ``--config-dir``) or a value uses sweep syntax.
+* A single run into a named ``hydra.run.dir`` holds the directory's lock from before Hydra
+  writes there (kbframe.run.rundir), so a second run into it is refused untouched.
 * :func:`run` holds back what is written to stderr until kbframe's task function starts
   (:func:`release`). If Hydra exits before that (a composition error: a wrong type, an
   unknown key, a missing file), its multi-line message is folded into one
@@ -25,6 +29,8 @@ import sys
 from pathlib import Path
 
 from ..errors import ConfigError, KbframeError, RecipeError
+from ..run import rundir
+from ..run.rundir import RunDirBusy
 from ..tl import recipe as recipe_files
 
 GROUPS = ("bench", "hardware", "calibration")
@@ -186,16 +192,74 @@ def check_config(cfg) -> None:
         raise ConfigError(f"{key}: cannot resolve{text}: {why}") from None
 
 
+def _is_multirun(argv: list[str]) -> bool:
+    return any(a in ("-m", "--multirun") for a in argv)
+
+
+def _default_dir(key: str) -> str:
+    """``hydra.run.dir`` / ``hydra.sweep.dir`` as conf/config.yaml sets it (unresolved)."""
+    from omegaconf import OmegaConf
+    node = OmegaConf.load(_CONF / "config.yaml")
+    return str(OmegaConf.to_container(node, resolve=False)["hydra"][key.split(".")[1]]["dir"])
+
+
+def _writable_prefix(val: str) -> str | None:
+    """For a directory holding ``${...}``: None if the nearest existing folder above its
+    literal part is a directory that accepts files (Hydra creates the rest), else why."""
+    head = val.split("${", 1)[0]
+    p = Path(head) if head.endswith("/") or not head else Path(head).parent
+    p = p if str(p) else Path(".")
+    while not os.path.lexists(p) and p != p.parent:
+        p = p.parent
+    if not p.is_dir():
+        return f"'{p}' is not a directory"
+    probe = p / f".kbframe-write-test-{os.getpid()}"
+    try:
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        return f"'{p}': {e.strerror or e}"
+    return None
+
+
+def run_dir_arg(argv: list[str]) -> tuple[str, str | None]:
+    """``(key, value)`` of the run directory this command line names (``hydra.sweep.dir``
+    with ``-m``), value None when it leaves the default."""
+    key = "hydra.sweep.dir" if _is_multirun(argv) else "hydra.run.dir"
+    val = None
+    for a in argv:
+        k, eq, v = a.partition("=")
+        if eq and k.lstrip("+") == key:
+            val = v
+    return key, val
+
+
+def check_run_dir(argv: list[str]) -> str | None:
+    """Why the run (or sweep) directory cannot be written, or None: an empty one (it would
+    mean the working directory), one that cannot be created, and one holding ``${...}``
+    (the default too) whose existing part is not a writable directory."""
+    key, val = run_dir_arg(argv)
+    if val is not None and not val.strip():
+        return f"{key} is empty; give a directory (the default is {_default_dir(key)})"
+    text = val if val is not None else _default_dir(key)
+    why = _writable_prefix(text) if "${" in text else _writable_dir(text)
+    if why is not None:
+        return f"cannot write the run directory '{text}' ({key}): {why}"
+    return None
+
+
 def precheck(argv: list[str]) -> str | None:
     """The one-line message for a command line Hydra would reject, or None."""
     try:
         check_recipes(argv)
     except KbframeError as e:
         return str(e)
+    msg = check_run_dir(argv)
+    if msg is not None:
+        return msg
     if any(a in ("-cd", "--config-dir", "-cp", "--config-path") or a.startswith(("--config-dir=", "--config-path="))
            or a.lstrip("+").startswith("hydra.searchpath") for a in argv):
         return None
-    multirun = any(a in ("-m", "--multirun") for a in argv)
     for a in argv:
         if a.startswith("-") or "=" not in a:
             continue
@@ -211,10 +275,6 @@ def precheck(argv: list[str]) -> str | None:
             for v in choices:
                 if v not in names:
                     return f"unknown {key} '{v}' (available: {', '.join(names)})"
-        elif key == ("hydra.sweep.dir" if multirun else "hydra.run.dir") and "${" not in val:
-            why = _writable_dir(val)
-            if why is not None:
-                return f"cannot write the run directory '{val}' ({key}): {why}"
     return None
 
 
@@ -314,11 +374,27 @@ def release() -> None:
 
 def run(hydra_main) -> None:
     """Run the Hydra-decorated ``hydra_main()`` with the measures above."""
-    global _tap
     msg = precheck(sys.argv[1:])
     if msg is not None:
         print(f"kbframe: error: {msg}", file=sys.stderr)
         sys.exit(1)
+    key, val = run_dir_arg(sys.argv[1:])
+    if key == "hydra.run.dir" and val and "${" not in val \
+            and not any(a.lstrip("+").startswith("sweep=") for a in sys.argv[1:]):
+        # a single run into a named directory: lock it before Hydra writes .hydra/ there, so
+        # a second run into it is refused before touching anything (kbframe.run.rundir)
+        try:
+            with rundir.lock(val):
+                _run(hydra_main)
+        except RunDirBusy as e:
+            print(f"kbframe: error: {e}", file=sys.stderr)
+            sys.exit(1)
+    else:
+        _run(hydra_main)
+
+
+def _run(hydra_main) -> None:
+    global _tap
     real = sys.stderr
     _tap = tap = _Tap(real)
     sys.stderr = tap

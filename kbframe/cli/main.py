@@ -38,6 +38,7 @@ def _hydra_main(cfg: DictConfig) -> dict:
     # status.json in out_dir; a job of a -m sweep that fails is recorded and the sweep goes
     # on (kbframe.run.jobstatus); a single run exits 1 with one line
     with JobStatus.from_hydra() as job:
+        job.proceed()  # a locked or unwritable run directory: one line, nothing touched
         hydra_errors.check_composed_recipes()
         if "bench" not in cfg:
             raise ConfigError(f"no bench selected; add +bench=NAME "

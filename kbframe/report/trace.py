@@ -28,6 +28,8 @@ import os
 import re
 from pathlib import Path
 
+from ..files import final_name
+
 #: op_log unit → (track name, sort order)
 UNIT_TRACKS = {
     "cpu": ("PE_CPU dispatch", 0),
@@ -243,7 +245,7 @@ def write_trace(op_log: Path | str, out: Path | str) -> dict:
             for ev in meta:
                 write(sep + dumps(ev, ensure_ascii=False))
                 sep = ",\n"
-            other = {"source": op_log.name.removesuffix(".partial"), "generator": "kbframe.trace",
+            other = {"source": final_name(op_log.name).removesuffix(".partial"), "generator": "kbframe.trace",
                      "time_unit": "us"}
             write("\n ],\n \"otherData\": " + dumps(other) + "}\n")
         os.replace(tmp, out)

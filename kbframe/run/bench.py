@@ -1,13 +1,13 @@
 """Running a bench: inputs, the float64 reference, the simulation, metrics and files.
 
-Files written to the run directory (each atomically: a temporary file, then rename):
-``metrics.json``, ``op_log.jsonl`` (streamed), ``trace.json`` (unless ``run.trace=false``),
-``tensors.npz`` (data mode); ``metrics.json`` ``files`` lists them.
+Files written to the run directory: ``metrics.json``, ``op_log.jsonl`` (streamed),
+``trace.json`` (unless ``run.trace=false``), ``tensors.npz`` (data mode); ``metrics.json``
+``files`` lists them. Each is staged under a unique temporary name and they replace an
+earlier run's files together, all or none (kbframe.run.rundir).
 """
 from __future__ import annotations
 
 import math
-import os
 import zipfile
 from pathlib import Path
 
@@ -21,11 +21,12 @@ from threadpoolctl import threadpool_limits
 from ..sim.engine import Engine
 from ..sim.targets import resolve_kernel
 from ..files import write_json
-from ..errors import ConfigError, InputsError, NumericsError, OutputError
+from ..errors import ConfigError, InputsError, NumericsError
 from ..sim.numerics import Numerics, NumpyNumerics
 from ..sim.oplog import OpLog
 from ..tl.recipe import load_recipes
 from . import preflight
+from .rundir import OUTPUT_FILES, RunDir
 from ..sim import sanitizer
 from .schema import BenchConfig, CalibrationConfig, HardwareConfig, InputsConfig, RunConfig
 from ..timebase import ps_to_ns
@@ -176,14 +177,6 @@ def reference(q, k, v, scale) -> np.ndarray:
     return out
 
 
-def write_json_atomic(path: Path, obj) -> None:
-    """Write JSON to ``path`` atomically (kbframe.files); OSError becomes OutputError."""
-    try:
-        write_json(path, obj)
-    except OSError as e:
-        raise OutputError(f"cannot write '{path}': {e.strerror or e}") from None
-
-
 def run_bench(cfg, out_dir: Path) -> dict:
     """Run ``cfg.bench`` on ``cfg.hardware`` and write the run's files into ``out_dir``.
 
@@ -191,8 +184,17 @@ def run_bench(cfg, out_dir: Path) -> dict:
         The metrics dict (also written to ``metrics.json``).
     Raises:
         KbframeError subclasses for every bad input (ConfigError, InputsError,
-        RecipeError, ValidationError, TcmOverflowError, DeadlockError).
+        RecipeError, ValidationError, TcmOverflowError, DeadlockError); OutputError for a
+        run directory that cannot be written (kbframe.run.rundir: locked, staged, committed
+        all or nothing, cleaned up on any failure).
     """
+    out_dir = Path(out_dir)
+    with RunDir(out_dir) as rd:
+        return _run_bench(cfg, out_dir, rd)
+
+
+def _run_bench(cfg, out_dir: Path, rd: RunDir) -> dict:
+    """:func:`run_bench`'s body; ``rd`` is opened once the pre-flight checks passed."""
     validate(cfg)
     b = cfg.bench
     recipes = load_recipes(cfg.get("recipes"))
@@ -215,13 +217,9 @@ def run_bench(cfg, out_dir: Path) -> dict:
     if b.data:
         preflight.check_inputs_fit(b.data_dtype, {"q": q, "k": k, "v": v}, scale)
     preflight.check_resources(cfg, kernel, recipes, G, d, S_kv, tile, scale)
-    try:  # nothing in out_dir is touched before this point
-        out_dir.mkdir(parents=True, exist_ok=True)
-        preflight.check_outputs(out_dir)
-        oplog_path = out_dir / "op_log.jsonl.partial"  # renamed once the run passed (left for debugging if not)
-        oplog = OpLog(oplog_path)
-    except OSError as e:
-        raise OutputError(f"cannot write the run directory '{out_dir}': {e.strerror or e}") from None
+    rd.open()  # nothing in out_dir is touched before this point (kbframe.run.rundir)
+    oplog_path = rd.temp("op_log.jsonl", debug=True)  # kept as op_log.jsonl.partial if the run fails
+    oplog = OpLog(oplog_path)
     numerics = NumpyNumerics(b.data_dtype) if b.data else Numerics()
     check = bool(cfg.run.check) if "run" in cfg else True
     try:
@@ -242,7 +240,7 @@ def run_bench(cfg, out_dir: Path) -> dict:
         oplog.close()
     san = sanitizer.check(engine, oplog_path) if check else {"rules_checked": 0}
     trace = bool(cfg.run.trace) if "run" in cfg else True
-    trace_tmp = out_dir / "trace.json.partial"
+    trace_tmp = rd.temp("trace.json", debug=True)
     if trace:
         write_trace(oplog_path, trace_tmp)
 
@@ -269,25 +267,17 @@ def run_bench(cfg, out_dir: Path) -> dict:
     else:
         metrics["numerics"] = {"enabled": False, "dtype": None, "max_abs_err": None, "max_rel_err": None}
     made = {"trace.json": trace, "tensors.npz": tensors is not None}
-    metrics["files"] = [name for name in preflight.OUTPUT_FILES if made.get(name, True)]
-    tmp = out_dir / "tensors.tmp.npz"
-    try:
-        if tensors is not None:
-            np.savez(tmp, **tensors)
-        # the run passed: replace a previous run's files together, metrics.json last
-        os.replace(oplog_path, out_dir / "op_log.jsonl")
-        if trace:
-            os.replace(trace_tmp, out_dir / "trace.json")
-        else:  # a previous run's timeline (or a failed run's staged one) is not this run's
-            (out_dir / "trace.json").unlink(missing_ok=True)
-            trace_tmp.unlink(missing_ok=True)
-        if tensors is not None:
-            os.replace(tmp, out_dir / "tensors.npz")
-        else:  # a previous data-mode run's numbers would not belong to this run
-            (out_dir / "tensors.npz").unlink(missing_ok=True)
-    except OSError as e:
-        raise OutputError(f"cannot write '{e.filename}' in the run directory: {e.strerror or e}") from None
-    write_json_atomic(out_dir / "metrics.json", metrics)
+    metrics["files"] = [name for name in OUTPUT_FILES if made.get(name, True)]
+    staged = {"op_log.jsonl": oplog_path, "trace.json": trace_tmp if trace else None, "tensors.npz": None,
+              "metrics.json": rd.temp("metrics.json")}
+    if tensors is not None:
+        staged["tensors.npz"] = rd.temp("tensors.npz")
+        with open(staged["tensors.npz"], "wb") as f:  # a file object: numpy appends no .npz
+            np.savez(f, **tensors)
+    write_json(staged["metrics.json"], metrics)
+    # the run passed: its files replace a previous run's together (a file it did not make,
+    # trace.json with run.trace=false, tensors.npz when timing only, is removed), or none do
+    rd.commit(staged)
     return metrics
 
 

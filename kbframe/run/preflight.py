@@ -24,7 +24,7 @@ import numpy as np
 from greenlet import greenlet
 
 from ..sim.engine import Engine
-from ..errors import ConfigError, InputsError, KbframeError, NumericsError, OutputError, TcmOverflowError, TimeBaseError
+from ..errors import ConfigError, InputsError, KbframeError, NumericsError, TcmOverflowError, TimeBaseError
 from ..ir.handles import itemsize
 from ..sim.numerics import Numerics
 from ..sim.oplog import OpLog
@@ -247,22 +247,3 @@ def check_resources(cfg, kernel, recipes: dict, G: int, d: int, S_kv: int, tile:
             f"capacity (hardware.tcm_bytes); {b.name} needs {fig['tcm_bytes']} B of TCM in all at G={G} d={d} "
             f"S_kv={S_kv} tile={tile} ({b.dtype}), found by a dry run before the simulation")
     return fig
-
-
-#: files a run writes into its directory (each replaced only when the run passed)
-OUTPUT_FILES = ("metrics.json", "op_log.jsonl", "tensors.npz", "trace.json")
-
-
-def check_outputs(out_dir) -> None:
-    """Raise OutputError if a result file cannot be written in ``out_dir`` (a directory in
-    its place, or a directory that refuses files), before anything is simulated."""
-    for name in OUTPUT_FILES:
-        p = out_dir / name
-        if p.exists() and not p.is_file():
-            raise OutputError(f"cannot write '{p}': something that is not a file is in its place")
-    probe = out_dir / f".kbframe-write-test-{os.getpid()}"
-    try:
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as e:
-        raise OutputError(f"cannot write in the run directory '{out_dir}': {e.strerror or e}") from None
