@@ -10,7 +10,7 @@ import pytest
 from conftest import compose_cfg
 from kbframe.errors import ConfigError, InputsError
 from kbframe.run import preflight
-from kbframe.run.bench import load_inputs, run_bench
+from kbframe.run.bench import read_inputs_file, run_bench, validate
 from kbframe.sim.engine import Engine
 from kbframe.sim.numerics import Numerics
 from kbframe.sim.oplog import OpLog
@@ -25,9 +25,9 @@ def test_sanitizer_memory_is_checked_before_the_run(tmp_path, monkeypatch):
     cfg = compose_cfg("bench.S_kv=1024", "bench.data=false", "run.progress=false")
     from kbframe.sim.targets import resolve_kernel
     from kbframe.tl.recipe import load_recipes
-    fig = preflight.dry_run(cfg.hardware, 0, resolve_kernel(cfg.bench.kernel), load_recipes(cfg.recipes),
-                            "float16", {"q": (8, 128), "k": (1024, 128), "v": (1024, 128), "out": (8, 128)},
-                            dict(G=8, d=128, S_kv=1024, tile=64, scale=0.088), count_stages=True)
+    wl = validate(cfg)
+    fig = preflight.dry_run(cfg.hardware, wl, resolve_kernel(cfg.bench.kernel), load_recipes(cfg.recipes),
+                            "float16", None, count_stages=True)
     assert fig["records"] == m["sim"]["events"] == 2 * fig["commands"] + fig["stages"]
     monkeypatch.setattr(preflight, "physical_memory_bytes", lambda: fig["records"] * 2048 - 1)
     with pytest.raises(ConfigError) as e:
@@ -49,13 +49,14 @@ def test_npz_expansion_checked_from_headers(tmp_path, monkeypatch):
     heads = preflight.npz_headers(tmp_path / "z.npz")
     assert heads["k"] == ((1 << 19, 128), np.dtype(np.int8))
     monkeypatch.setattr(preflight, "physical_memory_bytes", lambda: 1 << 30)
+    wl = validate(compose_cfg())
     with pytest.raises(InputsError) as e:
-        load_inputs(str(tmp_path / "z.npz"))
+        read_inputs_file(str(tmp_path / "z.npz"), wl)
     assert str(e.value) == (f"bench.inputs.path: '{tmp_path / 'z.npz'}' needs about 1.13 GiB of host memory to "
                             f"load (array 'k' is (524288, 128) int8, 0.0625 GiB once expanded, then float64); this "
                             f"machine has 1 GiB")
     monkeypatch.setattr(preflight, "physical_memory_bytes", lambda: 2 << 30)
-    assert load_inputs(str(tmp_path / "z.npz"))["k"].shape == (1 << 19, 128)
+    assert read_inputs_file(str(tmp_path / "z.npz"), wl)["k"].shape == (1 << 19, 128)
 
 
 def test_unused_pes_are_not_built():

@@ -17,7 +17,8 @@ from kbframe.hw.pe_math import MathUnit
 from kbframe.hw.tcm import Tcm
 from kbframe.hw.unit import Unit
 from kbframe.kernels.gqa_decode import gqa_decode_opt2
-from kbframe.run.bench import run_bench
+from kbframe.run.bench import run_bench, validate
+from kbframe.workloads.base import Workload
 from kbframe.sim.engine import build_units
 from kbframe.sim.targets import KERNEL_MARK, resolve_class, resolve_kernel, resolve_unit_class
 
@@ -56,24 +57,32 @@ def _targets(node, path=""):
 
 
 def test_every_target_and_kernel_in_conf_resolves():
+    """Every ``_target_`` and kernel in conf/ resolves to what it must be; a new kind of
+    target fails here until it has a kind check."""
     seen = []
     for f in sorted((REPO / "conf").rglob("*.yaml")):
         raw = OmegaConf.to_container(OmegaConf.load(f), resolve=False)
         for path, key, value in _targets(raw):
             where = f"{f.relative_to(REPO)}:{path}"
             if key == "kernel":
-                obj = resolve_kernel(value, where, kwargs=KWARGS)
-                assert callable(obj) and obj.__module__.startswith("kbframe.kernels.")
+                assert f.parent.name == "bench", where
+                wl = validate(compose_cfg(bench=f.stem))  # the kernel's arguments come from its workload
+                obj = resolve_kernel(value, where, kwargs=tuple(wl.kernel_kwargs(None)))
+                assert obj.__module__.startswith("kbframe.kernels.")
             elif ".units." in f".{path}":
                 assert issubclass(resolve_unit_class(value, where), (Unit, Tcm)) or value.endswith(("PeCpu",
                                                                                                  "PeScheduler"))
             elif path.startswith("hydra.callbacks."):
                 assert issubclass(resolve_class(value, Callback, where), Callback)
+            elif path == "_target_" and f.parent.name == "bench":
+                assert issubclass(resolve_class(value, Workload, where), Workload)
             else:
                 pytest.fail(f"{where}: a _target_ of a kind this test does not know: {value}")
             seen.append(value)
+    benches = len(list((REPO / "conf" / "bench").glob("*.yaml")))
     assert "kbframe.kernels.gqa_decode.gqa_decode_opt2" in seen and "kbframe.hw.pe_gemm.GemmUnit" in seen
-    assert "kbframe.cli.callbacks.SweepReport" in seen and len(seen) == 10  # 2 kernels, 1 callback, 7 units
+    assert "kbframe.cli.callbacks.SweepReport" in seen and "kbframe.workloads.gemm.Gemm" in seen
+    assert len(seen) >= 2 * benches + 1 + 7  # each bench: a workload and a kernel; a callback; 7 units
 
 
 @pytest.mark.parametrize("dotted, what", [

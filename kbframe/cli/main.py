@@ -14,7 +14,7 @@ from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from . import hydra_errors
 
@@ -31,6 +31,16 @@ def _available_benches() -> list[str]:
     return sorted(p.stem for p in conf.glob("*.yaml"))
 
 
+def _explicit_keys(overrides) -> set:
+    """Config keys the user set on the command line (``bench.G=8``, ``++bench.G=8``)."""
+    keys = set()
+    for ov in overrides:
+        key = str(ov).split("=", 1)[0].lstrip("+~")
+        if "=" in str(ov) and not key.startswith("hydra"):
+            keys.add(key)
+    return keys
+
+
 @hydra.main(version_base="1.3", config_path="pkg://kbframe.conf", config_name="config")
 def _hydra_main(cfg: DictConfig) -> dict:
     hydra_errors.release()  # Hydra composed the config: stderr is ours again
@@ -44,7 +54,9 @@ def _hydra_main(cfg: DictConfig) -> dict:
             raise ConfigError(f"no bench selected; add +bench=NAME "
                               f"(available: {', '.join(_available_benches())})")
         hydra_errors.check_config(cfg)
-        metrics = run_bench(cfg, out_dir)
+        # the override text as typed: resolving it here (outside the config) could fail
+        typed = OmegaConf.to_container(HydraConfig.get().overrides.task, resolve=False)
+        metrics = run_bench(cfg, out_dir, _explicit_keys(typed))
     if job.ok:
         try:  # the run is done and recorded ok; a closed pipe (`| head`) must not fail it
             print(summary(metrics, out_dir), flush=True)
@@ -56,7 +68,11 @@ def _hydra_main(cfg: DictConfig) -> dict:
 def main() -> None:
     """``python -m kbframe`` / the ``kbframe`` script: Hydra's main, with Hydra's own
     composition errors (unknown bench, wrong type ...) folded into one line
-    (kbframe.cli.hydra_errors)."""
+    (kbframe.cli.hydra_errors). ``--help`` / ``-h`` prints kbframe's own help (kbframe.cli.help)."""
+    if any(a in ("--help", "-h") for a in sys.argv[1:]):
+        from .help import text
+        print(text())
+        return
     hydra_errors.run(_hydra_main)
 
 

@@ -16,6 +16,7 @@ from collections import deque
 from ..ir.commands import hazard_ranges
 from .params import at_least_one
 from .tiling import PlanCache, plan_stages
+from .unit import PeUnit
 
 
 def _overlap(xs, ys) -> bool:
@@ -34,7 +35,7 @@ class _InFlight:
         self.touched = reads + writes  # what a later writer must not overlap (WAR and WAW)
 
 
-class PeScheduler:
+class PeScheduler(PeUnit):
     """PE_SCHEDULER of one PE.
 
     Args:
@@ -43,9 +44,12 @@ class PeScheduler:
         ValueError: ``max_queued_commands`` < 1.
     """
 
-    def __init__(self, max_queued_commands: int = 64, description: str = ""):
+    roles = ("admission",)
+    label = "PE_SCHEDULER"
+
+    def __init__(self, max_queued_commands: int = 64, description: str = "", roles=None, label=None):
+        super().__init__(description, roles, label)
         at_least_one("max_queued_commands", max_queued_commands)
-        self.description = description
         self.max_queued = int(max_queued_commands)
         self.queue: deque = deque()
         self.inflight: dict[int, _InFlight] = {}
@@ -110,8 +114,8 @@ class PeScheduler:
         """The stages of ``cmd``, fresh (timing only: copied from its shape's cached plan)."""
         plans = self._plans
         if plans is None:
-            return plan_stages(cmd, self.pe.stage_units, self.pe.numerics)
-        return plans.stages(cmd, self.pe.stage_units, self.pe.numerics)
+            return plan_stages(cmd, self.pe.by_role, self.pe.numerics)
+        return plans.stages(cmd, self.pe.by_role, self.pe.numerics)
 
     def _start(self, cmd, reads, writes) -> None:
         stages = self.plan(cmd)
