@@ -123,6 +123,57 @@ def test_report_refuses_a_directory_that_is_no_sweep(tmp_path, capsys):
     assert "not a sweep directory" in capsys.readouterr().err
 
 
+def test_report_that_cannot_be_written_exits_2(sweep, tmp_path, capsys):
+    """Issue 14 class 10: exit 2 (no report can be made) with one line, never a traceback
+    or 1 (which means a job is not ok); nothing is half-written."""
+    d = tmp_path / "blocked"
+    shutil.copytree(sweep, d)
+    for name in ("sweep.csv", "summary.md", "sweep.png"):
+        (d / name).unlink(missing_ok=True)
+    (d / "sweep.csv").mkdir()
+    capsys.readouterr()
+    assert report.main([str(d)]) == 2
+    assert capsys.readouterr().err == (f"kbframe: error: cannot write '{d / 'sweep.csv'}': something that is "
+                                       f"not a file is in its place\n")
+    assert not (d / "summary.md").exists() and not (d / "sweep.png").exists()
+
+
+def test_read_only_sweep_exits_2(sweep, tmp_path, capsys):
+    import os
+    import subprocess
+    if os.geteuid() != 0 or shutil.which("chattr") is None:
+        pytest.skip("an immutable directory needs root (root writes through chmod)")
+    d = tmp_path / "ro"
+    shutil.copytree(sweep, d)
+    (d / "sweep.csv").unlink(missing_ok=True)
+    if subprocess.run(["chattr", "+i", str(d)]).returncode != 0:
+        pytest.skip("no immutable flag on this file system")
+    try:
+        capsys.readouterr()
+        assert report.main([str(d)]) == 2
+        err = capsys.readouterr().err
+    finally:
+        subprocess.run(["chattr", "-i", str(d)])
+    assert err.startswith("kbframe: error: cannot write '") and err.endswith("': Operation not permitted\n")
+    assert len(err.splitlines()) == 1
+
+
+def test_a_string_where_a_metric_should_be_fails_that_job(sweep, tmp_path, capsys):
+    d = tmp_path / "bad_metric"
+    shutil.copytree(sweep, d)
+    m = json.loads((d / "0" / "metrics.json").read_text())
+    m["sim"]["latency_ns"] = "fast"
+    (d / "0" / "metrics.json").write_text(json.dumps(m))
+    (d / "4" / "metrics.json").write_text("[1, 2]")
+    capsys.readouterr()
+    assert report.main([str(d)]) == 1  # jobs not ok, and the report was written
+    rows = {r["job"]: r for r in _rows(d)}
+    assert (rows["0"]["status"], rows["0"]["error"], rows["0"]["sim.latency_ns"]) == (
+        "failed", "metrics.json sim.latency_ns is 'fast', not a number", "")
+    assert (rows["4"]["status"], rows["4"]["error"]) == ("failed", "metrics.json is not a JSON object")
+    assert "Traceback" not in capsys.readouterr().err
+
+
 # ---------------------------------------------------------------- status.json
 
 def test_status_ok(tmp_path):

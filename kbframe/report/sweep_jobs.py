@@ -23,6 +23,8 @@ METRIC_COLUMNS = [
     "roofline.binding", "roofline.bound_ns", "roofline.fraction", "roofline.hbm_bytes",
     "roofline.flops", "sim.events", "sim.wall_s",
 ]
+#: metric columns that hold text; every other one is a number (or absent)
+TEXT_COLUMNS = ("bench", "roofline.binding")
 #: where a metric column comes from in a job's config when it has no metrics.json
 CONFIG_FALLBACK = {"bench": "bench.name", "calibration.R": "calibration.R",
                    "calibration.FIXED": "calibration.FIXED", "shape.G": "bench.G",
@@ -144,9 +146,18 @@ def _read_job(d: Path) -> Job:
         job.error = "started, never finished (killed, or still running)"
     if job.status == "ok" and metrics is None:
         job.status, job.error = "failed", "status ok but no metrics.json"
+    if metrics is not None and not isinstance(metrics, dict):
+        job.status, job.error, metrics = "failed", "metrics.json is not a JSON object", None
     job.metrics = metrics
     if metrics is not None:
         job.values = {c: _dig(metrics, c) for c in METRIC_COLUMNS}
+        bad = [c for c in METRIC_COLUMNS if c not in TEXT_COLUMNS and job.values[c] is not None
+               and (isinstance(job.values[c], bool) or not isinstance(job.values[c], (int, float)))]
+        if bad:  # a corrupt or hand-edited file: the job is not ok, the report goes on
+            job.status = "failed"
+            job.error = "; ".join(f"metrics.json {c} is {job.values[c]!r}, not a number" for c in bad)
+            for c in bad:
+                job.values[c] = None
     else:
         cfg = _load_yaml(d / ".hydra" / "config.yaml")
         for col, path in CONFIG_FALLBACK.items():
