@@ -8,6 +8,7 @@ keys, unknown bench) are Hydra's messages, which name the key and list the optio
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -65,6 +66,23 @@ def _hydra_main(cfg: DictConfig) -> dict:
     return job.status
 
 
+def _use_kbframe_joblib_launcher() -> None:
+    """``hydra/launcher=joblib`` selects kbframe's joblib launcher (kbframe.cli.launcher: a
+    killed job fails alone). Hydra registers the plugin's config when it scans its plugins,
+    so the scan is done first and the entry then replaced."""
+    try:
+        from hydra.core.config_store import ConfigStore
+        from hydra.core.plugins import Plugins
+        from hydra_plugins.hydra_joblib_launcher.config import JobLibLauncherConf
+    except ImportError:  # the joblib extra is not installed
+        return
+    Plugins.instance()
+    node = dataclasses.make_dataclass("KbframeJoblibLauncherConf", [
+        ("_target_", str, dataclasses.field(default="hydra_plugins.kbframe_launcher.KbframeJoblibLauncher"))],
+        bases=(JobLibLauncherConf,))
+    ConfigStore.instance().store(group="hydra/launcher", name="joblib", node=node, provider="kbframe")
+
+
 def main() -> None:
     """``python -m kbframe`` / the ``kbframe`` script: Hydra's main, with Hydra's own
     composition errors (unknown bench, wrong type ...) folded into one line
@@ -73,6 +91,7 @@ def main() -> None:
         from .help import text
         print(text())
         return
+    _use_kbframe_joblib_launcher()
     hydra_errors.run(_hydra_main)
 
 

@@ -199,7 +199,8 @@ def collect(sweep_dir: Path) -> list[Job]:
             if match.status == "missing" and match.error is None:
                 match.error = "started, but wrote no status.json"
             jobs.append(match)
-    jobs += [j for j in found if id(j) not in used]  # extra directories (another sweep's?)
+    # a directory the plan does not account for is another sweep's (one run into a sweep
+    # directory reused with hydra.callbacks.sweep_report.reuse_dir=true): not this sweep's job
     return jobs
 
 

@@ -40,7 +40,7 @@ from pathlib import Path
 
 from . import rundir
 from ..errors import KbframeError, OutputError
-from ..files import STATUS_FILE, write_json
+from ..files import STATUS_FILE, read_status, write_json
 
 #: exit status of an interrupted run (128 + SIGINT) and of a terminated one (128 + SIGTERM)
 EXIT_INTERRUPTED = 130
@@ -66,6 +66,22 @@ def write_status(out_dir: Path, status: dict) -> None:
     """Write ``status`` to ``out_dir/status.json`` atomically."""
     out_dir.mkdir(parents=True, exist_ok=True)
     write_json(out_dir / STATUS_FILE, status)
+
+
+def mark_killed(out_dir: Path, job: dict, why: str, status: str = "failed") -> dict:
+    """Record a job whose process died without a word (SIGKILL, the OOM killer) as
+    ``status`` with ``why``, unless its own ``status.json`` already says how it ended.
+    Called by the launcher that saw the process die (kbframe.cli.launcher)."""
+    st = read_status(out_dir)
+    if st is not None and st.get("status") != "running":
+        return st
+    st = st or {"status": "running", **job, "started": None, "host": socket.gethostname(), "pid": None}
+    st.update(status=status, finished=_now(), error=why, error_type="Killed")
+    try:
+        write_status(Path(out_dir), st)
+    except OSError as e:
+        print(f"kbframe: warning: cannot write {Path(out_dir) / STATUS_FILE}: {e}", file=sys.stderr)
+    return st
 
 
 class JobStatus:
