@@ -195,6 +195,7 @@ def test_fork_server_is_the_real_cli(tmp_path, row_id):
 def test_docs_table_is_complete():
     ids = [r["id"] for r in doc_rows()]
     assert len(ids) == len(set(ids)) >= 50
+    assert f"the {len(ids)} rows below" in DOCS.read_text(encoding="utf-8")  # the count it states is true
     text = DOCS.read_text(encoding="utf-8")
     for heading in ("fp16 data mode", "Resource checks before the simulation", "Files of a failed run"):
         assert heading in text

@@ -67,7 +67,8 @@ def _rows(d):
 def test_report_by_hand_marks_failed_missing_and_unfinished_jobs(sweep, tmp_path, capsys):
     d = tmp_path / "copy"
     shutil.copytree(sweep, d)
-    assert report.main([str(d)]) == 1
+    with files.dir_lock(d / "2"):  # job 2 still running: its process holds its directory
+        assert report.main([str(d)]) == 1
     out = capsys.readouterr()
     rows = _rows(d)
     assert [r["job"] for r in rows] == [str(i) for i in range(8)]
@@ -96,6 +97,17 @@ def test_report_by_hand_marks_failed_missing_and_unfinished_jobs(sweep, tmp_path
         assert f"- job {num} [" in text
     assert "6 of 8 jobs not ok" in out.err
     assert (d / "sweep.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_running_job_whose_process_died_is_failed(sweep, tmp_path):
+    """status.json says running, but no process holds the job's directory (a live run
+    holds its lock until it ends): it was killed without a word (SIGKILL, the OOM killer)."""
+    d = tmp_path / "dead"
+    shutil.copytree(sweep, d)
+    report.main([str(d)])
+    row = _rows(d)[2]
+    assert (row["status"], row["error"]) == (
+        "failed", "started, never finished: its process ended without a word (killed by a signal?)")
 
 
 def test_report_of_a_complete_pair(sweep):

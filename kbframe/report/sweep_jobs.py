@@ -10,10 +10,11 @@ Jobs come from two places: the sweep plan (the job list Hydra's basic sweeper ex
 from __future__ import annotations
 
 import json
+import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..files import read_status
+from ..files import dir_locked, read_status
 
 #: metric columns of sweep.csv, as metrics.json paths
 METRIC_COLUMNS = [
@@ -144,6 +145,11 @@ def _read_job(d: Path) -> Job:
         job.status = "ok"
     if job.status == "running" and not job.error:
         job.error = "started, never finished (killed, or still running)"
+        if st.get("host") == socket.gethostname() and not dir_locked(d):
+            # a live run holds its directory's lock until it ends: this one's process died
+            # without a word (SIGKILL, the OOM killer)
+            job.status = "failed"
+            job.error = "started, never finished: its process ended without a word (killed by a signal?)"
     if job.status == "ok" and metrics is None:
         job.status, job.error = "failed", "status ok but no metrics.json"
     if metrics is not None and not isinstance(metrics, dict):

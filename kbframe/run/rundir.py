@@ -24,15 +24,13 @@ faults a review found:
 """
 from __future__ import annotations
 
-import errno
-import fcntl
 import os
 import re
 from contextlib import contextmanager
 from pathlib import Path
 
 from ..errors import KbframeError, OutputError
-from ..files import TEMP_MARK, new_token, temp_path
+from ..files import TEMP_MARK, dir_lock, dir_locked, new_token, temp_path
 
 #: files a run writes into its directory (each replaced only when the run passed)
 OUTPUT_FILES = ("metrics.json", "op_log.jsonl", "tensors.npz", "trace.json")
@@ -46,60 +44,33 @@ class RunDirBusy(OutputError):
     """Another kbframe run holds the run directory's lock."""
 
 
-_held: dict[str, list] = {}  # real path -> [fd, depth]: locks this process holds
-
-
 @contextmanager
 def lock(path):
     """Hold the lock of directory ``path`` (which must exist) for the ``with`` block;
-    reentrant within a process (the CLI, the status writer and the run shell all take it).
+    reentrant within a process (the CLI, the status writer and the run shell all take it;
+    kbframe.files.dir_lock).
 
     Raises:
         RunDirBusy: another process holds it.
-        OutputError: the directory cannot be opened.
+        OutputError: the directory cannot be opened or locked.
     """
-    key = os.path.realpath(path)
-    held = _held.get(key)
-    if held is not None:
-        held[1] += 1
-        try:
-            yield
-        finally:
-            held[1] -= 1
-        return
+    held = dir_lock(path)
     try:
-        fd = os.open(key, os.O_RDONLY | os.O_DIRECTORY)
+        held.__enter__()
+    except BlockingIOError:
+        raise RunDirBusy(f"the run directory '{path}' is in use by another kbframe run (it holds the "
+                         f"directory's lock); wait for it to end or choose another hydra.run.dir") from None
     except OSError as e:
-        raise OutputError(f"cannot open the run directory '{path}': {e.strerror or e}") from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as e:
-        os.close(fd)
-        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-            raise RunDirBusy(f"the run directory '{path}' is in use by another kbframe run (it holds the "
-                             f"directory's lock); wait for it to end or choose another hydra.run.dir") from None
         raise OutputError(f"cannot lock the run directory '{path}': {e.strerror or e}") from None
-    _held[key] = entry = [fd, 1]
     try:
         yield
     finally:
-        entry[1] -= 1
-        if entry[1] == 0:
-            del _held[key]
-            os.close(fd)  # releases the flock
+        held.__exit__(None, None, None)
 
 
 def is_locked(path) -> bool:
     """Whether a kbframe process (this one or another) holds ``path``'s lock now."""
-    if os.path.realpath(path) in _held:
-        return True
-    try:
-        with lock(path):
-            return False
-    except RunDirBusy:
-        return True
-    except OutputError:
-        return False
+    return dir_locked(path)
 
 
 def is_temp(name: str) -> bool:
