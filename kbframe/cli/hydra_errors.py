@@ -108,6 +108,9 @@ def check_recipes(argv: list[str]) -> None:
     names = None
     for a in argv:
         key, eq, val = a.partition("=")
+        if key.lstrip("+~").startswith("recipes@"):
+            raise RecipeError(f"{key.lstrip('+~')}: a recipe is loaded into recipes.NAME only; a package override "
+                              f"(recipes@...) is not taken")
         if eq and key in _RECIPES_KEYS:
             if re.search(r"[/\\]|\.\.", val):
                 bad = next(t for t in re.findall(r"[^\[\],()\s]+", val) if re.search(r"[/\\]|\.\.", t))
@@ -248,8 +251,35 @@ def check_run_dir(argv: list[str]) -> str | None:
     return None
 
 
+_SAFE_CALLBACK_KEYS = ("hydra.callbacks.sweep_report.enabled", "hydra.callbacks.sweep_report.reuse_dir")
+
+
+def check_hydra_code(argv: list[str]) -> str | None:
+    """Hydra builds objects from some of its own keys before kbframe's code runs: a
+    callback's ``_target_`` (any callable: ``pathlib.Path.touch`` writes a file), a
+    logging handler's ``()`` factory, any ``_target_``. Overrides of those are refused;
+    ``hydra.callbacks.sweep_report.enabled`` / ``reuse_dir`` are kbframe's own switches."""
+    for a in argv:
+        key, eq, val = a.partition("=")
+        key = key.lstrip("+~")
+        if not key.startswith("hydra.") and not key.startswith("hydra/"):
+            continue
+        code = ("_target_" in key or "()" in key or "_target_" in val or "()" in val
+                or key.startswith(("hydra.job_logging", "hydra.hydra_logging"))
+                or (key.startswith("hydra.callbacks") and key not in _SAFE_CALLBACK_KEYS)
+                or key == "hydra/callbacks")
+        if code:
+            return (f"{key}: kbframe does not take this override: Hydra would build objects from it before any "
+                    f"check (a _target_ is code); on the command line only "
+                    f"hydra.callbacks.sweep_report.enabled and .reuse_dir of Hydra's callbacks may be set")
+    return None
+
+
 def precheck(argv: list[str]) -> str | None:
     """The one-line message for a command line Hydra would reject, or None."""
+    msg = check_hydra_code(argv)
+    if msg is not None:
+        return msg
     try:
         check_recipes(argv)
     except KbframeError as e:
@@ -318,6 +348,27 @@ def yaml_error(text: str) -> str | None:
         if m:
             rest = " ".join(ln.strip() for ln in [m.group(2), *lines[i + 1:]] if ln.strip())
             return f"YAML syntax error ({m.group(1).rsplit('.', 1)[-1]}): {rest}"
+        if lines[i].startswith("  File "):
+            return None
+    return None
+
+
+_OC_EXC = re.compile(r"^omegaconf\.errors\.(\w+): (.*)$")
+
+
+def omegaconf_error(text: str) -> str | None:
+    """One line for a traceback that ends in an OmegaConf error Hydra raised resolving its
+    own keys (``hydra.run.dir=${oc.env:NOPE}``: a user error, not a bug); None for any
+    other traceback."""
+    lines = text.rstrip().splitlines()
+    for i in range(len(lines) - 1, -1, -1):
+        m = _OC_EXC.match(lines[i])
+        if m:
+            rest = [ln.strip() for ln in lines[i + 1:] if ln.strip()]
+            key = next((ln.split(":", 1)[1].strip() for ln in rest if ln.startswith("full_key:")), None)
+            if key is None or not key.startswith("hydra."):
+                return None
+            return f"{key}: cannot resolve: {m.group(2)}"
         if lines[i].startswith("  File "):
             return None
     return None
@@ -409,9 +460,22 @@ def _run(hydra_main) -> None:
                 print(f"kbframe: error: {one_line(text)}", file=real)
             elif failed and yaml_error(text):
                 print(f"kbframe: error: {yaml_error(text)}", file=real)
+            elif failed and omegaconf_error(text):
+                print(f"kbframe: error: {omegaconf_error(text)}", file=real)
             else:
                 real.write(text)
         raise
+    except Exception as e:  # noqa: BLE001
+        # Hydra re-raises an error it failed to format (an unresolvable hydra.run.dir in a
+        # single run): one line if it is an OmegaConf error of one of Hydra's own keys
+        key = str(getattr(e, "full_key", "") or "")
+        if tap.released or not key.startswith("hydra.") or type(e).__module__ != "omegaconf.errors":
+            raise
+        sys.stderr = real
+        tap.take()
+        why = str(getattr(e, "msg", "") or e).splitlines()[0]
+        print(f"kbframe: error: {key}: cannot resolve: {why}", file=real)
+        raise SystemExit(1) from None
     finally:
         if not tap.released:
             sys.stderr = real
