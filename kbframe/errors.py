@@ -15,6 +15,11 @@ class ConfigError(KbframeError):
     """A config value is missing, of the wrong type or out of range; names the key."""
 
 
+class TimeBaseError(ConfigError):
+    """A duration or simulated time beyond the integer time base (kbframe.timebase.MAX_PS);
+    raised by the conversions, reported naming the unit or key that made it."""
+
+
 class InputsError(KbframeError):
     """An inputs file is missing, unreadable or has inconsistent shapes; names the file."""
 

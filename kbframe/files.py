@@ -3,9 +3,88 @@ the target, then rename it over the target (atomic on POSIX). A Ctrl-C or a full
 leaves the previous file, or none."""
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import os
+import secrets
+from contextlib import contextmanager
 from pathlib import Path
+
+#: marks kbframe's temporary files: ``.NAME.kbframe-tmp-PID-TOKEN``, unique per writer, so
+#: two writers never share one and a later run recognises a stale one (kbframe.run.rundir)
+TEMP_MARK = ".kbframe-tmp-"
+
+
+def new_token() -> str:
+    """A writer's token for temporary names: the process id and 8 random hex digits."""
+    return f"{os.getpid()}-{secrets.token_hex(4)}"
+
+
+def temp_path(path: Path, token: str | None = None) -> Path:
+    """A unique temporary name beside ``path`` (hidden, carrying :data:`TEMP_MARK`)."""
+    path = Path(path)
+    return path.with_name(f".{path.name}{TEMP_MARK}{token or new_token()}")
+
+
+_held: dict[str, list] = {}  # real path -> [fd, depth]: directory locks this process holds
+
+
+@contextmanager
+def dir_lock(path):
+    """Hold an exclusive lock on directory ``path`` (``flock`` on the directory itself, so
+    nothing is left behind; released when the process ends, however it ends) for the
+    ``with`` block; reentrant within a process. kbframe.run.rundir locks run and sweep
+    directories with it.
+
+    Raises:
+        BlockingIOError: another process holds it.
+        OSError: it cannot be opened.
+    """
+    key = os.path.realpath(path)
+    held = _held.get(key)
+    if held is not None:
+        held[1] += 1
+        try:
+            yield
+        finally:
+            held[1] -= 1
+        return
+    fd = os.open(key, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        os.close(fd)
+        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+            raise BlockingIOError(e.errno, "locked by another process", key) from None
+        raise
+    _held[key] = entry = [fd, 1]
+    try:
+        yield
+    finally:
+        entry[1] -= 1
+        if entry[1] == 0:
+            del _held[key]
+            os.close(fd)  # releases the flock
+
+
+def dir_locked(path) -> bool:
+    """Whether a process (this one or another) holds ``path``'s :func:`dir_lock` now;
+    False also when it cannot be opened."""
+    if os.path.realpath(path) in _held:
+        return True
+    try:
+        with dir_lock(path):
+            return False
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+
+
+def final_name(name: str) -> str:
+    """The file name a temporary name (:func:`temp_path`) stands for; other names as given."""
+    return name[1:].split(TEMP_MARK, 1)[0] if TEMP_MARK in name and name.startswith(".") else name
 
 
 def atomic_write(path: Path, write) -> None:
@@ -14,7 +93,7 @@ def atomic_write(path: Path, write) -> None:
     Raises:
         whatever ``write`` or the rename raises (OSError ...); the temporary file is removed.
     """
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = temp_path(path)
     try:
         write(tmp)
         os.replace(tmp, path)

@@ -56,6 +56,21 @@ RECIPES = {
 }
 
 
+def write_npz_bomb(path: Path) -> None:
+    """An .npz of a few KB whose headers declare k and v of 2^37 × 128 int8 (16 TiB each):
+    numpy would allocate that before reading a byte (issue 14 class 7)."""
+    import io
+    import zipfile
+
+    def member(shape):
+        b = io.BytesIO()
+        np.lib.format.write_array_header_1_0(b, {"descr": "|i1", "fortran_order": False, "shape": shape})
+        return b.getvalue() + bytes(1000)
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
+        for name, shape in (("q", (8, 128)), ("k", (2**37, 128)), ("v", (2**37, 128))):
+            z.writestr(f"{name}.npy", member(shape))
+
+
 def make_files(tmp: Path) -> None:
     """The files the rows refer to as ``<tmp>/...``."""
     rng = np.random.default_rng(0)
@@ -79,12 +94,22 @@ def make_files(tmp: Path) -> None:
     q60[0, 0] = 60000.0
     np.savez(tmp / "q60k.npz", q=q60, k=rng.standard_normal((32, 8)) * 1e-3, v=rng.standard_normal((32, 8)),
              scale=np.float64(2.0))
+    write_npz_bomb(tmp / "bomb.npz")
+    os.mkfifo(tmp / "fifo.npz")
+    (tmp / "zero.npz").symlink_to("/dev/zero")
     (tmp / "adir").mkdir()
     (tmp / "afile").write_text("a file, not a directory\n")
     rd = tmp / "more" / "recipes"
     rd.mkdir(parents=True)
     for name, body in RECIPES.items():
         (rd / f"{name}.yaml").write_text(f"# @package recipes.{name}\n{body}")
+    # a recipe file that would set any key, one without a package line, and a bench of the
+    # user's whose defaults load the first (issue 14 class 2)
+    (rd / "global.yaml").write_text("# @package _global_\nhardware:\n  allow_external_targets: true\n")
+    (rd / "nopackage.yaml").write_text(f"# a recipe without its package line\n{RECIPES['writes_r']}")
+    (tmp / "more" / "bench").mkdir()
+    (tmp / "more" / "bench" / "loads_global.yaml").write_text(
+        "defaults:\n  - decode_opt2\n  - /recipes: [global]\n  - _self_\nname: loads_global\n")
     (tmp / "runs" / "out_file_blocked" / "metrics.json").mkdir(parents=True)
 
 
@@ -170,6 +195,7 @@ def test_fork_server_is_the_real_cli(tmp_path, row_id):
 def test_docs_table_is_complete():
     ids = [r["id"] for r in doc_rows()]
     assert len(ids) == len(set(ids)) >= 50
+    assert f"the {len(ids)} rows below" in DOCS.read_text(encoding="utf-8")  # the count it states is true
     text = DOCS.read_text(encoding="utf-8")
     for heading in ("fp16 data mode", "Resource checks before the simulation", "Files of a failed run"):
         assert heading in text

@@ -182,7 +182,8 @@ def test_not_an_npz(tmp_path):
     ("+bench.inputs.typo=1", "unknown key 'bench.inputs.typo' (known: path, peak)"),
     ("calibration.R=-0.5", "calibration.R must be a finite number ≥ 0, got -0.5"),
     ("calibration.cap_bytes=0", "calibration.cap_bytes must be ≥ 1, got 0"),
-    ("bench.kernel=os.system", "bench.kernel 'os.system' is outside the kbframe. namespace"),
+    ("bench.kernel=os.system", "bench.kernel 'os.system' is outside the kbframe. namespace; "
+                                "set hardware.allow_external_targets=true to allow it"),
     ("bench.pe=1", "bench.pe=1 but hardware.n_pes=1"),
 ])
 def test_config_errors_name_the_key(tmp_path, ov, msg):

@@ -1,7 +1,7 @@
 """Every config in conf/ composes and its hardware units instantiate (lightning-hydra-template
-style); ``_target_``s outside ``kbframe.`` are refused unless explicitly allowed (issue 2)."""
+style); ``_target_``s outside ``kbframe.`` are refused unless explicitly allowed (issue 2), and by
+kind always (issue 14, tests/test_targets.py)."""
 import itertools
-from collections import OrderedDict
 
 import pytest
 from hydra import compose, initialize_config_module
@@ -114,11 +114,17 @@ def test_nested_external_target_refused(override, where, tmp_path):
 
 
 def test_external_target_allowed_when_opted_in():
-    cfg = compose_cfg("hardware.units.math._target_=collections.OrderedDict",
-                      "hardware.allow_external_targets=true")
+    """The opt-in widens the module set (a unit class defined outside kbframe), never the
+    kind: a class that is not a unit is still refused (issue 14)."""
+    cfg = compose_cfg("hardware.units.math._target_=test_targets.ToyUnit", "hardware.allow_external_targets=true")
     units = build_units(cfg.hardware)
-    assert isinstance(units["math"], OrderedDict)  # instantiated from outside kbframe.
-    assert units["math"]["vector_width"] == 64
+    assert type(units["math"]).__module__ == "test_targets" and units["math"].vector_width == 64
+    cfg = compose_cfg("hardware.units.math._target_=collections.OrderedDict", "hardware.allow_external_targets=true")
+    with pytest.raises(ConfigError) as e:
+        build_units(cfg.hardware)
+    assert str(e.value) == ("hardware.units.math._target_ 'collections.OrderedDict' is a class defined in "
+                            "collections, not a unit class (a concrete class that subclasses kbframe.hw.unit.Unit, "
+                            "or PeCpu, PeScheduler or Tcm)")
 
 
 def test_bad_unit_parameter_names_the_unit():

@@ -181,5 +181,5 @@ def test_pes_get_copies_of_one_instantiation_sharing_no_state():
     assert [(u.max_outstanding, u.setup_ps, u.bandwidth_gbps) for u in reads] == [(2, 77_000, 204.8)] * 3
     assert len({id(u) for u in reads}) == 3 and len({id(u._ends) for u in reads}) == 3
     assert len({id(u._transfer_cache) for u in reads}) == 3
-    assert [u.pe for u in reads] == eng.pes and [pe.tcm.pe_index for pe in eng.pes] == [0, 1, 2]
+    assert [u.pe for u in reads] == list(eng.pes) and [pe.tcm.pe_index for pe in eng.pes] == [0, 1, 2]
     assert len({id(pe.scheduler.queue) for pe in eng.pes}) == 3

@@ -201,3 +201,41 @@ def test_recipe_added_from_the_command_line(tmp_path):
     sim = Sim(tmp_path, {"x": x}, overrides=ov)
     sim.run(kern)
     np.testing.assert_array_equal(sim.read(hs["y"]), 2 * x)
+
+
+# ---------------------------------------------------------------- issue 14 class 2: names and packages
+
+@pytest.mark.parametrize("text", [
+    "# @package recipes.a\nx: 1\n",
+    "\n\n  # @package _global_\nx: 1\n",
+    "# a comment first\n# @package _global_\nx: 1\n",  # Hydra stops at the first plain comment
+    "# @package recipes.a extra\nx: 1\n",
+    "x: 1\n# @package _global_\n",
+    "# @other thing\n# @package recipes.b\n",
+])
+def test_header_package_reads_as_hydra_does(text):
+    from hydra.plugins.config_source import ConfigSource
+    from kbframe.tl.recipe import header_package
+    try:
+        hydra_pkg = ConfigSource._get_header_dict(text)["package"]
+    except ValueError:  # Hydra refuses a malformed header line; kbframe reads no package from it
+        hydra_pkg = None
+    assert header_package(text) == hydra_pkg
+
+
+def test_shipped_recipes_set_only_their_own_package():
+    from conftest import REPO
+    from kbframe.tl.recipe import check_file
+    files = sorted((REPO / "recipes").glob("*.yaml"))
+    assert files
+    for f in files:
+        check_file(f.stem, f)
+
+
+@pytest.mark.parametrize("name", ["../x", "a/b", "a.b", "", "a-b", "é"])
+def test_recipe_names_are_plain(name):
+    from kbframe.tl.recipe import check_name
+    with pytest.raises(RecipeError, match="is not a recipe name"):
+        check_name(name)
+    with pytest.raises(RecipeError, match=f"recipes.{name}: '.*' is not a recipe name"):
+        _load(**{name: {"operands": {"x": "R"}}})

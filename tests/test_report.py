@@ -13,7 +13,8 @@ from kbframe import files
 from kbframe.report import sweep as report
 
 from kbframe.report import sweep_jobs
-from kbframe.run.bench import run_bench, write_json_atomic
+from kbframe.files import write_json as write_json_atomic
+from kbframe.run.bench import run_bench
 from kbframe.errors import ConfigError
 from kbframe.files import read_status
 from kbframe.run.jobstatus import EXIT_INTERRUPTED, JobStatus
@@ -66,7 +67,8 @@ def _rows(d):
 def test_report_by_hand_marks_failed_missing_and_unfinished_jobs(sweep, tmp_path, capsys):
     d = tmp_path / "copy"
     shutil.copytree(sweep, d)
-    assert report.main([str(d)]) == 1
+    with files.dir_lock(d / "2"):  # job 2 still running: its process holds its directory
+        assert report.main([str(d)]) == 1
     out = capsys.readouterr()
     rows = _rows(d)
     assert [r["job"] for r in rows] == [str(i) for i in range(8)]
@@ -97,6 +99,17 @@ def test_report_by_hand_marks_failed_missing_and_unfinished_jobs(sweep, tmp_path
     assert (d / "sweep.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_a_running_job_whose_process_died_is_failed(sweep, tmp_path):
+    """status.json says running, but no process holds the job's directory (a live run
+    holds its lock until it ends): it was killed without a word (SIGKILL, the OOM killer)."""
+    d = tmp_path / "dead"
+    shutil.copytree(sweep, d)
+    report.main([str(d)])
+    row = _rows(d)[2]
+    assert (row["status"], row["error"]) == (
+        "failed", "started, never finished: its process ended without a word (killed by a signal?)")
+
+
 def test_report_of_a_complete_pair(sweep):
     jobs = sweep_jobs.collect(sweep)
     pairs = report.pairs(jobs)
@@ -120,6 +133,57 @@ def test_report_refuses_a_directory_that_is_no_sweep(tmp_path, capsys):
     assert report.main([str(tmp_path)]) == 2
     assert report.main([str(tmp_path / "nope")]) == 2
     assert "not a sweep directory" in capsys.readouterr().err
+
+
+def test_report_that_cannot_be_written_exits_2(sweep, tmp_path, capsys):
+    """Issue 14 class 10: exit 2 (no report can be made) with one line, never a traceback
+    or 1 (which means a job is not ok); nothing is half-written."""
+    d = tmp_path / "blocked"
+    shutil.copytree(sweep, d)
+    for name in ("sweep.csv", "summary.md", "sweep.png"):
+        (d / name).unlink(missing_ok=True)
+    (d / "sweep.csv").mkdir()
+    capsys.readouterr()
+    assert report.main([str(d)]) == 2
+    assert capsys.readouterr().err == (f"kbframe: error: cannot write '{d / 'sweep.csv'}': something that is "
+                                       f"not a file is in its place\n")
+    assert not (d / "summary.md").exists() and not (d / "sweep.png").exists()
+
+
+def test_read_only_sweep_exits_2(sweep, tmp_path, capsys):
+    import os
+    import subprocess
+    if os.geteuid() != 0 or shutil.which("chattr") is None:
+        pytest.skip("an immutable directory needs root (root writes through chmod)")
+    d = tmp_path / "ro"
+    shutil.copytree(sweep, d)
+    (d / "sweep.csv").unlink(missing_ok=True)
+    if subprocess.run(["chattr", "+i", str(d)]).returncode != 0:
+        pytest.skip("no immutable flag on this file system")
+    try:
+        capsys.readouterr()
+        assert report.main([str(d)]) == 2
+        err = capsys.readouterr().err
+    finally:
+        subprocess.run(["chattr", "-i", str(d)])
+    assert err.startswith("kbframe: error: cannot write '") and err.endswith("': Operation not permitted\n")
+    assert len(err.splitlines()) == 1
+
+
+def test_a_string_where_a_metric_should_be_fails_that_job(sweep, tmp_path, capsys):
+    d = tmp_path / "bad_metric"
+    shutil.copytree(sweep, d)
+    m = json.loads((d / "0" / "metrics.json").read_text())
+    m["sim"]["latency_ns"] = "fast"
+    (d / "0" / "metrics.json").write_text(json.dumps(m))
+    (d / "4" / "metrics.json").write_text("[1, 2]")
+    capsys.readouterr()
+    assert report.main([str(d)]) == 1  # jobs not ok, and the report was written
+    rows = {r["job"]: r for r in _rows(d)}
+    assert (rows["0"]["status"], rows["0"]["error"], rows["0"]["sim.latency_ns"]) == (
+        "failed", "metrics.json sim.latency_ns is 'fast', not a number", "")
+    assert (rows["4"]["status"], rows["4"]["error"]) == ("failed", "metrics.json is not a JSON object")
+    assert "Traceback" not in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------- status.json

@@ -145,6 +145,7 @@ def test_submitit_local_launcher(tmp_path):
     rows = read_csv(d / "sweep.csv")
     assert [r["status"] for r in rows] == ["ok", "ok"]
     assert (d / ".submitit").is_dir()
+    assert not [x.name for x in (d / ".submitit").iterdir() if "%" in x.name]  # no literal .submitit/%j
     assert float(rows[0]["dispatch.cycles_per_tile"]) > float(rows[1]["dispatch.cycles_per_tile"])
 
 
@@ -205,3 +206,94 @@ def test_ctrl_c_in_a_sweep_leaves_interrupted_status_and_a_report_by_hand(tmp_pa
     assert not (d / "sweep.csv").exists()  # the callback never ran
     assert report.main([str(d)]) == 1
     assert [r["status"] for r in read_csv(d / "sweep.csv")] == ["ok", "interrupted", "missing"]
+
+
+# ---------------------------------------------------------------- issue 14: sweep faults
+
+LONG_THEN_SHORT = ["+bench=decode_opt2", "bench.S_kv=131072,64,128,256", "run.progress=false"]
+
+
+def _joblib_sweep(d, *extra):
+    pytest.importorskip("hydra_plugins.hydra_joblib_launcher")
+    return subprocess.Popen([sys.executable, "-m", "kbframe", "-m", *LONG_THEN_SHORT, "hydra/launcher=joblib",
+                             "hydra.launcher.n_jobs=2", f"hydra.sweep.dir={d}", *extra], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def _job_pid(d, num, p, timeout=60):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            st = json.loads((d / str(num) / "status.json").read_text())
+            if st.get("status") == "running":
+                return st["pid"]
+        except (OSError, ValueError):
+            pass
+        assert p.poll() is None, p.communicate()
+        time.sleep(0.05)
+    raise AssertionError("the job never started")
+
+
+def test_a_killed_joblib_worker_fails_its_job_only(tmp_path):
+    """Class 14: SIGKILL (as the OOM killer) on the worker running job 0: job 0 is failed
+    (killed by a signal), the other jobs run, the report is written, exit 1, no traceback."""
+    d = tmp_path / "sweep"
+    p = _joblib_sweep(d)
+    try:
+        pid = _job_pid(d, 0, p)
+        time.sleep(0.5)
+        os.kill(pid, signal.SIGKILL)
+        _, err = p.communicate(timeout=180)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    assert p.returncode == 1 and "Traceback" not in err, err[-3000:]
+    why = ("killed by a signal: its worker process ended abruptly (exit code SIGKILL(-9)), e.g. by the OOM "
+           "killer or kill -9")
+    assert f"kbframe: error (job 0 [+bench=decode_opt2 bench.S_kv=131072 run.progress=False]): {why}" in err
+    assert [(r["job"], r["status"]) for r in read_csv(d / "sweep.csv")] == [
+        ("0", "failed"), ("1", "ok"), ("2", "ok"), ("3", "ok")]
+    st = json.loads((d / "0" / "status.json").read_text())
+    assert (st["status"], st["error"], st["error_type"]) == ("failed", why, "Killed")
+    assert sorted(os.listdir(d / "0")) == [".hydra", "status.json"]  # its temporaries removed
+
+
+def test_ctrl_c_on_a_joblib_sweep_is_one_line_per_job(tmp_path):
+    """Class 17: Ctrl-C (SIGINT to the whole process group, as a terminal sends it) on a
+    joblib sweep: no joblib KeyboardInterrupt traceback, exit 130, job 0 interrupted."""
+    d = tmp_path / "sweep"
+    p = _joblib_sweep(d)
+    try:
+        _job_pid(d, 0, p)
+        time.sleep(0.5)
+        os.killpg(p.pid, signal.SIGINT)
+        _, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    assert p.returncode == 130 and "Traceback" not in err, err[-3000:]
+    assert err.rstrip().endswith(f"kbframe: interrupted; summarise what finished with: python -m kbframe.report {d}")
+    assert json.loads((d / "0" / "status.json").read_text())["status"] == "interrupted"
+
+
+def test_a_sweep_dir_holding_another_sweep_is_refused_unless_reused(tmp_path):
+    """Class 15: a second sweep into the same hydra.sweep.dir is refused before it writes
+    anything; reused on purpose, its report lists its own jobs only (exit 0 although the
+    earlier sweep had a failed job)."""
+    d = tmp_path / "sweep"
+    first = cli("-m", "+bench=decode_opt2", "bench.S_kv=64", "bench.tile=64,0,32", "bench.data=false",
+                f"hydra.sweep.dir={d}")
+    assert first.returncode == 1  # job 1 (tile=0) failed
+    plan = (d / "multirun.yaml").read_bytes()
+    second = cli("-m", "+bench=decode_opt2", "bench.S_kv=128", "bench.data=false", f"hydra.sweep.dir={d}")
+    assert second.returncode == 1 and second.stdout.count("kbframe") == 0
+    assert second.stderr.strip() == (
+        f"kbframe: error: the sweep directory '{d}' holds another sweep's jobs (its multirun.yaml or job "
+        f"directories); choose a new hydra.sweep.dir, or reuse it with hydra.callbacks.sweep_report.reuse_dir=true "
+        f"(the report then lists this sweep's jobs only)")
+    assert (d / "multirun.yaml").read_bytes() == plan
+    third = cli("-m", "+bench=decode_opt2", "bench.S_kv=128", "bench.data=false", f"hydra.sweep.dir={d}",
+                "hydra.callbacks.sweep_report.reuse_dir=true")
+    assert third.returncode == 0, third.stderr[-2000:]
+    rows = read_csv(d / "sweep.csv")
+    assert [(r["job"], r["status"], r["shape.S_kv"]) for r in rows] == [("0", "ok", "128")]

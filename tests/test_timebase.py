@@ -33,3 +33,24 @@ def test_bytes_to_ps_at_hbm_bandwidth():
 def test_ps_to_ns_for_reports():
     assert tb.ps_to_ns(41_500) == 41.5
     assert tb.ps_to_ns(1) == 0.001
+
+
+def test_conversions_refuse_what_the_time_base_cannot_hold():
+    """Issue 14 class 4: every duration is below MAX_PS (10^15 ps), or a TimeBaseError (a
+    ConfigError) says what overflowed; never OverflowError or a silent huge integer."""
+    import math
+
+    import pytest
+    from kbframe.errors import ConfigError, TimeBaseError
+    assert issubclass(TimeBaseError, ConfigError)
+    assert tb.ns_to_ps(999_999_999_999.999) == tb.MAX_PS - 1
+    assert tb.flops_to_ps(16_000, 8.0) == 2_000
+    for call, text in [(lambda: tb.ns_to_ps(1e12), "1e+12 ns takes 1e+15 ps"),
+                       (lambda: tb.ns_to_ps(math.nan), "nan ns takes nan ps"),
+                       (lambda: tb.ns_to_ps(-1.0), "-1 ns takes -1000 ps"),
+                       (lambda: tb.cycles_to_ps(1e306, 1.0), "1e+306 cycles at 1 GHz takes inf ps"),
+                       (lambda: tb.bytes_to_ps(1, 1e-300), "moving 1 B at 1e-300 GB/s takes 1e+303 ps"),
+                       (lambda: tb.flops_to_ps(10, 1e-15), "10 flop at 1e-15 TFLOP/s takes 1e+16 ps")]:
+        with pytest.raises(TimeBaseError) as e:
+            call()
+        assert str(e.value) == f"{text}; the time base ends at 10^15 ps (1000 s simulated)"

@@ -32,17 +32,67 @@ def _release_stderr() -> None:
     release()
 
 
+def _remove_submitit_placeholder(sweep_dir: Path) -> None:
+    """submitit creates its folder pattern ``.submitit/%j`` literally (empty) besides the
+    per-job folders it fills; remove such empty placeholders."""
+    sub = sweep_dir / ".submitit"
+    if sub.is_dir():
+        for d in sub.iterdir():
+            if "%" in d.name and d.is_dir() and not any(d.iterdir()):
+                d.rmdir()
+
+
+_SWEEP_LOCKS: dict = {}  # sweep dir -> its held lock, for this launching process
+
+
+def _fail(msg: str) -> None:
+    _release_stderr()
+    print(f"kbframe: error: {msg}", file=sys.stderr)
+    raise SystemExit(1)
+
+
 class SweepReport(Callback):
     """Aggregate the sweep at its end; exit 1 if any job is not ok.
 
     Args:
         enabled: set ``hydra.callbacks.sweep_report.enabled=false`` to skip the report.
+        reuse_dir: allow a ``hydra.sweep.dir`` that holds an earlier sweep's jobs (the
+            report lists the jobs of this sweep's plan only); refused by default.
     """
 
-    def __init__(self, enabled: bool = True) -> None:
+    def __init__(self, enabled: bool = True, reuse_dir: bool = False) -> None:
         self.enabled = enabled
+        self.reuse_dir = reuse_dir
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        """Before Hydra writes the sweep's ``multirun.yaml``: lock the sweep directory for
+        the sweep, and refuse one that holds another sweep's jobs (its report would mix
+        them in) unless ``hydra.callbacks.sweep_report.reuse_dir=true``."""
+        from ..report.sweep_jobs import _job_dirs
+        from ..run import rundir
+        sweep_dir = Path(str(config.hydra.sweep.dir))
+        try:
+            sweep_dir.mkdir(parents=True, exist_ok=True)
+            lk = rundir.lock(sweep_dir)
+            lk.__enter__()
+            _SWEEP_LOCKS[str(sweep_dir)] = lk  # not on self: launchers pickle the callbacks
+        except Exception as e:  # another sweep holds it, or it cannot be opened
+            _fail(str(e).replace("run directory", "sweep directory").replace("hydra.run.dir", "hydra.sweep.dir"))
+        if not self.reuse_dir and ((sweep_dir / "multirun.yaml").is_file() or _job_dirs(sweep_dir)):
+            _fail(f"the sweep directory '{sweep_dir}' holds another sweep's jobs (its multirun.yaml or job "
+                  f"directories); choose a new hydra.sweep.dir, or reuse it with "
+                  f"hydra.callbacks.sweep_report.reuse_dir=true (the report then lists this sweep's jobs only)")
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        _remove_submitit_placeholder(Path(str(config.hydra.sweep.dir)))
+        try:
+            self._report(config)
+        finally:
+            lk = _SWEEP_LOCKS.pop(str(config.hydra.sweep.dir), None)
+            if lk is not None:
+                lk.__exit__(None, None, None)
+
+    def _report(self, config: DictConfig) -> None:
         if not self.enabled:
             return
         _release_stderr()

@@ -8,13 +8,14 @@ keys, unknown bench) are Hydra's messages, which name the key and list the optio
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from . import hydra_errors
 
@@ -65,16 +66,38 @@ def _hydra_main(cfg: DictConfig) -> dict:
     # status.json in out_dir; a job of a -m sweep that fails is recorded and the sweep goes
     # on (kbframe.run.jobstatus); a single run exits 1 with one line
     with JobStatus.from_hydra() as job:
+        job.proceed()  # a locked or unwritable run directory: one line, nothing touched
+        hydra_errors.check_composed_recipes()
         if "bench" not in cfg:
             raise ConfigError(f"no bench selected; add +bench=NAME "
                               f"(available: {', '.join(_available_benches())})")
-        metrics = run_bench(cfg, out_dir, _explicit_keys(HydraConfig.get().overrides.task))
+        hydra_errors.check_config(cfg)
+        # the override text as typed: resolving it here (outside the config) could fail
+        typed = OmegaConf.to_container(HydraConfig.get().overrides.task, resolve=False)
+        metrics = run_bench(cfg, out_dir, _explicit_keys(typed))
     if job.ok:
         try:  # the run is done and recorded ok; a closed pipe (`| head`) must not fail it
             print(summary(metrics, out_dir), flush=True)
         except BrokenPipeError:
             sys.stdout = open(os.devnull, "w")
     return job.status
+
+
+def _use_kbframe_joblib_launcher() -> None:
+    """``hydra/launcher=joblib`` selects kbframe's joblib launcher (kbframe.cli.launcher: a
+    killed job fails alone). Hydra registers the plugin's config when it scans its plugins,
+    so the scan is done first and the entry then replaced."""
+    try:
+        from hydra.core.config_store import ConfigStore
+        from hydra.core.plugins import Plugins
+        from hydra_plugins.hydra_joblib_launcher.config import JobLibLauncherConf
+    except ImportError:  # the joblib extra is not installed
+        return
+    Plugins.instance()
+    node = dataclasses.make_dataclass("KbframeJoblibLauncherConf", [
+        ("_target_", str, dataclasses.field(default="hydra_plugins.kbframe_launcher.KbframeJoblibLauncher"))],
+        bases=(JobLibLauncherConf,))
+    ConfigStore.instance().store(group="hydra/launcher", name="joblib", node=node, provider="kbframe")
 
 
 def main() -> None:
@@ -85,6 +108,7 @@ def main() -> None:
         from .help import text
         print(text())
         return
+    _use_kbframe_joblib_launcher()
     sys.argv[1:] = presets_after_bench(sys.argv[1:])
     hydra_errors.run(_hydra_main)
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+from ..timebase import MAX_PS, PS_PER_NS
+
 
 def _number(key: str, value) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
@@ -32,3 +34,13 @@ def at_least_one(key: str, value) -> int:
     if int(value) != value:
         raise ValueError(f"{key} must be a whole number, got {value}")
     return int(value)
+
+
+def duration_ns(key: str, value):
+    """``value`` if it is a finite number of ns ≥ 0 that fits the time base
+    (kbframe.timebase.MAX_PS: below 10^12 ns)."""
+    non_negative(key, value)
+    if value * PS_PER_NS >= MAX_PS:
+        raise ValueError(f"{key} must be below {MAX_PS // PS_PER_NS:.0e} ns (the time base ends at 10^15 ps, "
+                         f"1000 s simulated), got {value}")
+    return value

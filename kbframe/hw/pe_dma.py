@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import deque
 
 from ..timebase import bytes_to_ps, ns_to_ps
-from .params import at_least_one, non_negative, positive
+from .params import at_least_one, duration_ns, positive
 from .unit import Stage, Unit
 
 
@@ -31,7 +31,7 @@ class DmaChannel(Unit):
                  description: str = "", roles=None, label=None):
         super().__init__(description, roles, label)
         positive("bandwidth_gbps", bandwidth_gbps)
-        non_negative("setup_latency_ns", setup_latency_ns)
+        duration_ns("setup_latency_ns", setup_latency_ns)
         at_least_one("max_outstanding", max_outstanding)
         self.bandwidth_gbps = float(bandwidth_gbps)
         self.setup_ps = ns_to_ps(setup_latency_ns)

@@ -3,8 +3,8 @@ at peak (``2·m·n·k / peak``) and the time to read its operands from TCM, plus
 pipeline latency. The model never looks at the op kind (ADR-0065 D7)."""
 from __future__ import annotations
 
-from ..timebase import bytes_to_ps, ns_to_ps
-from .params import at_least_one, non_negative, positive
+from ..timebase import bytes_to_ps, flops_to_ps, ns_to_ps
+from .params import at_least_one, duration_ns, positive
 from .unit import Stage, Unit
 
 
@@ -29,7 +29,7 @@ class GemmUnit(Unit):
         super().__init__(description, roles, label)
         positive("peak_tflops", peak_tflops)
         positive("operand_read_gbps", operand_read_gbps)
-        non_negative("pipeline_latency_ns", pipeline_latency_ns)
+        duration_ns("pipeline_latency_ns", pipeline_latency_ns)
         for key, val in (("tile_m", tile_m), ("tile_n", tile_n), ("tile_k", tile_k)):
             at_least_one(key, val)
         self.peak_tflops = float(peak_tflops)
@@ -42,7 +42,7 @@ class GemmUnit(Unit):
         key = (stage.flops, stage.nbytes)
         ps = self._cache.get(key)
         if ps is None:
-            compute = int(round(stage.flops / self.peak_tflops))  # flop / (1000 flop/ns) → ps
+            compute = flops_to_ps(stage.flops, self.peak_tflops)
             feed = bytes_to_ps(stage.nbytes, self.operand_read_gbps)
             ps = self._cache[key] = self.pipeline_ps + (compute if compute > feed else feed)
         return ps

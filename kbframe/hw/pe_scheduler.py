@@ -110,12 +110,15 @@ class PeScheduler(PeUnit):
         self.blocked_on = None
         self._admit()
 
-    def _start(self, cmd, reads, writes) -> None:
+    def plan(self, cmd) -> list:
+        """The stages of ``cmd``, fresh (timing only: copied from its shape's cached plan)."""
         plans = self._plans
         if plans is None:
-            stages = plan_stages(cmd, self.pe.by_role, self.pe.numerics)
-        else:
-            stages = plans.stages(cmd, self.pe.by_role, self.pe.numerics)
+            return plan_stages(cmd, self.pe.by_role, self.pe.numerics)
+        return plans.stages(cmd, self.pe.by_role, self.pe.numerics)
+
+    def _start(self, cmd, reads, writes) -> None:
+        stages = self.plan(cmd)
         self.n_commands += 1
         self.inflight[cmd.id] = _InFlight(cmd, len(stages), reads, writes, self.env.now)
         if self.record is not None:

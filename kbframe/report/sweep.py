@@ -25,7 +25,9 @@ Files written at the sweep root (each atomically: a temporary file, then rename)
 - ``sweep.png``: dispatch cycles per KV tile and latency against R, one line per bench.
 
 Exit status of the command: 0 when every job is ok, 1 when any failed, was interrupted or
-is missing, 2 when DIR is not a sweep directory.
+is missing (a job whose metrics.json holds a value of the wrong type counts as failed), 2
+when no report can be made: DIR is not a sweep directory, or a report file cannot be
+written (a read-only sweep, a directory in the place of ``sweep.csv``); one line each.
 """
 from __future__ import annotations
 
@@ -198,10 +200,16 @@ def write_report(sweep_dir: Path | str, echo: bool = True) -> Report:
         echo: print the summary to stdout.
     Raises:
         NotADirectoryError: ``sweep_dir`` is not a directory.
+        OSError: a report file cannot be written (checked for all three before any is:
+            something that is not a file in the place of one raises IsADirectoryError).
     """
     sweep_dir = Path(sweep_dir)
     if not sweep_dir.is_dir():
         raise NotADirectoryError(f"no such sweep directory '{sweep_dir}'")
+    for name in REPORT_FILES:
+        p = sweep_dir / name
+        if p.exists() and not p.is_file():
+            raise IsADirectoryError(21, "something that is not a file is in its place", str(p))
     jobs = collect(sweep_dir)
     text = summary_text(jobs, sweep_dir)
     write_csv(jobs, sweep_dir / "sweep.csv")
@@ -211,6 +219,10 @@ def write_report(sweep_dir: Path | str, echo: bool = True) -> Report:
         print(text, end="")
         print(f"files: {sweep_dir}/{{sweep.csv, summary.md, sweep.png}}")
     return Report(sweep_dir, jobs, text)
+
+
+#: the files a report writes at the sweep root
+REPORT_FILES = ("sweep.csv", "summary.md", "sweep.png")
 
 
 def _newest_sweep(root: Path = Path("outputs/sweeps")) -> Path | None:
@@ -241,7 +253,15 @@ def main(argv=None) -> int:
             print(f"kbframe: error: '{d}' is not a sweep directory (no multirun.yaml, no job "
                   f"directories with .hydra/)", file=sys.stderr)
             return 2
-        rep = write_report(d)
+        try:
+            rep = write_report(d)
+        except OSError as e:  # a read-only sweep, a directory where sweep.csv goes ...
+            where = f"'{e.filename}'" if e.filename else f"the report in '{d}'"
+            print(f"kbframe: error: cannot write {where}: {e.strerror or e}", file=sys.stderr)
+            return 2
+        except Exception as e:  # noqa: BLE001 (a report that cannot be made is exit 2, never 1)
+            print(f"kbframe: error: cannot report '{d}': {type(e).__name__}: {e}", file=sys.stderr)
+            return 2
         if rep.not_ok:
             rc = 1
             print(f"kbframe: {len(rep.not_ok)} of {len(rep.jobs)} jobs not ok", file=sys.stderr)

@@ -10,10 +10,11 @@ Jobs come from two places: the sweep plan (the job list Hydra's basic sweeper ex
 from __future__ import annotations
 
 import json
+import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..files import read_status
+from ..files import dir_locked, read_status
 
 #: metric columns of sweep.csv, as metrics.json paths
 METRIC_COLUMNS = [
@@ -23,6 +24,8 @@ METRIC_COLUMNS = [
     "roofline.binding", "roofline.bound_ns", "roofline.fraction", "roofline.hbm_bytes",
     "roofline.flops", "sim.events", "sim.wall_s",
 ]
+#: metric columns that hold text; every other one is a number (or absent)
+TEXT_COLUMNS = ("bench", "roofline.binding")
 #: where a metric column comes from in a job's config when it has no metrics.json
 CONFIG_FALLBACK = {"bench": "bench.name", "calibration.R": "calibration.R",
                    "calibration.FIXED": "calibration.FIXED", "shape.G": "bench.G",
@@ -142,11 +145,25 @@ def _read_job(d: Path) -> Job:
         job.status = "ok"
     if job.status == "running" and not job.error:
         job.error = "started, never finished (killed, or still running)"
+        if st.get("host") == socket.gethostname() and not dir_locked(d):
+            # a live run holds its directory's lock until it ends: this one's process died
+            # without a word (SIGKILL, the OOM killer)
+            job.status = "failed"
+            job.error = "started, never finished: its process ended without a word (killed by a signal?)"
     if job.status == "ok" and metrics is None:
         job.status, job.error = "failed", "status ok but no metrics.json"
+    if metrics is not None and not isinstance(metrics, dict):
+        job.status, job.error, metrics = "failed", "metrics.json is not a JSON object", None
     job.metrics = metrics
     if metrics is not None:
         job.values = {c: _dig(metrics, c) for c in METRIC_COLUMNS}
+        bad = [c for c in METRIC_COLUMNS if c not in TEXT_COLUMNS and job.values[c] is not None
+               and (isinstance(job.values[c], bool) or not isinstance(job.values[c], (int, float)))]
+        if bad:  # a corrupt or hand-edited file: the job is not ok, the report goes on
+            job.status = "failed"
+            job.error = "; ".join(f"metrics.json {c} is {job.values[c]!r}, not a number" for c in bad)
+            for c in bad:
+                job.values[c] = None
     else:
         cfg = _load_yaml(d / ".hydra" / "config.yaml")
         for col, path in CONFIG_FALLBACK.items():
@@ -188,7 +205,8 @@ def collect(sweep_dir: Path) -> list[Job]:
             if match.status == "missing" and match.error is None:
                 match.error = "started, but wrote no status.json"
             jobs.append(match)
-    jobs += [j for j in found if id(j) not in used]  # extra directories (another sweep's?)
+    # a directory the plan does not account for is another sweep's (one run into a sweep
+    # directory reused with hydra.callbacks.sweep_report.reuse_dir=true): not this sweep's job
     return jobs
 
 

@@ -28,6 +28,7 @@ import os
 import re
 from pathlib import Path
 
+from ..files import final_name
 
 
 def tracks_from_units(units: dict) -> dict:
@@ -36,6 +37,8 @@ def tracks_from_units(units: dict) -> dict:
     PE_CPU's dispatches, so its track is ``"<label> dispatch"``."""
     return {name: (f"{u.get('label', name)} dispatch" if name == "cpu" else u.get("label", name))
             for name, u in units.items()}
+
+
 #: flow ids are ``pe * FLOW_ID_STRIDE + cmd``
 FLOW_ID_STRIDE = 1_000_000_000
 #: threads per unit reserved for overflow lanes (tid = unit slot * LANE_STRIDE + lane + 1)
@@ -245,7 +248,7 @@ def write_trace(op_log: Path | str, out: Path | str, tracks: dict | None = None)
             for ev in meta:
                 write(sep + dumps(ev, ensure_ascii=False))
                 sep = ",\n"
-            other = {"source": op_log.name.removesuffix(".partial"), "generator": "kbframe.trace",
+            other = {"source": final_name(op_log.name).removesuffix(".partial"), "generator": "kbframe.trace",
                      "time_unit": "us"}
             write("\n ],\n \"otherData\": " + dumps(other) + "}\n")
         os.replace(tmp, out)

@@ -1,30 +1,32 @@
 """Running a bench: inputs, the float64 reference, the simulation, metrics and files.
 
-Files written to the run directory (each atomically: a temporary file, then rename):
-``metrics.json``, ``op_log.jsonl`` (streamed), ``trace.json`` (unless ``run.trace=false``),
-``tensors.npz`` (data mode); ``metrics.json`` ``files`` lists them.
+Files written to the run directory: ``metrics.json``, ``op_log.jsonl`` (streamed),
+``trace.json`` (unless ``run.trace=false``), ``tensors.npz`` (data mode); ``metrics.json``
+``files`` lists them. Each is staged under a unique temporary name and they replace an
+earlier run's files together, all or none (kbframe.run.rundir).
 """
 from __future__ import annotations
 
 import math
-import os
 import zipfile
 from pathlib import Path
 
 from dataclasses import fields
 
 import numpy as np
-from hydra.utils import get_class, get_method, to_absolute_path
+from hydra.utils import to_absolute_path
 from omegaconf import OmegaConf, open_dict
 from threadpoolctl import threadpool_limits
 
 from ..sim.engine import Engine
+from ..sim.targets import resolve_class, resolve_kernel
 from ..files import atomic_write, write_json
 from ..errors import ConfigError, InputsError, NumericsError, OutputError
 from ..sim.numerics import Numerics, NumpyNumerics
 from ..sim.oplog import OpLog
 from ..tl.recipe import load_recipes
 from . import preflight
+from .rundir import OUTPUT_FILES, RunDir
 from ..sim import sanitizer
 from .schema import CalibrationConfig, HardwareConfig, RunConfig
 from ..timebase import ps_to_ns
@@ -43,23 +45,16 @@ def _check_keys(node, schema_cls, where: str) -> None:
             raise ConfigError(f"unknown key '{where}.{key}' (known: {', '.join(sorted(known))})")
 
 
-def workload_class(target) -> type:
-    """The workload class a bench names (``bench._target_``): a :class:`Workload` subclass
-    defined in a kbframe module, checked on the object, not on the text of its name.
+def workload_class(target, allow_external: bool = False) -> type:
+    """The workload class a bench names (``bench._target_``): a concrete :class:`Workload`
+    subclass defined in a kbframe module (any module with
+    ``hardware.allow_external_targets``), checked on the object, not on the text of its
+    name (kbframe.sim.targets.resolve_class).
 
     Raises:
         ConfigError: names ``bench._target_`` and what it is instead.
     """
-    target = str(target)
-    try:
-        obj = get_class(target) if target.startswith("kbframe.") else None
-    except Exception:
-        raise ConfigError(f"bench._target_: cannot import '{target}'") from None
-    if not (isinstance(obj, type) and issubclass(obj, Workload) and obj is not Workload
-            and obj.__module__.startswith("kbframe.")):
-        raise ConfigError(f"bench._target_ '{target}' is not a workload class (a subclass of "
-                          f"kbframe.workloads.base.Workload defined in kbframe)")
-    return obj
+    return resolve_class(target, Workload, "bench._target_", allow_external)
 
 
 def validate(cfg) -> Workload:
@@ -73,7 +68,7 @@ def validate(cfg) -> Workload:
     b = cfg.bench
     if "_target_" not in b:
         raise ConfigError(f"bench '{b.get('name', '?')}' names no workload (bench._target_)")
-    wl_cls = workload_class(b._target_)
+    wl_cls = workload_class(b._target_, bool(cfg.hardware.get("allow_external_targets", False)))
     _check_keys(b, wl_cls.Config, "bench")
     inputs_cls = next(f.default_factory for f in fields(wl_cls.Config) if f.name == "inputs")
     _check_keys(b.inputs, inputs_cls, "bench.inputs")
@@ -93,15 +88,12 @@ def validate(cfg) -> Workload:
     for key in ("pes_per_cube", "cubes_x", "cubes_y"):
         if hw[key] < 1:
             raise ConfigError(f"hardware.{key} must be ≥ 1, got {hw[key]}")
-    if hw.n_pes > hw.pes_per_cube * hw.cubes_x * hw.cubes_y:
-        raise ConfigError(f"hardware.n_pes={hw.n_pes} is more than the topology holds: pes_per_cube "
-                          f"{hw.pes_per_cube} × cubes_x {hw.cubes_x} × cubes_y {hw.cubes_y}")
     if not (math.isfinite(hw.cube_hbm_gbps) and hw.cube_hbm_gbps > 0):
         raise ConfigError(f"hardware.cube_hbm_gbps must be a finite number > 0, got {hw.cube_hbm_gbps}")
     if not 0 <= b.pe < cfg.hardware.n_pes:
         raise ConfigError(f"bench.pe={b.pe} but hardware.n_pes={cfg.hardware.n_pes}")
-    if not str(b.kernel).startswith("kbframe."):
-        raise ConfigError(f"bench.kernel '{b.kernel}' is outside the kbframe. namespace")
+    if b.inputs.get("path") is not None and not str(b.inputs.path).strip():
+        raise ConfigError("bench.inputs.path is empty; give an .npz file, or null for generated inputs")
     if b.seed < 0:
         raise ConfigError(f"bench.seed must be ≥ 0, got {b.seed}")
     for key in ("clock_ghz", "hbm_gbps", "hbm_bytes", "tcm_bytes"):
@@ -128,13 +120,16 @@ def read_inputs_file(path: str, wl: Workload) -> dict:
     p = Path(path)
     if p.is_dir():
         raise InputsError(f"bench.inputs.path: '{path}' is a directory, not an .npz file")
-    if not p.is_file():
+    if not p.exists():
         raise InputsError(f"bench.inputs.path: no such file '{path}'")
+    if not p.is_file():  # checked before opening: reading a FIFO blocks, /dev/zero never ends
+        raise InputsError(f"bench.inputs.path: '{path}' is not a regular file (a FIFO, device or socket?)")
     if not zipfile.is_zipfile(p):
         raise InputsError(f"bench.inputs.path: '{path}' is not an .npz file (not a zip archive; "
                           f"a truncated or plain .npy/text/pickle file?)")
     need = wl.input_names()
     known = (*need, *wl.file_scalars)
+    preflight.check_npz_memory(p, known)
     try:
         with np.load(p, allow_pickle=False) as z:
             names = list(z.files)
@@ -179,14 +174,6 @@ def apply_file_shape(cfg, wl_shape: dict, explicit: set, path: str) -> None:
             b[k] = v
 
 
-def write_json_atomic(path: Path, obj) -> None:
-    """Write JSON to ``path`` atomically (kbframe.files); OSError becomes OutputError."""
-    try:
-        write_json(path, obj)
-    except OSError as e:
-        raise OutputError(f"cannot write '{path}': {e.strerror or e}") from None
-
-
 def run_bench(cfg, out_dir: Path, explicit: set | frozenset = frozenset()) -> dict:
     """Run ``cfg.bench`` (its workload) on ``cfg.hardware`` and write the run's files into
     ``out_dir``.
@@ -198,8 +185,17 @@ def run_bench(cfg, out_dir: Path, explicit: set | frozenset = frozenset()) -> di
         The metrics dict (also written to ``metrics.json``).
     Raises:
         KbframeError subclasses for every bad input (ConfigError, InputsError,
-        RecipeError, ValidationError, TcmOverflowError, DeadlockError).
+        RecipeError, ValidationError, TcmOverflowError, DeadlockError); OutputError for a
+        run directory that cannot be written (kbframe.run.rundir: locked, staged, committed
+        all or nothing, cleaned up on any failure).
     """
+    out_dir = Path(out_dir)
+    with RunDir(out_dir) as rd:
+        return _run_bench(cfg, out_dir, explicit, rd)
+
+
+def _run_bench(cfg, out_dir: Path, explicit, rd: RunDir) -> dict:
+    """:func:`run_bench`'s body; ``rd`` is opened once the pre-flight checks passed."""
     wl = validate(cfg)
     b = cfg.bench
     recipes = load_recipes(cfg.get("recipes"))
@@ -216,22 +212,16 @@ def run_bench(cfg, out_dir: Path, explicit: set | frozenset = frozenset()) -> di
         inp = wl.generate(np.random.default_rng(b.seed))
     else:  # timing only: shapes are all the simulation needs, no numbers are made
         inp = None
-    try:
-        kernel = get_method(b.kernel)
-    except Exception:
-        raise ConfigError(f"bench.kernel: cannot import '{b.kernel}'") from None
+    kernel = resolve_kernel(b.kernel, "bench.kernel", bool(cfg.hardware.allow_external_targets),
+                            kwargs=tuple(wl.kernel_kwargs(inp)))
 
     if b.data:
         preflight.check_inputs_fit(b.data_dtype, {n: inp[n] for n in wl.input_names()})
         wl.check_inputs(b.data_dtype, inp)
     preflight.check_resources(cfg, wl, kernel, recipes, inp)
-    try:  # nothing in out_dir is touched before this point
-        out_dir.mkdir(parents=True, exist_ok=True)
-        preflight.check_outputs(out_dir)
-        oplog_path = out_dir / "op_log.jsonl.partial"  # renamed once the run passed (left for debugging if not)
-        oplog = OpLog(oplog_path)
-    except OSError as e:
-        raise OutputError(f"cannot write the run directory '{out_dir}': {e.strerror or e}") from None
+    rd.open()  # nothing in out_dir is touched before this point (kbframe.run.rundir)
+    oplog_path = rd.temp("op_log.jsonl", debug=True)  # kept as op_log.jsonl.partial if the run fails
+    oplog = OpLog(oplog_path)
     numerics = NumpyNumerics(b.data_dtype) if b.data else Numerics()
     check = bool(cfg.run.check) if "run" in cfg else True
     try:
@@ -254,7 +244,7 @@ def run_bench(cfg, out_dir: Path, explicit: set | frozenset = frozenset()) -> di
         oplog.close()
     san = sanitizer.check(engine, oplog_path) if check else {"rules_checked": 0}
     trace = bool(cfg.run.trace) if "run" in cfg else True
-    trace_tmp = out_dir / "trace.json.partial"
+    trace_tmp = rd.temp("trace.json", debug=True)
     metrics = _metrics(cfg, wl, engine, pe, oplog, latency_ps)
     if trace:
         write_trace(oplog_path, trace_tmp, tracks_from_units(metrics["units"]))
@@ -287,25 +277,17 @@ def run_bench(cfg, out_dir: Path, explicit: set | frozenset = frozenset()) -> di
     else:
         metrics["numerics"] = {"enabled": False, "dtype": None, "max_abs_err": None, "max_rel_err": None}
     made = {"trace.json": trace, "tensors.npz": tensors is not None}
-    metrics["files"] = [name for name in preflight.OUTPUT_FILES if made.get(name, True)]
-    tmp = out_dir / "tensors.tmp.npz"
-    try:
-        if tensors is not None:
-            np.savez(tmp, **tensors)
-        # the run passed: replace a previous run's files together, metrics.json last
-        os.replace(oplog_path, out_dir / "op_log.jsonl")
-        if trace:
-            os.replace(trace_tmp, out_dir / "trace.json")
-        else:  # a previous run's timeline (or a failed run's staged one) is not this run's
-            (out_dir / "trace.json").unlink(missing_ok=True)
-            trace_tmp.unlink(missing_ok=True)
-        if tensors is not None:
-            os.replace(tmp, out_dir / "tensors.npz")
-        else:  # a previous data-mode run's numbers would not belong to this run
-            (out_dir / "tensors.npz").unlink(missing_ok=True)
-    except OSError as e:
-        raise OutputError(f"cannot write '{e.filename}' in the run directory: {e.strerror or e}") from None
-    write_json_atomic(out_dir / "metrics.json", metrics)
+    metrics["files"] = [name for name in OUTPUT_FILES if made.get(name, True)]
+    staged = {"op_log.jsonl": oplog_path, "trace.json": trace_tmp if trace else None, "tensors.npz": None,
+              "metrics.json": rd.temp("metrics.json")}
+    if tensors is not None:
+        staged["tensors.npz"] = rd.temp("tensors.npz")
+        with open(staged["tensors.npz"], "wb") as f:  # a file object: numpy appends no .npz
+            np.savez(f, **tensors)
+    write_json(staged["metrics.json"], metrics)
+    # the run passed: its files replace a previous run's together (a file it did not make,
+    # trace.json with run.trace=false, tensors.npz when timing only, is removed), or none do
+    rd.commit(staged)
     return metrics
 
 

@@ -16,7 +16,12 @@ KbframeError       ``kbframe: error: MSG``; exit 1             same line naming 
 other Exception    traceback (a kbframe bug); exit 1           one line; traceback saved
                                                                in status.json; goes on
 KeyboardInterrupt  ``kbframe: interrupted``; exit 130           same; the sweep stops
+SIGTERM            ``kbframe: terminated``; exit 143          (the launcher's business)
 =================  ==========================================  ===========================
+
+The run directory is locked for the whole run (kbframe.run.rundir): a directory another
+run holds, or one where ``status.json`` cannot be written (a full disk), is refused with
+one line and not touched.
 
 The sweep's callback (:mod:`kbframe.cli.callbacks`) reads every job's status at the end,
 lists the failed ones and makes the command exit non-zero.
@@ -25,17 +30,32 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
+import signal
 import socket
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
 
-from ..errors import KbframeError
-from ..files import STATUS_FILE, write_json
+from . import rundir
+from ..errors import KbframeError, OutputError
+from ..files import STATUS_FILE, read_status, write_json
 
-#: exit status of an interrupted run (128 + SIGINT)
+#: exit status of an interrupted run (128 + SIGINT) and of a terminated one (128 + SIGTERM)
 EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM in a single run: handled as Ctrl-C is (status ``interrupted``), exit 143."""
+
+    def __str__(self) -> str:
+        return "terminated (SIGTERM)"
+
+
+def _terminated(signum, frame):
+    raise Terminated()
 
 
 def _now() -> str:
@@ -46,6 +66,22 @@ def write_status(out_dir: Path, status: dict) -> None:
     """Write ``status`` to ``out_dir/status.json`` atomically."""
     out_dir.mkdir(parents=True, exist_ok=True)
     write_json(out_dir / STATUS_FILE, status)
+
+
+def mark_killed(out_dir: Path, job: dict, why: str, status: str = "failed") -> dict:
+    """Record a job whose process died without a word (SIGKILL, the OOM killer) as
+    ``status`` with ``why``, unless its own ``status.json`` already says how it ended.
+    Called by the launcher that saw the process die (kbframe.cli.launcher)."""
+    st = read_status(out_dir)
+    if st is not None and st.get("status") != "running":
+        return st
+    st = st or {"status": "running", **job, "started": None, "host": socket.gethostname(), "pid": None}
+    st.update(status=status, finished=_now(), error=why, error_type="Killed")
+    try:
+        write_status(Path(out_dir), st)
+    except OSError as e:
+        print(f"kbframe: warning: cannot write {Path(out_dir) / STATUS_FILE}: {e}", file=sys.stderr)
+    return st
 
 
 class JobStatus:
@@ -73,11 +109,14 @@ class JobStatus:
         """For the current Hydra job: its output dir, mode, job number and overrides."""
         from hydra.core.hydra_config import HydraConfig
         from hydra.types import RunMode
+        from omegaconf import OmegaConf
         hc = HydraConfig.get()
         multirun = hc.mode == RunMode.MULTIRUN
         num = hc.job.get("num") if multirun else None
-        job = cls(Path(hc.runtime.output_dir), multirun,
-                  {"num": num, "overrides": [str(o) for o in hc.overrides.task]})
+        # the override text as typed: an override may hold an interpolation (${oc.env:X}),
+        # which is the run's to resolve (and report), not the status writer's
+        overrides = [str(o) for o in OmegaConf.to_container(hc.overrides.task, resolve=False)]
+        job = cls(Path(hc.runtime.output_dir), multirun, {"num": num, "overrides": overrides})
         job.sweep_dir = str(hc.sweep.dir) if multirun else None
         return job
 
@@ -99,23 +138,71 @@ class JobStatus:
             print(f"kbframe: warning: cannot write {self.out_dir / STATUS_FILE}: {e}", file=sys.stderr)
 
     def __enter__(self) -> "JobStatus":
+        """Lock the run directory and write ``running``. A directory another run holds, or
+        one that cannot be written, is not touched: the refusal is raised by
+        :meth:`proceed`, first thing in the ``with`` block, and reported by ``__exit__``."""
         self._t0 = time.perf_counter()
-        write_status(self.out_dir, self.status)
+        self.refused = None
+        try:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            self._lock = rundir.lock(self.out_dir)
+            self._lock.__enter__()
+        except OSError as e:
+            self.refused = OutputError(f"cannot write the run directory '{self.out_dir}': {e.strerror or e}")
+            return self
+        except KbframeError as e:
+            self.refused = e
+            return self
+        try:
+            write_status(self.out_dir, self.status)
+        except OSError as e:  # e.g. a full disk: no status, no run
+            self.refused = OutputError(f"cannot write '{self.out_dir / STATUS_FILE}': {e.strerror or e}")
+            self._unlock()
+            return self
+        if not self.multirun and threading.current_thread() is threading.main_thread():
+            # a single run stopped with SIGTERM (kill, a batch system's time limit) records
+            # its end like Ctrl-C, rather than leaving status.json at running
+            self._sigterm = signal.signal(signal.SIGTERM, _terminated)
         return self
 
+    def proceed(self) -> None:
+        """Raise the refusal found by ``__enter__`` (call first in the ``with`` block)."""
+        if self.refused is not None:
+            raise self.refused
+
+    def _unlock(self) -> None:
+        lk, self._lock = getattr(self, "_lock", None), None
+        if lk is not None:
+            lk.__exit__(None, None, None)
+
     def __exit__(self, et, exc, tb) -> bool:
+        try:
+            return self._outcome(et, exc)
+        finally:
+            if getattr(self, "_sigterm", None) is not None:
+                signal.signal(signal.SIGTERM, self._sigterm)
+                self._sigterm = None
+            self._unlock()
+
+    def _outcome(self, et, exc) -> bool:
         where = f" ({self.label})" if self.multirun else ""
+        if exc is not None and exc is self.refused:  # nothing was written: report, touch nothing
+            print(f"kbframe: error{where}: {exc}", file=sys.stderr)
+            if self.multirun:
+                return True
+            raise SystemExit(1)
         if et is None:
             self.ok = True
             self._finish("ok")
             return False
         if issubclass(et, KeyboardInterrupt):
             self._finish("interrupted", exc)
-            print(f"kbframe: interrupted{where}; status in {self.out_dir / STATUS_FILE}", file=sys.stderr)
+            what = "terminated (SIGTERM)" if issubclass(et, Terminated) else "interrupted"
+            print(f"kbframe: {what}{where}; status in {self.out_dir / STATUS_FILE}", file=sys.stderr)
             if self.sweep_dir:
                 print(f"kbframe: summarise what finished with: python -m kbframe.report {self.sweep_dir}",
                       file=sys.stderr)
-            raise SystemExit(EXIT_INTERRUPTED)
+            raise SystemExit(EXIT_TERMINATED if issubclass(et, Terminated) else EXIT_INTERRUPTED)
         if issubclass(et, KbframeError):
             self._finish("failed", exc)
             print(f"kbframe: error{where}: {exc}", file=sys.stderr)
@@ -125,7 +212,8 @@ class JobStatus:
         if issubclass(et, Exception):
             self._finish("failed", exc, tb=True)
             if self.multirun:
-                print(f"kbframe: error{where}: {type(exc).__name__}: {exc} "
+                text = "; ".join(ln.strip() for ln in str(exc).splitlines() if ln.strip())
+                print(f"kbframe: error{where}: {type(exc).__name__}: {text} "
                       f"(traceback in {self.out_dir / STATUS_FILE})", file=sys.stderr)
                 return True
             return False  # a bug: Hydra prints the traceback and exits 1

@@ -18,16 +18,19 @@ from __future__ import annotations
 
 import math
 import os
+import zipfile
 
 import numpy as np
 
 from ..sim.engine import Engine
-from ..errors import ConfigError, KbframeError, NumericsError, OutputError, TcmOverflowError
+from ..errors import ConfigError, InputsError, KbframeError, NumericsError, TcmOverflowError, TimeBaseError
 from ..ir.handles import itemsize
 from ..sim.numerics import Numerics
 from ..sim.oplog import OpLog
+from ..hw.tiling import plan_key
 from ..ir.protocol import Dispatch, requests
 from ..tl.context import TL
+from ..timebase import LIMIT_TEXT, MAX_PS, cycles_to_ps
 
 
 def _gib(n: float) -> str:
@@ -53,6 +56,70 @@ def check_host_memory(wl, data: bool, data_dtype: str) -> None:
                           f"{_gib(have)}; reduce the bench's shape keys")
 
 
+#: host memory the sanitizer (run.check) keeps per op_log record, bytes: measured 1.8 to
+#: 1.9 KB (peak RSS with and without run.check, opt2 and opt3 at S_kv = 131072 timing only:
+#: +66 MB for 36882 records, +148 MB for 79893), rounded up
+SANITIZER_BYTES_PER_RECORD = 2048
+
+
+def check_sanitizer_memory(cfg, fig: dict) -> None:
+    """Raise ConfigError if ``run.check`` would keep more than this machine's memory: the
+    sanitizer keeps every stage and op_log record until the run ends (the dry run's
+    ``records`` counts them exactly)."""
+    if not fig or not fig["records"]:  # run.check=false (no records counted) or no exact dry run
+        return
+    need = fig["records"] * SANITIZER_BYTES_PER_RECORD
+    have = physical_memory_bytes()
+    if have is not None and need > have:
+        raise ConfigError(f"run.check=true keeps about {_gib(need)} of host memory for the sanitizer "
+                          f"({fig['records']} op_log records × {SANITIZER_BYTES_PER_RECORD} B); this machine has "
+                          f"{_gib(have)}; use run.check=false or a shorter run")
+
+
+def npz_headers(path) -> dict:
+    """``{array name: (shape, dtype)}`` of the ``.npy`` members of an ``.npz``, read from
+    their headers only (nothing is decompressed but the header); ``{}`` if it cannot be read
+    that way (numpy's own load then says why)."""
+    out = {}
+    try:
+        with zipfile.ZipFile(path) as zf:
+            for info in zf.infolist():
+                if not info.filename.endswith(".npy"):
+                    continue
+                with zf.open(info) as f:
+                    version = np.lib.format.read_magic(f)
+                    read = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
+                        np.lib.format.read_array_header_2_0
+                    shape, _, dtype = read(f)
+                out[info.filename[:-4]] = (tuple(int(x) for x in shape), np.dtype(dtype))
+    except Exception:  # noqa: BLE001 (not an npz numpy can read: its own error names it)
+        return {}
+    return out
+
+
+def check_npz_memory(path, names, key: str = "bench.inputs.path") -> None:
+    """Raise InputsError if loading arrays ``names`` of the ``.npz`` at ``path`` (each as
+    stored, then as float64) would not fit in host memory. A small file can expand a
+    thousandfold (deflate), and numpy allocates what a header declares before reading, so
+    this is checked from the headers before anything is loaded (issue 14)."""
+    heads = npz_headers(path)
+    need, biggest = 0, None
+    for name in names:
+        if name not in heads or heads[name][1].hasobject:
+            continue
+        shape, dtype = heads[name]
+        count = math.prod(shape)
+        need += count * (dtype.itemsize + 8)
+        if biggest is None or count * dtype.itemsize > biggest[0]:
+            biggest = (count * dtype.itemsize, name, shape, dtype)
+    have = physical_memory_bytes()
+    if biggest is not None and have is not None and need > have:
+        _, name, shape, dtype = biggest
+        raise InputsError(f"{key}: '{path}' needs about {_gib(need)} of host memory to load (array '{name}' is "
+                          f"{shape} {dtype}, {_gib(biggest[0])} once expanded, then float64); this machine has "
+                          f"{_gib(have)}")
+
+
 def check_inputs_fit(data_dtype: str, arrays: dict) -> None:
     """Raise NumericsError naming the first input with a finite value beyond ``data_dtype``
     (refused rather than stored as inf)."""
@@ -66,14 +133,19 @@ def check_inputs_fit(data_dtype: str, arrays: dict) -> None:
                                 f"use {'bench.data_dtype=float32 or ' if dt.itemsize < 4 else ''}smaller inputs")
 
 
-def dry_run(hardware, wl, kernel, recipes: dict, dtype: str, inputs: dict | None) -> dict:
+def dry_run(hardware, wl, kernel, recipes: dict, dtype: str, inputs: dict | None,
+            count_stages: bool = False) -> dict:
     """Run the workload's programs through the tl layer only, on unbounded TCMs; nothing is
-    simulated.
+    simulated. Each dispatch is timed (PE_CPU's cost); with ``count_stages`` each command
+    shape is also planned once, to count the stages (and so the op_log records) the run
+    will have.
 
     Returns:
         ``{"tcm_bytes": highest high water of any PE, "pe": that PE, "hbm_bytes": HBM
-        footprint, "commands": n}``, or ``{}`` if a kernel needs simulated values to go on
-        (then only the real run's TcmOverflowError guards the TCM).
+        footprint, "commands": n, "dispatch_ps": the busiest PE_CPU's dispatch time in all,
+        "stages", "records": op_log records (0 unless count_stages)}``, or ``{}`` if a
+        kernel needs simulated values to go on (then only the real run's TcmOverflowError
+        guards the TCM).
     Raises:
         KbframeError: whatever the tl layer raises at emit (ValidationError ...).
     """
@@ -81,14 +153,34 @@ def dry_run(hardware, wl, kernel, recipes: dict, dtype: str, inputs: dict | None
     for name, shape in wl.tensors().items():
         engine.add_hbm_tensor(name, shape, dtype, None)
     capacity = engine.pes[0].tcm.capacity_bytes
-    for pe in engine.pes:
+
+    def make_tl(i):  # only the PEs the workload uses are built (kbframe.sim.engine.PEs)
+        pe = engine.pes[i]
         pe.tcm.capacity_bytes = 1 << 62
-    programs = wl.programs(kernel, lambda i: TL(engine.pes[i], engine.hbm, recipes, dtype), inputs)
-    n = 0
+        return TL(pe, engine.hbm, recipes, dtype)
+    programs = wl.programs(kernel, make_tl, inputs)
+    n = stages = dispatch_ps = 0
+    n_stages_of: dict = {}  # command shape -> its stage count
     try:
-        for program in programs.values():
+        for i, program in programs.items():
+            pe = engine.pes[i]
+            cpu, cost, pe_ps = pe.cpu, {}, 0  # logical bytes -> dispatch ps (a kernel repeats a few sizes)
             for req in requests(program):
-                n += type(req) is Dispatch
+                if type(req) is not Dispatch:
+                    continue
+                cmd = req.cmd
+                n += 1
+                ps = cost.get(cmd.logical_bytes)
+                if ps is None:
+                    ps = cost[cmd.logical_bytes] = cycles_to_ps(cpu.cost_cycles(cmd), cpu.clock_ghz)
+                pe_ps += ps
+                if count_stages:  # planned once per command shape, never run
+                    key = (i, plan_key(cmd))
+                    k = n_stages_of.get(key)
+                    if k is None:
+                        k = n_stages_of[key] = len(pe.scheduler.plan(cmd))
+                    stages += k
+            dispatch_ps = max(dispatch_ps, pe_ps)
     except KbframeError:
         raise
     except Exception:  # a kernel that reads simulated values: no exact dry run
@@ -96,7 +188,8 @@ def dry_run(hardware, wl, kernel, recipes: dict, dtype: str, inputs: dict | None
     pe = max(programs, key=lambda i: engine.pes[i].tcm.high_water)
     tcm = engine.pes[pe].tcm
     return {"tcm_bytes": tcm.high_water, "pe": pe, "tcm_capacity_bytes": capacity,
-            "tcm_allocations": tcm.allocations, "hbm_bytes": engine._hbm_top, "commands": n}
+            "tcm_allocations": tcm.allocations, "hbm_bytes": engine._hbm_top, "commands": n,
+            "dispatch_ps": dispatch_ps, "stages": stages, "records": 2 * n + stages if count_stages else 0}
 
 
 def check_resources(cfg, wl, kernel, recipes: dict, inputs: dict | None) -> dict:
@@ -114,12 +207,20 @@ def check_resources(cfg, wl, kernel, recipes: dict, inputs: dict | None) -> dict
     tensors = wl.tensors()
     hbm_cap = hw.get("hbm_bytes")
     isz = itemsize(b.dtype)
-    hbm_need = sum(-(-math.prod(s) * isz // 4096) * 4096 for s in tensors.values())
+    # Python integers: numpy's prod wraps at 2^63 (S_kv = 2^62 would need 0 B)
+    hbm_need = sum(-(-math.prod(int(x) for x in s) * isz // 4096) * 4096 for s in tensors.values())
     shape = " ".join(f"{k}={v}" for k, v in wl.shape().items() if not k.startswith("n_"))
     if hbm_cap is not None and hbm_need > hbm_cap:
         raise ConfigError(f"HBM too small: {', '.join(tensors)} need {hbm_need} B ({_gib(hbm_need)}) at {shape} "
                           f"({b.dtype}), hardware.hbm_bytes is {hbm_cap} B ({_gib(hbm_cap)})")
-    fig = dry_run(hw, wl, kernel, recipes, b.dtype, inputs)
+    check = bool(cfg.run.check) if "run" in cfg else True
+    fig = dry_run(hw, wl, kernel, recipes, b.dtype, inputs, count_stages=check)
+    check_sanitizer_memory(cfg, fig)
+    if fig and fig["dispatch_ps"] >= MAX_PS:  # PE_CPU dispatches one command at a time
+        c = cfg.calibration
+        raise TimeBaseError(f"PE_CPU alone needs {fig['dispatch_ps']:.4g} ps to dispatch the kernel's "
+                            f"{fig['commands']} commands (calibration.FIXED={c.FIXED}, calibration.R={c.R}, "
+                            f"hardware.clock_ghz={hw.clock_ghz}); {LIMIT_TEXT}")
     if fig and fig["tcm_bytes"] > fig["tcm_capacity_bytes"]:
         cap = fig["tcm_capacity_bytes"]
         name, addr, size = next((n, a, s) for n, a, s, *_ in fig["tcm_allocations"] if a + s > cap)
@@ -128,22 +229,3 @@ def check_resources(cfg, wl, kernel, recipes: dict, inputs: dict | None) -> dict
             f"capacity (hardware.tcm_bytes); {b.name} needs {fig['tcm_bytes']} B of TCM in all at {shape} "
             f"({b.dtype}), found by a dry run before the simulation")
     return fig
-
-
-#: files a run writes into its directory (each replaced only when the run passed)
-OUTPUT_FILES = ("metrics.json", "op_log.jsonl", "tensors.npz", "trace.json")
-
-
-def check_outputs(out_dir) -> None:
-    """Raise OutputError if a result file cannot be written in ``out_dir`` (a directory in
-    its place, or a directory that refuses files), before anything is simulated."""
-    for name in OUTPUT_FILES:
-        p = out_dir / name
-        if p.exists() and not p.is_file():
-            raise OutputError(f"cannot write '{p}': something that is not a file is in its place")
-    probe = out_dir / f".kbframe-write-test-{os.getpid()}"
-    try:
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as e:
-        raise OutputError(f"cannot write in the run directory '{out_dir}': {e.strerror or e}") from None

@@ -5,50 +5,58 @@ from __future__ import annotations
 
 import copy
 import gc
+import operator
 import time
+from collections.abc import Sequence
+from types import SimpleNamespace
 
 import simpy
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from ..errors import ConfigError, DeadlockError
+from ..errors import ConfigError, DeadlockError, TimeBaseError
 from ..ir.handles import TensorHandle, itemsize
 from ..hw.hbm import HbmPort
 from ..hw.ipcq import Fabric
 from ..hw.pe import PE
-from ..timebase import ps_to_ns
+from ..hw.unit import Stage
+from ..timebase import LIMIT_TEXT, MAX_PS, cycles_to_ps, ps_to_ns
+from .targets import resolve_unit_class
 
 
-def _check_targets(hw) -> None:
-    """Refuse any ``_target_`` outside ``kbframe.`` anywhere in ``hardware.units`` (nested
-    nodes too: Hydra instantiates them recursively) unless ``hardware.allow_external_targets``.
+def _check_targets(hw) -> dict:
+    """Resolve every ``_target_`` in ``hardware.units`` (nested nodes too: Hydra instantiates
+    them recursively) to a unit class (kbframe.sim.targets.resolve_unit_class); nothing is
+    imported outside ``kbframe.`` unless ``hardware.allow_external_targets``.
 
+    Returns:
+        ``{unit name: its class}``.
     Raises:
-        ConfigError: names the key path of the refused ``_target_``.
+        ConfigError: names the key path of the refused ``_target_`` and why.
     """
-    if hw.get("allow_external_targets", False):
-        return
+    allow = bool(hw.get("allow_external_targets", False))
 
     def walk(node, path):
         if OmegaConf.is_dict(node):
             for key in node.keys():
-                child = node._get_node(key)
                 if key == "_target_":
-                    target = str(node[key])
-                    if not target.startswith("kbframe."):
-                        raise ConfigError(f"{path}._target_ '{target}' is outside the kbframe. namespace; "
-                                          f"set hardware.allow_external_targets=true to allow it")
+                    resolve_unit_class(node[key], f"{path}._target_", allow)
+                elif key == "_partial_":
+                    raise ConfigError(f"{path}._partial_ is not supported: a unit is built, not a partial")
                 else:
-                    walk(child, f"{path}.{key}")
+                    walk(node._get_node(key), f"{path}.{key}")
         elif OmegaConf.is_list(node):
             for i, child in enumerate(node._iter_ex(resolve=False)):
                 walk(child, f"{path}[{i}]")
 
+    classes = {}
     for name in hw.units.keys():
         if not OmegaConf.is_dict(hw.units._get_node(name)) or "_target_" not in hw.units[name]:
             raise ConfigError(f"hardware.units.{name} needs a _target_ (a kbframe unit class)")
         walk(hw.units._get_node(name), f"hardware.units.{name}")
+        classes[name] = resolve_unit_class(hw.units[name]._target_, f"hardware.units.{name}._target_", allow)
+    return classes
 
 
 def build_units(hw) -> dict:
@@ -58,7 +66,7 @@ def build_units(hw) -> dict:
         ConfigError: a refused target, or a unit whose parameters its class rejects
             (names ``hardware.units.<name>`` and the reason).
     """
-    _check_targets(hw)
+    classes = _check_targets(hw)
     units = {}
     for name, ucfg in hw.units.items():
         try:
@@ -66,7 +74,113 @@ def build_units(hw) -> dict:
         except InstantiationException as e:
             cause = e.__cause__ or e
             raise ConfigError(f"hardware.units.{name}: {type(cause).__name__}: {cause}") from None
+        if type(units[name]) is not classes[name]:  # e.g. a _target_ whose text resolved differently
+            raise ConfigError(f"hardware.units.{name}: built a {type(units[name]).__name__}, "
+                              f"not the {classes[name].__name__} its _target_ names")
     return units
+
+
+def _params(hw, name: str) -> str:
+    """A unit's numeric parameters for a message, each with the key it comes from when it
+    is an interpolation (``clock_ghz=1e-300 from hardware.clock_ghz``)."""
+    node = hw.units[name]
+    raw = OmegaConf.to_container(node, resolve=False)
+    out = []
+    for key, text in raw.items():
+        try:
+            value = node[key]
+        except Exception:  # noqa: BLE001 (an unresolvable value was reported already)
+            continue
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            src = f" from {text[2:-1]}" if isinstance(text, str) and text.startswith("${") else ""
+            out.append(f"{key}={value:g}{src}")
+    return ", ".join(out)
+
+
+#: logical bytes of a large primitive command (framing + one op is under 100, DDD-0065 §4);
+#: the pre-flight dry run times every real command's dispatch exactly
+_PRIMITIVE_BYTES = 256
+
+
+def check_time_base(pe, hw) -> None:
+    """Refuse, before a run, a unit whose longest possible stage would not fit the integer
+    time base (kbframe.timebase.MAX_PS). The longest stage any kernel can give a unit moves
+    or reads at most a TCM-full of bytes and elements, and at most ``2·(E/3)^1.5`` flops
+    (a GEMM whose three operands share a TCM of E elements); PE_CPU's longest dispatch is
+    of a command of 256 logical bytes (the pre-flight dry run times every real command).
+    Each is timed by the unit's own rule (``duration_ps``), so any unit type is covered.
+
+    Raises:
+        ConfigError: names ``hardware.units.<name>``, the stage and its parameters (with
+            the keys they come from).
+    """
+    cap = int(pe.tcm.capacity_bytes)
+    flops = int(2 * (cap / 3) ** 1.5)
+    for name, unit in pe.stage_units.items():
+        probe = Stage(unit, "probe", None, -1, cap, flops, cap)
+        try:
+            unit.duration_ps(probe)
+        except (TimeBaseError, OverflowError, ZeroDivisionError) as e:
+            raise ConfigError(f"hardware.units.{name}: its longest possible stage (a TCM-full: {cap} B, "
+                              f"{cap} elements, {flops:.3g} flop) does not fit the time base: {e} "
+                              f"({_params(hw, name)})") from None
+    cpu = pe.cpu
+    nbytes = _PRIMITIVE_BYTES
+    cycles = cpu.cost_cycles(SimpleNamespace(logical_bytes=nbytes))
+    try:
+        cycles_to_ps(cycles, cpu.clock_ghz)
+    except (TimeBaseError, OverflowError) as e:
+        raise ConfigError(f"hardware.units.cpu: dispatching a command of {nbytes} logical bytes (FIXED + R × "
+                          f"bytes) does not fit the time base: {e} ({_params(hw, 'cpu')})") from None
+
+
+#: most PEs a topology may declare (2^20: a 4×4 mesh of 8-PE cubes is 128, so room for
+#: thousands of such trays); PEs are built only when a run uses them, so this refuses
+#: absurd values, it is not a memory budget
+MAX_PES = 1 << 20
+
+
+class PEs(Sequence):
+    """``engine.pes``: the ``hardware.n_pes`` PEs, each built (its units copied and bound)
+    the first time it is used, so a run on PE 0 of ``n_pes=100000`` builds one PE.
+    :meth:`built` lists those built so far; iterating builds them all."""
+
+    def __init__(self, engine, n: int, units: dict, hw):
+        self._engine, self._n, self._units, self._hw = engine, n, units, hw
+        self._built: dict[int, PE] = {}
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(self._n))]
+        i = operator.index(i)
+        if i < 0:
+            i += self._n
+        if not 0 <= i < self._n:
+            raise IndexError(f"PE {i} of {self._n}")
+        pe = self._built.get(i)
+        if pe is None:
+            eng = self._engine
+            # one instantiate (hydra's is slow); a second PE gets a copy of the units, made
+            # from the template before any PE binds it
+            units = self._units if self._n == 1 else copy.deepcopy(self._units)
+            pe = self._built[i] = PE(eng.env, i, units, eng.numerics, eng.oplog)
+            pe.fabric = eng.fabric
+            if eng.shared_hbm:  # one data server per cube (kbframe.hw.hbm)
+                port = eng.hbm_ports.setdefault(i // eng.ppc, HbmPort(eng.cube_hbm_gbps))
+                for unit in pe.units_serving("dma_read", "dma_write"):
+                    unit.port = port
+            if len(self._built) == 1:
+                check_time_base(pe, self._hw)  # every PE's units are copies of these
+            if eng.keep_stage_records:
+                pe.scheduler.record = []
+        return pe
+
+    def built(self) -> list:
+        """The PEs built so far, by index."""
+        return [self._built[i] for i in sorted(self._built)]
 
 
 class Engine:
@@ -76,27 +190,25 @@ class Engine:
         hw: the ``hardware`` config node.
         numerics: a :class:`~kbframe.sim.numerics.Numerics` (timing only) or NumpyNumerics.
         oplog: the :class:`~kbframe.sim.oplog.OpLog` records stream into.
+    Raises:
+        ConfigError: ``hardware.n_pes`` outside 1..MAX_PES, or a unit refused (build_units,
+            check_time_base).
     """
 
     def __init__(self, hw, numerics, oplog):
         self.env = simpy.Environment()
         self.numerics = numerics
         self.oplog = oplog
-        # one instantiate per unit (hydra's is slow: tens of ms per PE); the other PEs get
-        # copies, made before any PE binds its units
-        units = build_units(hw)
-        per_pe = [units] + [copy.deepcopy(units) for _ in range(int(hw.n_pes) - 1)]
-        self.pes = [PE(self.env, i, u, numerics, oplog) for i, u in enumerate(per_pe)]
-        ppc = int(hw.get("pes_per_cube", 8))
-        self.fabric = Fabric(self.pes, ppc, int(hw.get("cubes_x", 1)))
-        for pe in self.pes:
-            pe.fabric = self.fabric
-        if hw.get("hbm_mode", "partitioned") == "shared":  # one data server per cube (kbframe.hw.hbm)
-            ports = {}
-            for pe in self.pes:
-                port = ports.setdefault(pe.index // ppc, HbmPort(hw.cube_hbm_gbps))
-                for unit in pe.units_serving("dma_read", "dma_write"):
-                    unit.port = port
+        self.keep_stage_records = False  # set by kbframe.sim.sanitizer.enable
+        n = int(hw.n_pes)
+        if not 1 <= n <= MAX_PES:
+            raise ConfigError(f"hardware.n_pes must be 1 to {MAX_PES}, got {n}")
+        self.ppc = int(hw.get("pes_per_cube", 8))
+        self.shared_hbm = hw.get("hbm_mode", "partitioned") == "shared"
+        self.cube_hbm_gbps = float(hw.get("cube_hbm_gbps", 1638.4))
+        self.hbm_ports: dict = {}  # cube -> HbmPort (shared HBM, kbframe.hw.hbm)
+        self.pes = PEs(self, n, build_units(hw), hw)
+        self.fabric = Fabric(self.pes, self.ppc, int(hw.get("cubes_x", 1)))
         self.hbm: dict[str, TensorHandle] = {}
         self._hbm_top = 0
         self.wall_s = 0.0
@@ -145,7 +257,10 @@ class Engine:
             if not pe.cpu.finished:
                 raise DeadlockError(f"deadlock at {ps_to_ns(self.env.now)} ns: PE{i} PE_CPU waits for "
                                     f"{pe.cpu.waiting_for or 'nothing that can complete'}")
-        for pe in self.pes:
+        if self.env.now >= MAX_PS:  # each stage fits (check_time_base), but not their sum
+            raise TimeBaseError(f"the simulation reached {self.env.now:.4g} ps; {LIMIT_TEXT}: use a shorter "
+                                f"run (a smaller shape) or faster units")
+        for pe in self.pes.built():
             sched = pe.scheduler
             if sched.queue or sched.inflight:
                 blocked = sched.blocked_on

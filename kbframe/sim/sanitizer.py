@@ -61,8 +61,10 @@ MULTI_PE_RULES = ("hbm_writes_disjoint",)
 
 
 def enable(engine) -> None:
-    """Make every PE_SCHEDULER of ``engine`` keep its ``(cmd, stages)`` (call before run)."""
-    for pe in engine.pes:
+    """Make every PE_SCHEDULER of ``engine`` keep its ``(cmd, stages)`` (call before run;
+    PEs the engine builds later keep them too)."""
+    engine.keep_stage_records = True
+    for pe in engine.pes.built():
         pe.scheduler.record = []
 
 
@@ -92,7 +94,7 @@ def check(engine, records) -> dict:
         by_pe[r["pe"]].append(r)
     n_cmds = n_stages = n_acc = 0
     hbm_writes: list = []
-    for pe in engine.pes:
+    for pe in engine.pes.built():
         recs = by_pe.get(pe.index, [])
         if pe.scheduler.record is None:
             raise SanitizerError("sanitizer: PE_SCHEDULER kept no stage record; call "
@@ -111,7 +113,7 @@ def check(engine, records) -> dict:
     if engine.fabric.links:
         check_ipcq(engine, records)
         rules += IPCQ_RULES
-    if sum(bool(pe.scheduler.record) for pe in engine.pes) > 1:
+    if sum(bool(pe.scheduler.record) for pe in engine.pes.built()) > 1:
         check_hbm_writes_disjoint(hbm_writes)
         rules += MULTI_PE_RULES
     return {"rules_checked": len(rules), "rules": rules, "commands": n_cmds,

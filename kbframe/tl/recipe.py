@@ -15,10 +15,55 @@ A recipe is a Hydra config under ``recipes/`` (package ``recipes.<name>``)::
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from ..ir import micro_ops
 from ..errors import RecipeError
+
+#: a recipe's name: a plain name, looked up only as ``recipes/NAME.yaml`` on the search path
+RECIPE_NAME = re.compile(r"[A-Za-z0-9_]+")
+
+
+def check_name(name: str, where: str = "recipes") -> None:
+    """Raise RecipeError unless ``name`` is a plain recipe name (letters, digits, ``_``):
+    a name with ``/`` or ``..`` would reach a file outside the search path's ``recipes/``."""
+    if not RECIPE_NAME.fullmatch(str(name)):
+        raise RecipeError(f"{where}: '{name}' is not a recipe name (letters, digits and _ only; a recipe is "
+                          f"recipes/NAME.yaml on the config search path)")
+
+
+def header_package(text: str) -> str | None:
+    """The ``# @package X`` of a config file's header, read as Hydra 1.3 reads it (its
+    ``ConfigSource._get_header_dict``): blank lines skipped, the header is the leading
+    ``# @KEY VALUE`` lines and ends at the first other line; None if it has no package."""
+    pkg = None
+    for line in text.splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        if not re.match(r"#\s*@", line):
+            break
+        parts = line.lstrip("#").split()
+        if len(parts) == 2 and parts[0] == "@package":
+            pkg = parts[1]
+    return pkg
+
+
+def check_file(name: str, path) -> None:
+    """Raise RecipeError unless the recipe file ``path`` of recipe ``name`` is headed
+    ``# @package recipes.NAME``: a recipe file may set only ``recipes.NAME`` (a
+    ``_global_`` one could set any key, ``hardware.allow_external_targets`` or Hydra's own)."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            head = f.read(4096)
+    except OSError as e:
+        raise RecipeError(f"recipe '{name}' ({path}): cannot read: {e.strerror or e}") from None
+    pkg = header_package(head)
+    if pkg not in (f"recipes.{name}", f"_group_.{name}"):
+        found = f"'# @package {pkg}'" if pkg else "no '# @package' line"
+        raise RecipeError(f"recipe '{name}' ({path}): a recipe file may set only recipes.{name}; its first line "
+                          f"must be '# @package recipes.{name}', found {found}")
 
 SLOT_KEYS = ("src", "src_a", "src_b", "src_c")
 STEP_EXTRAS = ("reduce_axis", "bcast_axis")
@@ -62,12 +107,57 @@ class Recipe:
         return f"recipe '{self.name}' ({self.file}){at}"
 
 
+def _kind(v) -> str:
+    return {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean", type(None): "null"}.get(
+        type(v), f"a number ({v!r})" if isinstance(v, (int, float)) else type(v).__name__)
+
+
+def _check_types(where: str, raw: dict) -> None:
+    """The structure of a recipe before its meaning: each field of the right type, so a
+    malformed recipe is one RecipeError naming the field, never a Python error."""
+    def need(ok: bool, what: str, want: str, v) -> None:
+        if not ok:
+            raise RecipeError(f"{where}: {what} must be {want}, got {_kind(v)}")
+
+    ops = raw.get("operands")
+    need(ops is None or isinstance(ops, dict), "operands", "a mapping {name: R or RW}", ops)
+    for k in ops or {}:
+        need(isinstance(k, str), "an operand name", "a string", k)
+    po = raw.get("primary_out")
+    need(po is None or isinstance(po, dict), "primary_out", "a mapping {name, from_shape, ...}", po)
+    if po is not None:
+        bad = set(po) - {"name", "from_shape", "from_dtype", "transform"}
+        if bad:
+            raise RecipeError(f"{where}: primary_out has unknown key(s) {sorted(bad)}")
+        if "from_shape" not in po:
+            raise RecipeError(f"{where}: primary_out needs from_shape (the operand whose shape it takes)")
+        for k, v in po.items():
+            need(isinstance(v, str), f"primary_out.{k}", "a string", v)
+    need(isinstance(raw.get("tile_alignment", ""), str), "tile_alignment", "a string", raw.get("tile_alignment"))
+    scratch = raw.get("scratch")
+    need(scratch is None or isinstance(scratch, list), "scratch", "a list of slot names", scratch)
+    for v in scratch or ():
+        need(isinstance(v, str), "each scratch slot", "a name (a string)", v)
+    seq = raw.get("engine_seq")
+    need(seq is None or isinstance(seq, list), "engine_seq", "a list of steps", seq)
+    for i, st in enumerate(seq or (), start=1):
+        need(isinstance(st, dict), f"step {i}", "a mapping {op, src..., dst}", st)
+        for k in ("engine", "op", "dst", *SLOT_KEYS):
+            if st.get(k) is not None:
+                need(isinstance(st[k], str), f"step {i} {k}", "a name (a string)", st[k])
+        for k in STEP_EXTRAS:
+            if st.get(k) is not None:
+                need(isinstance(st[k], int) and not isinstance(st[k], bool), f"step {i} {k}", "an integer axis",
+                     st[k])
+
+
 def _parse(name: str, raw: dict) -> Recipe:
     file = f"recipes/{name}.yaml"
     where = f"recipe '{name}' ({file})"
     unknown = set(raw) - {"operands", "primary_out", "tile_alignment", "scratch", "engine_seq"}
     if unknown:
         raise RecipeError(f"{where}: unknown key(s) {sorted(unknown)}")
+    _check_types(where, raw)
     operands = dict(raw.get("operands") or {})
     for op_name, tag in operands.items():
         if tag not in ("R", "RW"):
@@ -152,6 +242,7 @@ def load_recipes(cfg_recipes) -> dict[str, Recipe]:
     out = {}
     raw_all = OmegaConf.to_container(cfg_recipes, resolve=True) if cfg_recipes is not None else {}
     for name, raw in sorted((raw_all or {}).items()):
+        check_name(name, f"recipes.{name}")
         if not isinstance(raw, dict):
             raise RecipeError(f"recipe '{name}' (recipes/{name}.yaml): expected a mapping")
         out[name] = _parse(name, raw)

@@ -1,0 +1,137 @@
+"""``hydra/launcher=joblib`` for kbframe: Hydra's joblib launcher, with each parallel slot
+its own one-worker loky executor, so a job whose process is killed fails alone (issue 14).
+
+Hydra's launcher runs every job through one ``joblib.Parallel``: when the OOM killer (or
+``kill -9``) ends one worker, loky marks the whole pool broken, kills the other workers,
+and the sweep stops with a ``TerminatedWorkerError`` traceback: no further job runs, the
+job running beside it stays ``running``, and no report is written. Here a killed worker
+breaks only its slot: that job is recorded ``failed`` (killed by a signal) in its
+``status.json``, the slot gets a fresh worker, the other jobs run, and the sweep ends with
+its report and exit 1 (kbframe.cli.callbacks). Ctrl-C stops the workers and prints one
+line, not joblib's traceback.
+
+Of the joblib settings only ``n_jobs`` is used (the jobs go one at a time to each slot).
+Selected by ``conf/hydra/launcher/joblib.yaml`` (which takes the place of the plugin's
+own config); the plugin class Hydra instantiates is
+``hydra_plugins.kbframe_launcher.KbframeJoblibLauncher``, which calls :func:`launch`.
+"""
+from __future__ import annotations
+
+import logging
+import re
+import sys
+from collections import deque
+from concurrent.futures import FIRST_COMPLETED, wait
+from pathlib import Path
+from typing import Sequence
+
+from hydra.core.singleton import Singleton
+from hydra.core.utils import JobReturn, JobStatus as HydraJobStatus, configure_log, filter_overrides, setup_globals
+from hydra_plugins.hydra_joblib_launcher._core import execute_job
+from joblib import effective_n_jobs
+from joblib.externals.loky.process_executor import BrokenProcessPool, ProcessPoolExecutor, ShutdownExecutorError
+from omegaconf import OmegaConf, open_dict
+
+from ..errors import KbframeError
+from .hydra_errors import release
+from ..run import rundir
+from ..run.jobstatus import EXIT_INTERRUPTED, mark_killed
+
+log = logging.getLogger(__name__)
+
+
+def launch(launcher, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+    """Run the jobs on ``n_jobs`` one-worker executors (see the module doc).
+
+    Args:
+        launcher: the Hydra launcher (its ``config``, ``hydra_context``, ``task_function``
+            and ``joblib`` settings).
+    Returns:
+        One JobReturn per job, in order; a killed job's carries its failed status.
+    Raises:
+        SystemExit(130): Ctrl-C (the workers are stopped).
+    """
+    setup_globals()
+    configure_log(launcher.config.hydra.hydra_logging, launcher.config.hydra.verbose)
+    sweep_dir = Path(str(launcher.config.hydra.sweep.dir))
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    n = max(1, min(effective_n_jobs(launcher.joblib.get("n_jobs", -1)), len(job_overrides)))
+    log.info(f"kbframe joblib launcher: {n} one-worker executors for {len(job_overrides)} jobs")
+    log.info(f"Launching jobs, sweep output dir : {sweep_dir}")
+    for idx, overrides in enumerate(job_overrides):
+        log.info(f"\t#{initial_job_idx + idx} : {' '.join(filter_overrides(overrides))}")
+    state = Singleton.get_state()
+    todo = deque(enumerate(job_overrides))
+    executors: list = [None] * n
+    running: dict = {}  # future -> (slot, idx, overrides)
+    results: list = [None] * len(job_overrides)
+    try:
+        while todo or running:
+            busy = {slot for slot, _, _ in running.values()}
+            for slot in range(n):
+                if todo and slot not in busy:
+                    idx, ov = todo.popleft()
+                    if executors[slot] is None:
+                        executors[slot] = ProcessPoolExecutor(max_workers=1)
+                    fut = executors[slot].submit(execute_job, initial_job_idx + idx, ov, launcher.hydra_context,
+                                                 launcher.config, launcher.task_function, state)
+                    running[fut] = (slot, idx, ov)
+            done, _ = wait(list(running), return_when=FIRST_COMPLETED)
+            for fut in done:
+                slot, idx, ov = running.pop(fut)
+                try:
+                    results[idx] = fut.result()
+                except (BrokenProcessPool, ShutdownExecutorError) as e:  # its worker died
+                    executors[slot].shutdown(wait=False, kill_workers=True)
+                    executors[slot] = None
+                    results[idx] = _killed(launcher, initial_job_idx + idx, ov, e)
+    except KeyboardInterrupt:
+        # the workers got the Ctrl-C too: give them a moment to record it, then stop them
+        try:
+            wait(list(running), timeout=10)
+        except KeyboardInterrupt:
+            pass
+        for ex in executors:
+            if ex is not None:
+                ex.shutdown(wait=False, kill_workers=True)
+        for slot, idx, ov in running.values():
+            _out_dir_status(launcher, initial_job_idx + idx, ov, "interrupted (Ctrl-C); its worker was stopped",
+                            "interrupted")
+        release()  # stderr is the user's: this is a message, not a Hydra error to fold
+        print(f"kbframe: interrupted; summarise what finished with: python -m kbframe.report {sweep_dir}",
+              file=sys.stderr)
+        raise SystemExit(EXIT_INTERRUPTED) from None
+    for ex in executors:
+        if ex is not None:
+            ex.shutdown(wait=True)
+    return results
+
+
+def _out_dir_status(launcher, num: int, overrides, why: str, status: str = "failed"):
+    """``(job config, its directory, its status)`` after recording a job whose process
+    ended without recording it (killed, or stopped by the launcher) as ``status``; its
+    temporaries are removed (its lock ended with it)."""
+    cfg = launcher.hydra_context.config_loader.load_sweep_config(launcher.config, list(overrides))
+    with open_dict(cfg):
+        cfg.hydra.job.num = num
+    out_dir = Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir)
+    st = mark_killed(out_dir, {"num": num, "overrides": [str(o) for o in overrides]}, why, status)
+    try:
+        with rundir.lock(out_dir):
+            rundir.RunDir(out_dir).remove_stale()
+    except KbframeError:
+        pass
+    return cfg, out_dir, st
+
+
+def _killed(launcher, num: int, overrides, exc) -> JobReturn:
+    """Record a job whose worker process died (a signal: nothing in it could say so)."""
+    codes = re.search(r"\{([^}]*)\}", str(exc))
+    why = (f"killed by a signal: its worker process ended abruptly"
+           f"{f' (exit code {codes.group(1)})' if codes else ''}, e.g. by the OOM killer or kill -9")
+    cfg, out_dir, status = _out_dir_status(launcher, num, overrides, why)
+    release()
+    print(f"kbframe: error (job {num} [{' '.join(overrides)}]): {why}", file=sys.stderr)
+    return JobReturn(overrides=list(overrides), cfg=OmegaConf.create({}), hydra_cfg=cfg,
+                     working_dir=str(out_dir), task_name=str(cfg.hydra.job.name),
+                     status=HydraJobStatus.COMPLETED, _return_value=status)

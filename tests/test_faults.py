@@ -1,0 +1,262 @@
+"""Hostile inputs and faults that a row of docs/errors.md cannot express (issue 14): host
+memory budgets, PEs a run never uses, and (below) the run directory's faults."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from conftest import compose_cfg
+from kbframe.errors import ConfigError, InputsError
+from kbframe.run import preflight
+from kbframe.run.bench import read_inputs_file, run_bench, validate
+from kbframe.sim.engine import Engine
+from kbframe.sim.numerics import Numerics
+from kbframe.sim.oplog import OpLog
+
+
+# ---------------------------------------------------------------- class 7: host memory
+
+def test_sanitizer_memory_is_checked_before_the_run(tmp_path, monkeypatch):
+    """run.check keeps every stage and record: the dry run counts the records exactly (the
+    run's sim.events), and a machine too small for them is refused before simulating."""
+    m = run_bench(compose_cfg("bench.S_kv=1024", "bench.data=false", "run.progress=false"), tmp_path / "ok")
+    cfg = compose_cfg("bench.S_kv=1024", "bench.data=false", "run.progress=false")
+    from kbframe.sim.targets import resolve_kernel
+    from kbframe.tl.recipe import load_recipes
+    wl = validate(cfg)
+    fig = preflight.dry_run(cfg.hardware, wl, resolve_kernel(cfg.bench.kernel), load_recipes(cfg.recipes),
+                            "float16", None, count_stages=True)
+    assert fig["records"] == m["sim"]["events"] == 2 * fig["commands"] + fig["stages"]
+    monkeypatch.setattr(preflight, "physical_memory_bytes", lambda: fig["records"] * 2048 - 1)
+    with pytest.raises(ConfigError) as e:
+        run_bench(cfg, tmp_path / "small")
+    assert str(e.value) == (f"run.check=true keeps about {fig['records'] * 2048 / 2**30:.3g} GiB of host memory for "
+                            f"the sanitizer ({fig['records']} op_log records × 2048 B); this machine has "
+                            f"{(fig['records'] * 2048 - 1) / 2**30:.3g} GiB; use run.check=false or a shorter run")
+    assert not (tmp_path / "small").exists()
+    run_bench(compose_cfg("bench.S_kv=1024", "bench.data=false", "run.progress=false", "run.check=false"),
+              tmp_path / "unchecked")  # without the sanitizer nothing is kept
+
+
+def test_npz_expansion_checked_from_headers(tmp_path, monkeypatch):
+    """A compressed .npz expands a thousandfold: 64 MiB of int8 zeros are a ~64 KiB file.
+    Its headers are read (nothing decompressed) and refused beyond host memory."""
+    k = np.zeros((1 << 19, 128), np.int8)
+    np.savez_compressed(tmp_path / "z.npz", q=np.zeros((8, 128), np.int8), k=k, v=k)
+    assert (tmp_path / "z.npz").stat().st_size < 1 << 20
+    heads = preflight.npz_headers(tmp_path / "z.npz")
+    assert heads["k"] == ((1 << 19, 128), np.dtype(np.int8))
+    monkeypatch.setattr(preflight, "physical_memory_bytes", lambda: 1 << 30)
+    wl = validate(compose_cfg())
+    with pytest.raises(InputsError) as e:
+        read_inputs_file(str(tmp_path / "z.npz"), wl)
+    assert str(e.value) == (f"bench.inputs.path: '{tmp_path / 'z.npz'}' needs about 1.13 GiB of host memory to "
+                            f"load (array 'k' is (524288, 128) int8, 0.0625 GiB once expanded, then float64); this "
+                            f"machine has 1 GiB")
+    monkeypatch.setattr(preflight, "physical_memory_bytes", lambda: 2 << 30)
+    assert read_inputs_file(str(tmp_path / "z.npz"), wl)["k"].shape == (1 << 19, 128)
+
+
+def test_unused_pes_are_not_built():
+    """hardware.n_pes=100000 took 64 s and 0.94 GB building PEs a one-PE run never uses;
+    PEs are now built when first used."""
+    cfg = compose_cfg("hardware.n_pes=100000")
+    t0 = time.perf_counter()
+    eng = Engine(cfg.hardware, Numerics(), OpLog(None))
+    pe = eng.pes[7]
+    assert time.perf_counter() - t0 < 1.0
+    assert len(eng.pes) == 100000 and eng.pes.built() == [pe] and pe.index == 7
+    assert eng.pes[7] is pe and eng.pes[-1].index == 99999 and len(eng.pes.built()) == 2
+    with pytest.raises(IndexError):
+        eng.pes[100000]
+
+
+# ---------------------------------------------------------------- the run directory (kbframe.run.rundir)
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+
+from conftest import REPO, run
+from kbframe.errors import OutputError
+from kbframe.files import TEMP_MARK, read_status
+from kbframe.run.rundir import RunDir, is_locked, lock
+
+CLI = [sys.executable, "-m", "kbframe", "run.progress=false"]
+
+
+def _wait_running(proc, out_dir, timeout=60.0):
+    """Wait until ``proc`` holds ``out_dir``: its status.json says running with its pid
+    (written under the lock; polling the lock itself could take it first)."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        st = read_status(out_dir)
+        if st and st.get("pid") == proc.pid and st.get("status") == "running":
+            return
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.02)
+    raise AssertionError("the first run never started")
+
+
+def _records(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f]
+
+
+def test_two_runs_into_one_directory(tmp_path):
+    """Class 11: the second run is refused with one line while the first holds the
+    directory; the first's files are whole and its own (op_log lines = events)."""
+    out = tmp_path / "run"
+    a = subprocess.Popen([*CLI, "+bench=decode_opt2", "bench.S_kv=131072", "bench.data=false", "calibration.R=0.25",
+                          f"hydra.run.dir={out}"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _wait_running(a, out)
+    b = subprocess.run([*CLI, "+bench=decode_opt2", "bench.S_kv=16384", "calibration.R=0.0625",
+                        f"hydra.run.dir={out}"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert b.returncode == 1 and b.stdout == ""
+    assert b.stderr == (f"kbframe: error: the run directory '{out}' is in use by another kbframe run (it holds the "
+                        f"directory's lock); wait for it to end or choose another hydra.run.dir\n")
+    _, err = a.communicate(timeout=300)
+    assert a.returncode == 0, err
+    m = json.loads((out / "metrics.json").read_text())
+    assert m["calibration"]["R"] == 0.25 and m["shape"]["S_kv"] == 131072
+    assert len(_records(out / "op_log.jsonl")) == m["sim"]["events"]
+    assert read_status(out)["status"] == "ok" and read_status(out)["pid"] == a.pid
+    assert "calibration.R=0.25" in (out / ".hydra" / "overrides.yaml").read_text()  # B touched nothing
+    assert not [p for p in os.listdir(out) if TEMP_MARK in p]
+
+
+def test_lock_is_reentrant_and_exclusive(tmp_path):
+    with lock(tmp_path):
+        with lock(tmp_path):  # the CLI, the status writer and the run shell nest it
+            assert is_locked(tmp_path)
+        code = ("import sys; from kbframe.run.rundir import lock, RunDirBusy\n"
+                f"try:\n    lock({str(tmp_path)!r}).__enter__()\nexcept RunDirBusy:\n    sys.exit(3)\n")
+        assert subprocess.run([sys.executable, "-c", code]).returncode == 3
+    assert not is_locked(tmp_path)
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def _is_root() -> bool:
+    return os.geteuid() == 0
+
+
+@pytest.fixture
+def tmpfs_200k(tmp_path):
+    """A 200 KB tmpfs (root only): a disk that fills during a run."""
+    if not _is_root() or shutil.which("mount") is None:
+        pytest.skip("mounting a tmpfs needs root")
+    d = tmp_path / "full"
+    d.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=200k", "tmpfs", str(d)]).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here")
+    yield d
+    subprocess.run(["umount", str(d)])
+
+
+def test_disk_full_is_one_line_and_leaves_nothing(tmpfs_200k):
+    """Class 8: the op_log fills the disk mid-run: one line, exit 1, status.json failed
+    (never stuck at running), and none of the run's temporaries left filling the disk."""
+    out = tmpfs_200k / "run"
+    p = subprocess.run([*CLI, "+bench=decode_opt2", f"hydra.run.dir={out}"], cwd=REPO, capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 1 and "Traceback" not in p.stderr
+    assert p.stderr == f"kbframe: error: cannot write the run directory '{out}': No space left on device\n"
+    st = read_status(out)
+    assert st["status"] == "failed" and st["error_type"] == "OutputError"
+    assert sorted(os.listdir(out)) == [".hydra", "status.json"]
+
+
+def test_commit_is_all_or_nothing(tmp_path):
+    """Class 12: metrics.json cannot be replaced (chattr +i): the run says so in one line
+    and op_log.jsonl, trace.json, tensors.npz stay the earlier run's (no mix of two runs)."""
+    if not _is_root() or shutil.which("chattr") is None:
+        pytest.skip("chattr +i needs root")
+    run(tmp_path, "bench.S_kv=256", "calibration.R=0.25")
+    before = {n: (tmp_path / n).read_bytes() for n in ("metrics.json", "op_log.jsonl", "trace.json", "tensors.npz")}
+    if subprocess.run(["chattr", "+i", str(tmp_path / "metrics.json")]).returncode != 0:
+        pytest.skip("this file system has no immutable flag")
+    try:
+        with pytest.raises(OutputError) as e:
+            run(tmp_path, "bench.S_kv=256", "calibration.R=0.0625")
+    finally:
+        subprocess.run(["chattr", "-i", str(tmp_path / "metrics.json")])
+    assert str(e.value) == (f"cannot replace '{tmp_path / 'metrics.json'}' (the run's files were left as they "
+                            f"were): Operation not permitted")
+    assert {n: (tmp_path / n).read_bytes() for n in before} == before
+    assert sorted(os.listdir(tmp_path)) == sorted(before)
+
+
+def test_commit_rolls_back_when_a_new_file_cannot_move_in(tmp_path, monkeypatch):
+    """The second phase fails (the new metrics.json cannot move in): the new files go back
+    and the earlier ones return; nothing of either run is lost or mixed."""
+    rd = RunDir(tmp_path).open()
+    for n in ("metrics.json", "op_log.jsonl"):
+        (tmp_path / n).write_text(f"old {n}")
+    staged = {n: rd.temp(n) for n in ("metrics.json", "op_log.jsonl")}
+    for n, p in staged.items():
+        p.write_text(f"new {n}")
+    real = os.rename
+
+    def rename(src, dst):
+        if str(dst) == str(tmp_path / "metrics.json") and "kbframe-tmp" in str(src) and "-old" not in str(src):
+            raise PermissionError(1, "Operation not permitted", str(dst))
+        return real(src, dst)
+    monkeypatch.setattr(os, "rename", rename)
+    with pytest.raises(OutputError, match="cannot replace"):
+        rd.commit({**staged, "trace.json": None})
+    monkeypatch.setattr(os, "rename", real)
+    assert (tmp_path / "metrics.json").read_text() == "old metrics.json"
+    assert (tmp_path / "op_log.jsonl").read_text() == "old op_log.jsonl"
+    rd.__exit__(OutputError, None, None)
+    assert sorted(os.listdir(tmp_path)) == ["metrics.json", "op_log.jsonl"]
+
+
+def test_ctrl_c_while_tensors_are_written_leaves_no_temporary(tmp_path, monkeypatch):
+    """Class 13: Ctrl-C in np.savez (a large tensors.npz): the half-written temporary is
+    removed and the earlier run's files are untouched."""
+    run(tmp_path, "bench.S_kv=256")
+    before = {n: (tmp_path / n).read_bytes() for n in os.listdir(tmp_path)}
+    import kbframe.run.bench as bench
+
+    def savez_then_ctrl_c(f, **arrays):
+        f.write(b"PK\x03\x04 half an npz")
+        raise KeyboardInterrupt
+    monkeypatch.setattr(bench.np, "savez", savez_then_ctrl_c)
+    with pytest.raises(KeyboardInterrupt):
+        run(tmp_path, "bench.S_kv=256", "calibration.R=0.25")
+    assert {n: (tmp_path / n).read_bytes() for n in os.listdir(tmp_path)} == before
+
+
+def test_stale_temporaries_are_removed_by_the_next_run(tmp_path):
+    """Class 13: temporaries a killed run left (this version's names and the fixed names
+    older versions used) are removed by the next run; debug copies of a failed run are
+    removed once a run passes; other files are left alone."""
+    stale = [f".tensors.npz{TEMP_MARK}4242-deadbeef", f".trace.json{TEMP_MARK}4242-deadbeef.tmp",
+             "tensors.tmp.npz", ".metrics.json.4242.tmp", ".kbframe-write-test-4242", "trace.json.partial.tmp"]
+    for n in stale + ["op_log.jsonl.partial", "notes.txt"]:
+        (tmp_path / n).write_bytes(b"x" * 1000)
+    run(tmp_path, "bench.S_kv=64")
+    assert sorted(os.listdir(tmp_path)) == ["metrics.json", "notes.txt", "op_log.jsonl", "tensors.npz", "trace.json"]
+
+
+@pytest.mark.parametrize("sig, rc, status", [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "interrupted")])
+def test_signal_mid_run_records_the_end_and_cleans_up(tmp_path, sig, rc, status):
+    """Ctrl-C or SIGTERM at any moment of a long run: status.json records it (never stuck at
+    running), one line, and no temporary is left in the run directory."""
+    out = tmp_path / "run"
+    p = subprocess.Popen([*CLI, "+bench=decode_opt2", "bench.S_kv=131072", f"hydra.run.dir={out}"], cwd=REPO,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _wait_running(p, out)
+    time.sleep(1.0)
+    p.send_signal(sig)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == rc and "Traceback" not in err, err
+    word = "interrupted" if sig == signal.SIGINT else "terminated (SIGTERM)"
+    assert err == f"kbframe: {word}; status in {out / 'status.json'}\n"
+    assert read_status(out)["status"] == status
+    assert sorted(os.listdir(out)) == [".hydra", "status.json"]
