@@ -86,11 +86,11 @@ def test_one_item_on_one_pe_is_decode_opt2_byte_for_byte(tmp_path):
 
 
 def test_heads_on_their_own_pes_run_in_parallel(tmp_path):
-    """8 KV heads on 8 PEs (timing only) take as long as one head on one PE: the default
-    hardware gives each PE its own HBM channels."""
+    """8 KV heads on the 8 PEs of a cube (timing only) take as long as one head on one PE:
+    partitioned HBM gives each PE its own pseudo-channels."""
     one = run(tmp_path / "1", "bench.H_q=8", "bench.H_kv=1", "bench.S_kv=512", "bench.data=false",
               bench="decode_heads")
-    eight = run(tmp_path / "8", "+model=llama3_70b", "bench.S_kv=512", "bench.data=false", "hardware.n_pes=8",
+    eight = run(tmp_path / "8", "+model=llama3_70b", "bench.S_kv=512", "bench.data=false", "hardware=cube",
                 bench="decode_heads")
     assert eight["sim"]["latency_ns"] == one["sim"]["latency_ns"]
     pes = {r["pe"] for r in read_oplog(tmp_path / "8" / "op_log.jsonl")}
