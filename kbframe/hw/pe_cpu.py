@@ -75,6 +75,10 @@ class PeCpu:
         env, sched, oplog, idx = self.env, self.pe.scheduler, self.pe.oplog, self.pe.index
         glet = greenlet(program)
         req = glet.switch()
+        # what the next dispatch waits for (kbframe.sim.waits): the previous dispatch
+        # (``cpu``), the kernel's start, room made by admitting command ``ref``, or a
+        # ``tl.wait`` on command ``ref``
+        why, ref = "start", -1
         while not glet.dead:
             kind, obj = req
             if kind == "dispatch":
@@ -82,7 +86,8 @@ class PeCpu:
                     ev = env.event()
                     sched.room_waiters.append(ev)
                     self.waiting_for = f"room in PE_SCHEDULER's queue for command {obj.id}"
-                    yield ev
+                    ref = yield ev
+                    why = "room"
                 cost = self._cost_cache.get(obj.logical_bytes)
                 if cost is None:
                     cycles = self.cost_cycles(obj)
@@ -94,7 +99,8 @@ class PeCpu:
                 self.n_commands += 1
                 self.cycles += cycles
                 self.busy_ps += dt
-                oplog.dispatch(idx, obj, t0, env.now)
+                oplog.dispatch(idx, obj, t0, env.now, why, ref)
+                why, ref = "cpu", -1
                 sched.submit(obj)
                 if self.progress is not None:
                     self.progress(obj)
@@ -105,6 +111,7 @@ class PeCpu:
                     obj.on_done(lambda _c, ev=ev: ev.succeed())
                     yield ev
                     self.waiting_for = None
+                    why, ref = "wait", obj.cmd_id
             req = glet.switch()
         self.finished = True
         self.t_end_ps = env.now

@@ -27,11 +27,12 @@ def _overlap(xs, ys) -> bool:
 
 
 class _InFlight:
-    __slots__ = ("cmd", "remaining", "reads", "writes", "touched", "t_admit")
+    __slots__ = ("cmd", "remaining", "reads", "writes", "touched", "t_admit", "why", "ref")
 
-    def __init__(self, cmd, remaining, reads, writes, t_admit):
+    def __init__(self, cmd, remaining, reads, writes, t_admit, why, ref):
         self.cmd, self.remaining, self.reads, self.writes, self.t_admit = cmd, remaining, reads, writes, t_admit
         self.touched = reads + writes  # what a later writer must not overlap (WAR and WAW)
+        self.why, self.ref = why, ref  # what its admission waited for (kbframe.sim.waits)
 
 
 class PeScheduler:
@@ -80,7 +81,14 @@ class PeScheduler:
                 return rec.cmd.completion
         return None
 
-    def _admit(self) -> None:
+    def _admit(self, why: str = "dispatch", ref: int = -1) -> None:
+        """Admit queued commands in order while none is blocked. ``why``/``ref``: what the
+        first admitted command waited for (kbframe.sim.waits): its own ``dispatch`` (called
+        from :meth:`submit`) or, after a blocker completed, the ``hazard`` on command
+        ``ref``; the commands admitted behind it in the same call waited in ``fifo`` order
+        behind the one before them. A PE_CPU waiting for room learns which admission made
+        it (the event's value: that command's id)."""
+        first = -1
         while self.queue:
             cmd = self.queue[0]
             head = self._head
@@ -96,24 +104,27 @@ class PeScheduler:
                 return
             self._head = None
             self.queue.popleft()
-            self._start(cmd, reads, writes)
+            self._start(cmd, reads, writes, why, cmd.id if why == "dispatch" else ref)
+            why, ref = "fifo", cmd.id
+            if first < 0:
+                first = cmd.id
         if self.room_waiters:
             waiters, self.room_waiters = self.room_waiters, []
             for ev in waiters:
-                ev.succeed()
+                ev.succeed(first)
 
-    def _unblock(self, _completion) -> None:
+    def _unblock(self, completion) -> None:
         self.blocked_on = None
-        self._admit()
+        self._admit("hazard", completion.cmd_id)
 
-    def _start(self, cmd, reads, writes) -> None:
+    def _start(self, cmd, reads, writes, why: str, ref: int) -> None:
         plans = self._plans
         if plans is None:
             stages = plan_stages(cmd, self.pe.stage_units, self.pe.numerics)
         else:
             stages = plans.stages(cmd, self.pe.stage_units, self.pe.numerics)
         self.n_commands += 1
-        self.inflight[cmd.id] = _InFlight(cmd, len(stages), reads, writes, self.env.now)
+        self.inflight[cmd.id] = _InFlight(cmd, len(stages), reads, writes, self.env.now, why, ref)
         if self.record is not None:
             self.record.append((cmd, stages))
         if not stages:
@@ -128,9 +139,11 @@ class PeScheduler:
         if stage.effect is not None:
             stage.effect()
         self.pe.oplog.stage(self.pe.index, stage)
+        seq = stage.seq
         for s in stage.succs:
             s.deps -= 1
             if s.deps == 0:
+                s.ready_by = seq
                 s.unit.submit(s)
 
     def _stage_done(self, stage) -> None:
@@ -143,5 +156,5 @@ class PeScheduler:
     def _complete(self, cmd) -> None:
         rec = self.inflight.pop(cmd.id)
         now = self.env.now
-        self.pe.oplog.command(self.pe.index, cmd, rec.t_admit, now)
+        self.pe.oplog.command(self.pe.index, cmd, rec.t_admit, now, rec.why, rec.ref)
         cmd.completion.fire(now)
