@@ -101,17 +101,22 @@ class PeScheduler:
                 self.blocked_on = (cmd, blocker)
                 self._head = (cmd, reads, writes)
                 blocker.on_done(self._unblock)
-                return
+                break
             self._head = None
             self.queue.popleft()
             self._start(cmd, reads, writes, why, cmd.id if why == "dispatch" else ref)
             why, ref = "fifo", cmd.id
             if first < 0:
                 first = cmd.id
-        if self.room_waiters:
+        self._wake(first)
+
+    def _wake(self, admitted: int) -> None:
+        """PE_CPU waits for room and command ``admitted`` (-1: none) was just admitted:
+        there is room now, so it resumes at once (not only once the queue has drained)."""
+        if admitted >= 0 and self.room_waiters:
             waiters, self.room_waiters = self.room_waiters, []
             for ev in waiters:
-                ev.succeed(first)
+                ev.succeed(admitted)
 
     def _unblock(self, completion) -> None:
         self.blocked_on = None

@@ -132,3 +132,26 @@ def test_head_of_line_blocking_is_strict_fifo(tmp_path, rng):
     a_end = _span(log, 2)[1]
     assert _dispatched(log, 4) < a_end
     assert min(r["t_start_ns"] for r in _by_cmd(log)[4]) >= a_end
+
+
+def test_pe_cpu_resumes_as_soon_as_the_queue_has_room(tmp_path, rng):
+    """A queue of 2: A waits for the load of v, B for A, so C's dispatch waits for room.
+    When the load completes, A is admitted and B alone stays queued: there is room, and
+    PE_CPU resumes then (issue 13), not once the queue has fully drained (A's end)."""
+    t = _tensors(rng)
+
+    def kern(tl):
+        v = tl.load(tl.ref("v"))                                           # cmd 1: 16 KiB
+        y = tl.composite(op="gemm", a=tl.ref("x"), b=v)                    # cmd 2: A reads v
+        tl.composite(op="gemm", a=y, b=tl.ref("w"))                        # cmd 3: B reads y
+        tl.composite(op="gemm", a=tl.ref("x"), b=tl.ref("v2"))             # cmd 4: C
+
+    sim = Sim(tmp_path, t, data=False, overrides=["hardware.units.scheduler.max_queued_commands=2"])
+    log = sim.run(kern)
+    (c,) = [r for r in log if r["unit"] == "cpu" and r["cmd"] == 4]
+    load_end, a_end = _span(log, 1)[1], _span(log, 2)[1]
+    assert c["t_start_ns"] == load_end == _span(log, 2)[0] < a_end
+    # what the dispatch waited for, as the critical path reads it: room made by admitting A
+    rows = sim.oplog.waits.rows()
+    (w,) = [r for r in rows if r[1] == "cpu" and r[3] == 4]
+    assert (w[7], w[8]) == ("room", 2)
