@@ -17,11 +17,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from greenlet import greenlet
+
 from hydra import compose, initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
+from kbframe.ir.protocol import Dispatch, requests
 from kbframe.run import schema
 from kbframe.run.bench import run_bench
 from kbframe.sim.engine import Engine
@@ -111,12 +112,9 @@ def emit(kernel, tmp_path, tensors=None, **kw) -> tuple[list, Sim]:
     """
     sim = Sim(tmp_path, tensors or {}, data=False, **kw)
     cmds = []
-    g = greenlet(lambda: kernel(sim.tl))
-    req = g.switch()
-    while not g.dead:
-        if req[0] == "dispatch":
-            cmds.append(req[1])
-        req = g.switch()
+    for req in requests(lambda: kernel(sim.tl)):
+        if type(req) is Dispatch:
+            cmds.append(req.cmd)
     sim.oplog.close()
     return cmds, sim
 

@@ -70,6 +70,8 @@ def key_metrics(metrics: dict) -> dict:
         v = _get(metrics, k)
         out[k] = float(f"{v:.2g}") if (k in ERR_KEYS and v is not None) else _round(v)
     for unit, u in sorted(metrics["units"].items()):
+        if unit == "scheduler":  # PE_SCHEDULER runs no stages: its count is dispatch.commands
+            continue
         for f in ("busy_ns", "count", "bytes"):
             out[f"units.{unit}.{f}"] = _round(u[f])
     return out

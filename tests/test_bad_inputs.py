@@ -71,6 +71,7 @@ def make_files(tmp: Path) -> None:
     k_nan[7, 3] = np.nan
     np.savez(tmp / "nan.npz", q=q, k=k_nan, v=v)
     np.savez(tmp / "scale2.npz", q=q, k=k, v=v, scale=np.array([0.1, 0.2]))
+    np.savez(tmp / "masked.npz", q=q, k=k, v=v, mask=np.ones((4, 50), bool))
     big = q.copy()
     big[1, 2] = 1e5
     np.savez(tmp / "big.npz", q=big, k=k, v=v)

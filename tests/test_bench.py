@@ -5,7 +5,8 @@ import math
 import numpy as np
 import pytest
 
-from kbframe.run.bench import load_inputs, make_inputs, reference
+from kbframe.run.bench import read_inputs_file
+from kbframe.workloads.gqa_decode import GqaDecode, reference
 from kbframe.errors import ConfigError, InputsError, TcmOverflowError
 
 from conftest import compose_cfg, load_out, read_oplog, ref64, run
@@ -98,6 +99,18 @@ def test_ddd0065_s10_determinism_identical_runs_identical_op_log(tmp_path, bench
     np.testing.assert_array_equal(ta["out"], tb["out"])
 
 
+def load_inputs(path, **keys):
+    """An inputs file through the run shell's reader and GqaDecode (the default bench's shapes)."""
+    wl = GqaDecode(compose_cfg(*[f"bench.{k}={v}" for k, v in keys.items()]).bench)
+    arrays = read_inputs_file(path, wl)
+    arrays.pop("__shape__")
+    return wl.accept_file(arrays, path)
+
+
+def make_inputs(b):
+    return GqaDecode(b).generate(np.random.default_rng(b.seed))
+
+
 def test_reference_matches_independent_float64():
     r = np.random.default_rng(2)
     q, k, v = r.standard_normal((8, 32)) * 30, r.standard_normal((50, 32)), r.standard_normal((50, 32))
@@ -113,9 +126,14 @@ def test_generated_inputs_score_spread_is_peak(peak):
     assert s.std() == pytest.approx(peak, rel=0.1)
 
 
-def test_load_inputs_ignores_extra_arrays_and_reads_scale(tmp_path):
+def test_load_inputs_refuses_unknown_arrays_and_reads_scale(tmp_path):
     p = tmp_path / "x.npz"
-    np.savez(p, q=np.ones((2, 4), np.float32), k=np.ones((3, 4)), v=np.ones((3, 4)), scale=np.array(0.25), z=1)
+    np.savez(p, q=np.ones((2, 4), np.float32), k=np.ones((3, 4)), v=np.ones((3, 4)), scale=np.array(0.25), mask=1)
+    with pytest.raises(InputsError) as e:
+        load_inputs(str(p))
+    assert str(e.value) == (f"bench.inputs.path: '{p}' has array(s) ['mask'] that workload GqaDecode does not "
+                            f"read (it reads q, k, v, scale); remove them")
+    np.savez(p, q=np.ones((2, 4), np.float32), k=np.ones((3, 4)), v=np.ones((3, 4)), scale=np.array(0.25))
     inp = load_inputs(str(p))
     assert set(inp) == {"q", "k", "v", "scale"} and inp["scale"] == 0.25
     assert inp["q"].dtype == np.float64 and inp["q"].shape == (2, 4)
@@ -215,15 +233,15 @@ def test_timing_only_run_makes_no_numbers(tmp_path):
 # ---- preflight.check_inputs_fit: input and score ranges ----------------------------------------
 def test_inputs_fit_scores_checked_exactly_when_the_bound_does_not_fit():
     from kbframe.errors import NumericsError
-    from kbframe.run.preflight import check_inputs_fit
     q = np.array([[1e19, 0.0]])
     k = np.array([[0.0, 1e20], [1e19, 0.0]])
     # Σ|q|·max|k| = 1e39 is over float32's 3.4e38, but |q|·|k|ᵀ peaks at 1e38: accepted
-    check_inputs_fit("float32", {"q": q, "k": k, "v": k}, 1.0)
+    wl = GqaDecode(compose_cfg().bench)
+    wl.check_inputs("float32", {"q": q, "k": k, "v": k, "scale": 1.0})
     k[1, 0] = 1e20  # now a score reaches 1e39
     with pytest.raises(NumericsError, match=r"^scores q·kᵀ·scale reach \|s\| ≈ 1e\+39, beyond the accumulator's "
                                             r"largest value 3\.40282e\+38; use smaller inputs or bench\.scale$"):
-        check_inputs_fit("float32", {"q": q, "k": k, "v": k}, 1.0)
+        wl.check_inputs("float32", {"q": q, "k": k, "v": k, "scale": 1.0})
 
 
 def test_inputs_fit_names_the_input_beyond_the_data_dtype():
@@ -232,7 +250,7 @@ def test_inputs_fit_names_the_input_beyond_the_data_dtype():
     v = np.array([[1.0, -70000.0]])
     with pytest.raises(NumericsError, match=r"^bench\.data_dtype=float16: input 'v' has \|x\| up to 70000, beyond "
                                             r"float16's largest value 65504 "):
-        check_inputs_fit("float16", {"q": np.ones((1, 2)), "k": np.ones((1, 2)), "v": v}, 1.0)
+        check_inputs_fit("float16", {"q": np.ones((1, 2)), "k": np.ones((1, 2)), "v": v})
 
 
 def test_make_inputs_draws_the_same_stream_in_chunks():

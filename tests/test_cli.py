@@ -23,7 +23,7 @@ BAD_RECIPE = textwrap.dedent("""\
       - {op: copy, src: x, dst: y}
       - {op: softmax, src: x, dst: y}
     """)
-KNOWN = "add, copy, div_bcast, exp_diff, fill, fma, max_elem, mul_bcast, rmax, rsum, scale"
+KNOWN = "add, bias, clamp, copy, dequant, div_bcast, exp_diff, fill, fma, gelu, max_elem, mul_bcast, relu, rmax, rmean, rsqrt, rsum, scale, sigmoid"
 
 
 def _cases(tmp):
@@ -42,8 +42,8 @@ def _cases(tmp):
                   "be converted to Float"),
         "typo": (o3 + ["+calibration.typo=1"],
                  "kbframe: error: unknown key 'calibration.typo' (known: FIXED, R, cap_bytes)"),
-        "bench_nope": (["+bench=nope"], "kbframe: error: unknown bench 'nope' (available: decode_opt2, decode_opt3)"),
-        "no_bench": ([], "kbframe: error: no bench selected; add +bench=NAME (available: decode_opt2, decode_opt3)"),
+        "bench_nope": (["+bench=nope"], "kbframe: error: unknown bench 'nope' (available: decode_opt2, decode_opt3, gemm_load_load, gemm_load_ref, gemm_ref_ref, rmsnorm_linear)"),
+        "no_bench": ([], "kbframe: error: no bench selected; add +bench=NAME (available: decode_opt2, decode_opt3, gemm_load_load, gemm_load_ref, gemm_ref_ref, rmsnorm_linear)"),
         "tile0": (o3 + ["bench.tile=0"], "kbframe: error: bench.tile must be ≥ 1, got 0"),
         "skv0": (o3 + ["bench.S_kv=0"], "kbframe: error: bench.S_kv must be ≥ 1, got 0"),
         "missing_file": (o3 + [f"bench.inputs.path={tmp}/nope.npz"],
@@ -129,8 +129,8 @@ def test_cli_default_run(results, name, bench):
         assert z["out"].shape == (8, 128) and z["k"].shape == (4096, 128)
         assert np.abs(z["out"] - z["ref"]).max() <= 1e-5
     # the summary: shapes, latency, dispatch per tile, binding and fraction, error, file location
-    assert f"kbframe {bench}: G=8 d=128 S_kv=4096 tile=64 (64 tiles)" in so
-    for word in ("latency", f"{m['sim']['latency_ns']:.1f} ns", "per tile",
+    assert f"kbframe {bench}: G=8 d=128 S_kv=4096 tile=64 (64 KV tiles)" in so
+    for word in ("latency", f"{m['sim']['latency_ns']:.1f} ns", "per KV tile",
                  f"{m['dispatch']['commands_per_tile']:.2f}", f"binding: {m['roofline']['binding']}",
                  f"critical    {m['critical_path']['binding']}: {m['critical_path']['period_ns']:g} ns per KV tile",
                  "max_abs_err", str(run_dir)):

@@ -70,7 +70,7 @@ def test_ddd0065_s10_repeated_handle_costs_exactly_32_bytes_more():
 
 def test_composite_has_no_head_or_epilogue_fields():
     names = {f.name for f in dataclasses.fields(CompositeCmd)}
-    assert names == {"completion", "ops", "rw_handles", "data_op"}
+    assert names == {"completion", "ops", "rw_handles"}
     assert {f.name for f in dataclasses.fields(OpSpec)} == {"kind", "scope", "operands", "extra", "out"}
     assert [s.name for s in Scope] == ["KERNEL", "K_TILE", "OUTPUT_TILE"]
 

@@ -54,10 +54,10 @@ def test_hook_is_off_unless_enabled_and_detached_after(tmp_path, monkeypatch):
     cpu = Cpu()
     k = type("H", (), {"buf": "hbm.k"})()
     monkeypatch.setattr(sys, "stdout", io.StringIO())
-    with progress.attach(cpu, True, k, 640, 64) as p:
+    with progress.attach(cpu, True, k, 10, 64) as p:
         assert p is None and cpu.progress is None
     monkeypatch.setattr(sys, "stdout", Tty())
-    with progress.attach(cpu, True, k, 640, 64, file=Tty()) as p:
+    with progress.attach(cpu, True, k, 10, 64, file=Tty()) as p:
         assert cpu.progress is p is not None
     assert cpu.progress is None and p.bar.n == p.total == 10
 

@@ -8,7 +8,7 @@ import re
 
 import numpy as np
 import pytest
-from greenlet import greenlet
+from kbframe.ir.protocol import Dispatch, requests
 
 from conftest import Sim, run
 from kbframe.sim import sanitizer
@@ -121,17 +121,12 @@ def _parallel_run(self, program):
         oplog.dispatch(idx, cmd, t0, env.now)
         sched.submit(cmd)
 
-    glet = greenlet(program)
-    req = glet.switch()
-    while not glet.dead:
-        kind, obj = req
-        if kind == "dispatch":
-            pending.append(env.process(one(obj, env.now)))
+    for req in requests(program):
+        if type(req) is Dispatch:
+            pending.append(env.process(one(req.cmd, env.now)))
             yield env.timeout(1)
-        req = glet.switch()
     yield env.all_of(pending)
     self.finished = True
-    self.t_end_ps = env.now
 
 
 def test_cpu_dispatch_serial(tmp_path, monkeypatch):

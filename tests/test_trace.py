@@ -9,7 +9,7 @@ import pytest
 
 from kbframe.run.bench import summary
 from kbframe.errors import NumericsError
-from kbframe.report.trace import _OPLOG_LINE, UNIT_TRACKS, write_trace
+from kbframe.report.trace import _OPLOG_LINE, tracks_from_units, write_trace
 from kbframe.report.trace import main as trace_main
 
 from conftest import REPO, compose_cfg, read_oplog, run
@@ -51,11 +51,21 @@ def test_trace_loads_and_every_event_has_its_fields(opt2_run):
             assert FLOW_FIELDS <= ev.keys(), ev
 
 
+#: the default hardware's tracks: op_log unit → track name (the labels its units declare)
+TRACKS = {"cpu": "PE_CPU dispatch", "scheduler": "PE_SCHEDULER", "dma_read": "DMA read",
+          "dma_write": "DMA write", "gemm": "GEMM", "math": "MATH"}
+
+
+def test_tracks_come_from_the_units_labels(opt2_run):
+    d, _, _ = opt2_run
+    assert tracks_from_units(json.loads((d / "metrics.json").read_text())["units"]) == TRACKS
+
+
 def test_slice_counts_per_unit_equal_the_op_log(opt2_run):
     _, trace, log = opt2_run
     slices = Counter(ev["cat"] for ev in trace["traceEvents"] if ev["ph"] == "X")
     assert slices == Counter(r["unit"] for r in log)
-    assert set(slices) == set(UNIT_TRACKS)  # cpu, scheduler, dma_read, dma_write, gemm, math
+    assert set(slices) == set(TRACKS)  # cpu, scheduler, dma_read, dma_write, gemm, math
 
 
 def test_slices_are_the_op_log_records_in_microseconds(opt2_run):
@@ -76,12 +86,12 @@ def test_one_process_per_pe_and_named_tracks_per_unit(opt2_run):
     procs = {ev["pid"]: ev["args"]["name"] for ev in meta if ev["name"] == "process_name"}
     assert procs == {0: "PE0"}
     threads = {ev["tid"]: ev["args"]["name"] for ev in meta if ev["name"] == "thread_name"}
-    assert {name for name, _ in UNIT_TRACKS.values()} <= set(threads.values())
+    assert set(TRACKS.values()) <= set(threads.values())
     # every slice sits on a named track of a named process, and the track belongs to its unit
     for ev in trace["traceEvents"]:
         if ev["ph"] == "X":
             assert ev["pid"] in procs and ev["tid"] in threads
-            assert threads[ev["tid"]].startswith(UNIT_TRACKS[ev["cat"]][0])
+            assert threads[ev["tid"]].startswith(TRACKS[ev["cat"]])
 
 
 def test_slices_on_one_track_never_partly_overlap(opt2_run):
@@ -134,7 +144,7 @@ def test_write_trace_names_a_malformed_line(tmp_path):
 
 def test_trace_of_a_ragged_opt3_run_is_consistent(tmp_path):
     run(tmp_path, "bench.S_kv=130", "bench.data=false", bench="decode_opt3")
-    info = write_trace(tmp_path / "op_log.jsonl", tmp_path / "again.json")
+    info = write_trace(tmp_path / "op_log.jsonl", tmp_path / "again.json", TRACKS)
     # a rebuild from the op_log alone is the run's trace less the critical-path flags
     ran = (tmp_path / "trace.json").read_bytes()
     assert b',"critical":true' in ran
@@ -156,7 +166,7 @@ def test_trace_is_byte_identical_to_the_golden(tmp_path):
     no spaces, missing ``tile``/``bytes``, escapes and non-ASCII names, an exponent, an
     integer time, a blank and an indented line, sub-µs and 10¹² ns times, an unknown unit.
     The trace must not move by a byte."""
-    info = write_trace(GOLDEN / "op_log.jsonl", tmp_path / "trace.json")
+    info = write_trace(GOLDEN / "op_log.jsonl", tmp_path / "trace.json", TRACKS)
     assert (tmp_path / "trace.json").read_bytes() == (GOLDEN / "trace.json").read_bytes()
     assert info["flows"] == 15 and info["lanes"]["scheduler@PE0"] == 3 and info["lanes"]["ipcq@PE1"] == 2
     assert info["slices"] == {"cpu": 14, "math": 35, "scheduler": 15, "dma_read": 8, "gemm": 7, "dma_write": 1,
@@ -178,7 +188,7 @@ def test_kbframe_layout_and_any_json_layout_give_the_same_trace(opt2_run, tmp_pa
     other = tmp_path / "op_log.jsonl"
     other.write_text("".join(json.dumps(dict(reversed(r.items())), separators=(",", ":")) + "\n" for r in log))
     assert not _OPLOG_LINE.fullmatch(other.read_text().splitlines(keepends=True)[0])
-    write_trace(other, tmp_path / "trace.json")
+    write_trace(other, tmp_path / "trace.json", TRACKS)
     assert (tmp_path / "trace.json").read_bytes() == _plain((d / "trace.json").read_bytes())
 
 

@@ -31,6 +31,16 @@ def _available_benches() -> list[str]:
     return sorted(p.stem for p in conf.glob("*.yaml"))
 
 
+def _explicit_keys(overrides) -> set:
+    """Config keys the user set on the command line (``bench.G=8``, ``++bench.G=8``)."""
+    keys = set()
+    for ov in overrides:
+        key = str(ov).split("=", 1)[0].lstrip("+~")
+        if "=" in str(ov) and not key.startswith("hydra"):
+            keys.add(key)
+    return keys
+
+
 @hydra.main(version_base="1.3", config_path="pkg://kbframe.conf", config_name="config")
 def _hydra_main(cfg: DictConfig) -> dict:
     hydra_errors.release()  # Hydra composed the config: stderr is ours again
@@ -41,7 +51,7 @@ def _hydra_main(cfg: DictConfig) -> dict:
         if "bench" not in cfg:
             raise ConfigError(f"no bench selected; add +bench=NAME "
                               f"(available: {', '.join(_available_benches())})")
-        metrics = run_bench(cfg, out_dir)
+        metrics = run_bench(cfg, out_dir, _explicit_keys(HydraConfig.get().overrides.task))
     if job.ok:
         try:  # the run is done and recorded ok; a closed pipe (`| head`) must not fail it
             print(summary(metrics, out_dir), flush=True)
@@ -53,7 +63,11 @@ def _hydra_main(cfg: DictConfig) -> dict:
 def main() -> None:
     """``python -m kbframe`` / the ``kbframe`` script: Hydra's main, with Hydra's own
     composition errors (unknown bench, wrong type ...) folded into one line
-    (kbframe.cli.hydra_errors)."""
+    (kbframe.cli.hydra_errors). ``--help`` / ``-h`` prints kbframe's own help (kbframe.cli.help)."""
+    if any(a in ("--help", "-h") for a in sys.argv[1:]):
+        from .help import text
+        print(text())
+        return
     hydra_errors.run(_hydra_main)
 
 

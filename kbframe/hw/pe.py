@@ -1,37 +1,56 @@
-"""A processing element: PE_CPU, PE_SCHEDULER, TCM and the stage units, bound together."""
+"""A processing element: its units, bound together and found by the roles they serve."""
 from __future__ import annotations
 
 from ..errors import ConfigError
+from .unit import Unit
 
-REQUIRED_UNITS = ("cpu", "scheduler", "tcm", "dma_read", "dma_write", "gemm", "math")
+#: roles every PE needs a unit for (kbframe.hw.unit module doc)
+REQUIRED_ROLES = ("dispatch", "admission", "tcm", "dma_read", "dma_write", "gemm", "math")
 
 
 class PE:
     """One PE built from its units (instantiated from ``hardware.units``).
 
+    Attributes:
+        units: every unit by its config name, in config order.
+        by_role: the unit serving each role (the planner's view).
+        stage_units: the units that execute stages (:class:`~kbframe.hw.unit.Unit`), by name.
+        cpu / scheduler / tcm: the units serving ``dispatch`` / ``admission`` / ``tcm``.
+
     Args:
         env: the shared SimPy environment.
         index: PE number.
-        units: unit objects by port name; must hold every name in ``REQUIRED_UNITS``.
+        units: unit objects by config name.
         numerics: the run's :class:`~kbframe.sim.numerics.Numerics`.
         oplog: the run's :class:`~kbframe.sim.oplog.OpLog`.
     Raises:
-        ConfigError: a required unit is missing.
+        ConfigError: a required role has no unit, or two units claim one role.
     """
 
     def __init__(self, env, index: int, units: dict, numerics, oplog):
-        missing = [u for u in REQUIRED_UNITS if u not in units]
-        if missing:
-            raise ConfigError(f"hardware.units is missing {missing} (a PE needs {list(REQUIRED_UNITS)})")
         self.env, self.index, self.numerics, self.oplog = env, index, numerics, oplog
-        units = dict(units)
-        self.cpu = units.pop("cpu")
-        self.scheduler = units.pop("scheduler")
-        self.tcm = units.pop("tcm")
-        self.stage_units = units
-        for name, unit in units.items():
+        self.units = dict(units)
+        self.by_role = {}
+        for name, unit in self.units.items():
             unit.name = name
+            for role in unit.roles:
+                if role in self.by_role:
+                    raise ConfigError(f"hardware.units.{name} and hardware.units.{self.by_role[role].name} "
+                                      f"both serve role '{role}' (one unit per role)")
+                self.by_role[role] = unit
+        missing = [r for r in REQUIRED_ROLES if r not in self.by_role]
+        if missing:
+            raise ConfigError(f"hardware.units: no unit serves role(s) {missing} (a PE needs a unit for each of "
+                              f"{list(REQUIRED_ROLES)}; a unit declares its roles, e.g. roles: [dma_read])")
+        self.cpu = self.by_role["dispatch"]
+        self.scheduler = self.by_role["admission"]
+        self.tcm = self.by_role["tcm"]
+        self.stage_units = {name: u for name, u in self.units.items() if isinstance(u, Unit)}
         self.tcm.pe_index = index
         self.tcm.now = lambda: env.now
         self.cpu.bind(self)
         self.scheduler.bind(self)
+
+    def units_serving(self, *roles: str) -> list:
+        """The stage units serving any of ``roles``, in config order."""
+        return [u for u in self.stage_units.values() if any(r in u.roles for r in roles)]

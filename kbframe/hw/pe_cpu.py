@@ -8,14 +8,14 @@ notes); read-after-write ordering between commands is the scheduler's job.
 """
 from __future__ import annotations
 
-from greenlet import greenlet
-
 from ..errors import ValidationError
+from ..ir.protocol import Dispatch, requests
 from ..timebase import cycles_to_ps
 from .params import at_least_one, non_negative, positive
+from .unit import PeUnit
 
 
-class PeCpu:
+class PeCpu(PeUnit):
     """PE_CPU of one PE.
 
     Args:
@@ -27,13 +27,16 @@ class PeCpu:
         ValueError: a negative cost term, non-positive cap or clock.
     """
 
+    roles = ("dispatch",)
+    label = "PE_CPU"
+
     def __init__(self, fixed_cycles: float, r_cycles_per_byte: float, composite_cap_bytes: int,
-                 clock_ghz: float, description: str = ""):
+                 clock_ghz: float, description: str = "", roles=None, label=None):
+        super().__init__(description, roles, label)
         non_negative("fixed_cycles", fixed_cycles)
         non_negative("r_cycles_per_byte", r_cycles_per_byte)
         at_least_one("composite_cap_bytes", composite_cap_bytes)
         positive("clock_ghz", clock_ghz)
-        self.description = description
         self.fixed_cycles = float(fixed_cycles)
         self.r_cycles_per_byte = float(r_cycles_per_byte)
         self.composite_cap_bytes = int(composite_cap_bytes)
@@ -44,8 +47,6 @@ class PeCpu:
         self.busy_ps = 0
         self.waiting_for = None
         self.finished = False
-        self.t_end_ps = 0
-        self.proc = None
         self.progress = None  # optional callable(cmd) after each dispatch (kbframe.run.progress)
         self._cost_cache: dict = {}  # logical_bytes -> (cycles, ps): commands repeat a few sizes
 
@@ -69,19 +70,17 @@ class PeCpu:
 
     def start(self, program) -> None:
         """Run ``program()`` (a kernel bound to its tl context) as this PE's kernel."""
-        self.proc = self.env.process(self._run(program))
+        self.env.process(self._run(program))
 
     def _run(self, program):
         env, sched, oplog, idx = self.env, self.pe.scheduler, self.pe.oplog, self.pe.index
-        glet = greenlet(program)
-        req = glet.switch()
         # what the next dispatch waits for (kbframe.sim.waits): the previous dispatch
         # (``cpu``), the kernel's start, room made by admitting command ``ref``, or a
         # ``tl.wait`` on command ``ref``
         why, ref = "start", -1
-        while not glet.dead:
-            kind, obj = req
-            if kind == "dispatch":
+        for req in requests(program):
+            if type(req) is Dispatch:
+                obj = req.cmd
                 while not sched.has_room():
                     ev = env.event()
                     sched.room_waiters.append(ev)
@@ -104,7 +103,8 @@ class PeCpu:
                 sched.submit(obj)
                 if self.progress is not None:
                     self.progress(obj)
-            elif kind == "wait":
+            else:  # Wait
+                obj = req.completion
                 if not obj.done:
                     ev = env.event()
                     self.waiting_for = repr(obj)
@@ -112,6 +112,4 @@ class PeCpu:
                     yield ev
                     self.waiting_for = None
                     why, ref = "wait", obj.cmd_id
-            req = glet.switch()
         self.finished = True
-        self.t_end_ps = env.now

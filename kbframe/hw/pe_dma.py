@@ -25,9 +25,11 @@ class DmaChannel(Unit):
         ValueError: a non-positive bandwidth or outstanding count, or negative latency.
     """
 
+    label = "DMA"  # a channel's role (dma_read or dma_write) comes from its config entry
+
     def __init__(self, bandwidth_gbps: float, setup_latency_ns: float, max_outstanding: int = 4,
-                 description: str = ""):
-        super().__init__(description)
+                 description: str = "", roles=None, label=None):
+        super().__init__(description, roles, label)
         positive("bandwidth_gbps", bandwidth_gbps)
         non_negative("setup_latency_ns", setup_latency_ns)
         at_least_one("max_outstanding", max_outstanding)

@@ -20,9 +20,13 @@ class GemmUnit(Unit):
         ValueError: a non-positive rate or tile size.
     """
 
+    roles = ("gemm",)
+    label = "GEMM"
+
     def __init__(self, peak_tflops: float, operand_read_gbps: float, pipeline_latency_ns: float = 0.0,
-                 tile_m: int = 128, tile_n: int = 128, tile_k: int = 128, description: str = ""):
-        super().__init__(description)
+                 tile_m: int = 128, tile_n: int = 128, tile_k: int = 128, description: str = "",
+                 roles=None, label=None):
+        super().__init__(description, roles, label)
         positive("peak_tflops", peak_tflops)
         positive("operand_read_gbps", operand_read_gbps)
         non_negative("pipeline_latency_ns", pipeline_latency_ns)

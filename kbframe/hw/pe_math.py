@@ -18,8 +18,11 @@ class MathUnit(Unit):
         ValueError: non-positive width or clock.
     """
 
-    def __init__(self, vector_width: int, clock_ghz: float, description: str = ""):
-        super().__init__(description)
+    roles = ("math",)
+    label = "MATH"
+
+    def __init__(self, vector_width: int, clock_ghz: float, description: str = "", roles=None, label=None):
+        super().__init__(description, roles, label)
         at_least_one("vector_width", vector_width)
         positive("clock_ghz", clock_ghz)
         self.vector_width = int(vector_width)

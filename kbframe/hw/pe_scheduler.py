@@ -16,6 +16,7 @@ from collections import deque
 from ..ir.commands import hazard_ranges
 from .params import at_least_one
 from .tiling import PlanCache, plan_stages
+from .unit import PeUnit
 
 
 def _overlap(xs, ys) -> bool:
@@ -35,7 +36,7 @@ class _InFlight:
         self.why, self.ref = why, ref  # what its admission waited for (kbframe.sim.waits)
 
 
-class PeScheduler:
+class PeScheduler(PeUnit):
     """PE_SCHEDULER of one PE.
 
     Args:
@@ -44,9 +45,12 @@ class PeScheduler:
         ValueError: ``max_queued_commands`` < 1.
     """
 
-    def __init__(self, max_queued_commands: int = 64, description: str = ""):
+    roles = ("admission",)
+    label = "PE_SCHEDULER"
+
+    def __init__(self, max_queued_commands: int = 64, description: str = "", roles=None, label=None):
+        super().__init__(description, roles, label)
         at_least_one("max_queued_commands", max_queued_commands)
-        self.description = description
         self.max_queued = int(max_queued_commands)
         self.queue: deque = deque()
         self.inflight: dict[int, _InFlight] = {}
@@ -125,9 +129,9 @@ class PeScheduler:
     def _start(self, cmd, reads, writes, why: str, ref: int) -> None:
         plans = self._plans
         if plans is None:
-            stages = plan_stages(cmd, self.pe.stage_units, self.pe.numerics)
+            stages = plan_stages(cmd, self.pe.by_role, self.pe.numerics)
         else:
-            stages = plans.stages(cmd, self.pe.stage_units, self.pe.numerics)
+            stages = plans.stages(cmd, self.pe.by_role, self.pe.numerics)
         self.n_commands += 1
         self.inflight[cmd.id] = _InFlight(cmd, len(stages), reads, writes, self.env.now, why, ref)
         if self.record is not None:

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from ..errors import TcmOverflowError
 from .params import at_least_one, positive
+from .unit import PeUnit
 
 
-class Tcm:
+class Tcm(PeUnit):
     """TCM of one PE.
 
     Args:
@@ -22,13 +23,16 @@ class Tcm:
         ValueError: non-positive capacity, bandwidth or alignment.
     """
 
+    roles = ("tcm",)
+    label = "TCM"
+
     def __init__(self, capacity_bytes: int, read_gbps: float, write_gbps: float,
-                 alignment_bytes: int = 64, description: str = ""):
+                 alignment_bytes: int = 64, description: str = "", roles=None, label=None):
+        super().__init__(description, roles, label)
         at_least_one("capacity_bytes", capacity_bytes)
         positive("read_gbps", read_gbps)
         positive("write_gbps", write_gbps)
         at_least_one("alignment_bytes", alignment_bytes)
-        self.description = description
         self.capacity_bytes = int(capacity_bytes)
         self.read_gbps = float(read_gbps)
         self.write_gbps = float(write_gbps)

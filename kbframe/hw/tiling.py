@@ -7,8 +7,9 @@ PE_SCHEDULER calls :func:`plan_stages` with a command; it reads only the flat ``
 * the GEMM drives the tile loop over output tiles ``(m, n)`` and K tiles; a DMA_READ is
   inserted only for an operand whose ``space`` is ``"hbm"`` (DESIGN.md decision 2) and it
   waits for the pre-loop ops (so #2's V DMA never runs during its prologue);
-* K_TILE ops run after each K tile's GEMM stage, OUTPUT_TILE ops after each output tile,
-  on the accumulator; the tile is then written to ``out``, with a DMA_WRITE only when
+* K_TILE ops run after each K tile's GEMM stage on that K tile's partial product, which is
+  then added to the accumulator (e.g. ``dequant``: per-K-block scales); OUTPUT_TILE ops run
+  after each output tile, on the accumulator; the tile is then written to ``out``, with a DMA_WRITE only when
   ``out.space == "hbm"``;
 * KERNEL ops after the GEMM run once after the whole tile loop.
 
@@ -134,13 +135,16 @@ def _tile_loop(gemm, after_ops, cmd, units, nx, stages, pre_end) -> list:
                     else:
                         srcs.append((h, reg))
                 mm, nn, kk = rm.stop - rm.start, rn.stop - rn.start, rk.stop - rk.start
+                part = f"{acc}.k" if k_ops else acc  # K_TILE ops act on the K tile's product
                 g = Stage(gu, "gemm", cmd, tile, (mm * kk) * isz_a + (kk * nn) * isz_b, 2 * mm * nn * kk, 0,
-                          nx.gemm(srcs[0], srcs[1], acc, first=k0 == 0))
+                          nx.gemm(srcs[0], srcs[1], part, first=k0 == 0 or bool(k_ops)))
                 g.after(*dmas, prev if prev is not None else (None if dmas else pre_end))
                 stages.append(g)
                 prev = g
                 for op in k_ops:
-                    prev = _epilogue_stage(op, cmd, units, nx, stages, prev, tile, acc, ro)
+                    prev = _epilogue_stage(op, cmd, units, nx, stages, prev, tile, part, ro)
+                if k_ops:
+                    prev.effect = _chain(prev.effect, nx.accumulate(part, acc, first=k0 == 0))
                 tile += 1
             for op in o_ops:
                 prev = _epilogue_stage(op, cmd, units, nx, stages, prev, tile - 1, acc, ro)

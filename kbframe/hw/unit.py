@@ -1,4 +1,11 @@
-"""Base class of the PE units that execute stages (PE_DMA channels, PE_GEMM, PE_MATH).
+"""Base classes of a PE's units: :class:`PeUnit` (every unit: the roles it serves and its
+display label, DESIGN.md decision 8) and :class:`Unit`, the units that execute stages
+(PE_DMA channels, PE_GEMM, PE_MATH).
+
+Roles are the planner's vocabulary: ``dispatch`` (PE_CPU), ``admission`` (PE_SCHEDULER),
+``tcm``, and the stage roles ``dma_read``, ``dma_write``, ``gemm``, ``math``. The PE asks
+for the unit that serves a role; roofline, trace, sanitizer and metrics iterate over the
+PE's units by what they declare, so a new unit type is a class and a config entry.
 
 A unit takes a stage, holds it for its duration and hands it on, in arrival order (FIFO).
 Subclasses supply only the duration rule (:meth:`Unit.duration_ps`); the DMA channel also
@@ -54,19 +61,43 @@ class Stage:
         return self
 
 
-class Unit:
-    """A PE unit that runs stages one at a time in arrival order.
+class PeUnit:
+    """Anything a PE is built from. A subclass names its default ``roles`` and ``label``;
+    a config entry may override both (e.g. one DMA channel class serving ``dma_read`` or
+    ``dma_write``).
 
     Args:
         description: one line on what the unit models (shown in docs and errors).
+        roles: the roles this unit serves (default: the class's).
+        label: its name in summaries and traces (default: the class's).
+    Raises:
+        ValueError: ``roles`` not a list of names.
     """
+
+    #: roles served (see the module doc)
+    roles: tuple = ()
+    #: display label in the summary table and the trace
+    label: str = ""
+
+    def __init__(self, description: str = "", roles=None, label: str | None = None):
+        self.description = description
+        if roles is not None:
+            if isinstance(roles, str) or not all(isinstance(r, str) and r for r in roles):
+                raise ValueError(f"roles must be a list of role names, got {roles!r}")
+            self.roles = tuple(roles)
+        if label is not None:
+            self.label = str(label)
+        self.name = ""
+
+
+class Unit(PeUnit):
+    """A PE unit that runs stages one at a time in arrival order (arguments: :class:`PeUnit`)."""
 
     #: number of stages that may overlap on this unit (the sanitizer checks it).
     channels = 1
 
-    def __init__(self, description: str = ""):
-        self.description = description
-        self.name = ""
+    def __init__(self, description: str = "", roles=None, label: str | None = None):
+        super().__init__(description, roles, label)
         self.pe = None
         self.env = None
         self.free_ps = 0

@@ -26,9 +26,6 @@ class Scope(Enum):
     OUTPUT_TILE = "output_tile"
 
 
-#: op kinds that move data; PE_SCHEDULER routes them to the DMA channels.
-DMA_KINDS = ("load", "store")
-
 # The frozen dataclasses below spell out __init__ (dataclass keeps a class's own): the
 # generated one sets each field through object.__setattr__, several times slower, and the
 # tl layer builds commands at every KV tile. Fields, defaults, repr and frozenness are
@@ -101,11 +98,10 @@ class CompositeCmd:
     completion: Completion
     ops: tuple
     rw_handles: tuple = ()
-    data_op: bool = True
 
-    def __init__(self, completion: Completion, ops: tuple, rw_handles: tuple = (), data_op: bool = True):
+    def __init__(self, completion: Completion, ops: tuple, rw_handles: tuple = ()):
         d = self.__dict__
-        d["completion"], d["ops"], d["rw_handles"], d["data_op"] = completion, ops, rw_handles, data_op
+        d["completion"], d["ops"], d["rw_handles"] = completion, ops, rw_handles
 
     @cached_attr
     def id(self) -> int:

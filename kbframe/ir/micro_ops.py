@@ -64,6 +64,15 @@ def _exp_diff(a, b):
     return np.exp(a - b)
 
 
+def _gelu(x):
+    """GELU, tanh form (as GPU epilogues compute it): 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))."""
+    return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x * x * x)))
+
+
+def _sigmoid(x):
+    return 1.0 / (1.0 + np.exp(-x))
+
+
 MICRO_OPS: dict[str, MicroOp] = {
     # the ndarray methods: the same reductions as np.max / np.sum, without their wrapper
     "rmax": MicroOp(("src",), lambda x: x.max(axis=-1, keepdims=True), _reduce),
@@ -77,12 +86,27 @@ MICRO_OPS: dict[str, MicroOp] = {
     "copy": MicroOp(("src",), lambda x: x.copy(), _same),
     "scale": MicroOp(("src",), lambda x, factor: x * factor, _same, ("factor",)),
     "fill": MicroOp((), None, _fill_shape, ("value",)),
+    # RMSNorm (recipes/rmsnorm.yaml): mean of the last axis and the reciprocal square root
+    "rmean": MicroOp(("src",), lambda x: x.mean(axis=-1, keepdims=True), _reduce),
+    "rsqrt": MicroOp(("src",), lambda x: 1.0 / np.sqrt(x), _same),
+    # GEMM epilogues of the predecessor's harness (ADR-0044)
+    "bias": MicroOp(("src_a", "src_b"), np.add, _bcast),
+    "relu": MicroOp(("src",), lambda x: np.maximum(x, 0.0), _same),
+    "gelu": MicroOp(("src",), _gelu, _same),
+    "sigmoid": MicroOp(("src",), _sigmoid, _same),
+    "clamp": MicroOp(("src",), lambda x, lo, hi: np.clip(x, lo, hi), _same, ("lo", "hi")),
+    "dequant": MicroOp(("src",), lambda x, scale: x * scale, _same, ("scale",)),
 }
 
 #: epilogue ops apply to the GEMM accumulator: ``acc = fn(acc, *operands)``; the
 #: accumulator fills the op's first slot, named operands fill the rest.
 EPILOGUE_OPERANDS = {"scale": (), "add": ("other",), "mul_bcast": ("other",),
-                     "div_bcast": ("other",)}
+                     "div_bcast": ("other",), "bias": ("bias",), "relu": (), "gelu": (), "sigmoid": (),
+                     "clamp": (), "dequant": ()}
+
+#: an epilogue's scope when its entry names none: ``dequant`` scales each K tile's partial
+#: product (per-K-block quantisation scales), every other op the finished output tile
+EPILOGUE_DEFAULT_SCOPE = {"dequant": "k_tile"}
 
 
 def get(kind: str) -> MicroOp:

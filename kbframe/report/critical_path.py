@@ -51,8 +51,22 @@ MIN_REPS = 3
 MAX_PERIOD_SEGMENTS = 2048
 #: how far a repetition's records may be from a whole number of units' worth (a share)
 UNIT_TOLERANCE = 0.2
-#: unit (op_log name) → the resource it stands for in the binding kind
-RESOURCE = {"dma_read": "hbm", "dma_write": "hbm", "gemm": "compute", "math": "compute", "cpu": "dispatch"}
+#: role a unit serves → the resource it stands for in the binding kind (by default the
+#: op_log names units by these roles; PE_CPU's dispatches are unit ``cpu``)
+RESOURCE = {"dma_read": "hbm", "dma_write": "hbm", "gemm": "compute", "math": "compute", "cpu": "dispatch",
+            "dispatch": "dispatch"}
+
+
+def resources_from_roles(roles: dict) -> dict:
+    """``{op_log unit name: resource}`` from ``{unit name: roles it serves}`` (the units'
+    declared roles, DESIGN.md decision 8): the first role with a resource wins."""
+    out = {"cpu": "dispatch"}
+    for name, rs in roles.items():
+        for r in rs:
+            if r in RESOURCE:
+                out[name] = RESOURCE[r]
+                break
+    return out
 
 _PE, _UNIT, _KIND, _CMD, _T0, _T1, _TD, _WHY, _REF, _END = range(10)
 
@@ -266,7 +280,7 @@ def _units(rows, ta: int, tb: int, reps: int, multi_pe: bool, sched: dict) -> di
     return out
 
 
-def analyse(rows: list, n_units: int, unit_name: str = "unit") -> CriticalPath:
+def analyse(rows: list, n_units: int, unit_name: str = "unit", resources: dict | None = None) -> CriticalPath:
     """The critical path, steady-state period, terms and binding kind of a run.
 
     Args:
@@ -274,6 +288,8 @@ def analyse(rows: list, n_units: int, unit_name: str = "unit") -> CriticalPath:
             object whose ``rows()`` gives them.
         n_units: units of progress of the whole run (e.g. KV tiles), ≥ 1.
         unit_name: what one unit of progress is (``"KV tile"``, ``"output tile"``).
+        resources: op_log unit name → resource kind (:func:`resources_from_roles`);
+            default :data:`RESOURCE`; a unit it does not name binds under its own name.
     Returns:
         A :class:`CriticalPath`; its ``metrics`` are ``metrics.json`` ``critical_path``:
         ``binding``, ``unit_of_progress``, ``steady``, ``period_ns``, ``units_per_period``,
@@ -314,7 +330,7 @@ def analyse(rows: list, n_units: int, unit_name: str = "unit") -> CriticalPath:
     binding = "chain"
     if busiest[0] is not None and busiest[1]["busy_fraction"] >= BUSY_THRESHOLD:
         unit = busiest[0].split(".", 1)[1] if multi_pe else busiest[0]
-        binding = RESOURCE.get(unit, unit)
+        binding = (resources if resources is not None else RESOURCE).get(unit, unit)
     metrics = {
         "binding": binding,
         "unit_of_progress": unit_name,

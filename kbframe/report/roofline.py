@@ -10,15 +10,11 @@ Reads only ``metrics.json`` fields (``roofline.*``, ``units.*``, ``sim.latency_n
   (:mod:`kbframe.report.critical_path`: ``hbm``, ``compute``, ``dispatch`` or ``chain``),
   which says what really sets the latency (issue 13; before it, ``binding`` named the
   largest bound and said "hbm" for a run whose DMA was idle 45 % of the time);
-- per unit: busy time (a DMA channel counts its data phases, when it moves bytes), busy /
+- per unit (by the ``label`` it declares): busy time (a DMA channel counts its data phases, when it moves bytes), busy /
   latency, stages (dispatches for ``cpu``), bytes (moved for DMA, read for GEMM/MATH,
   logical bytes dispatched for ``cpu``).
 """
 from __future__ import annotations
-
-UNIT_LABELS = {"cpu": "PE_CPU", "dma_read": "DMA read", "dma_write": "DMA write",
-               "gemm": "GEMM", "math": "MATH"}
-
 
 def table_lines(metrics: dict, indent: str = "  ") -> list[str]:
     """Lines of the roofline/utilisation table for ``metrics``."""
@@ -38,6 +34,6 @@ def table_lines(metrics: dict, indent: str = "  ") -> list[str]:
     for name, u in metrics.get("units", {}).items():
         if name == "scheduler":
             continue
-        lines.append(f"{indent}{UNIT_LABELS.get(name, name):<10}{u['busy_ns']:>12.1f}"
+        lines.append(f"{indent}{u.get('label', name):<10}{u['busy_ns']:>12.1f}"
                      f"{u['utilisation']:>12.1%}{u['count']:>9,}{u['bytes']:>14,}")
     return lines

@@ -29,15 +29,14 @@ import os
 import re
 from pathlib import Path
 
-#: op_log unit → (track name, sort order)
-UNIT_TRACKS = {
-    "cpu": ("PE_CPU dispatch", 0),
-    "scheduler": ("PE_SCHEDULER", 1),
-    "dma_read": ("DMA read", 2),
-    "dma_write": ("DMA write", 3),
-    "gemm": ("GEMM", 4),
-    "math": ("MATH", 5),
-}
+
+
+def tracks_from_units(units: dict) -> dict:
+    """Track names, in track order, from ``metrics.json`` ``units`` (each with the
+    ``label`` its unit declares): op_log unit → track name. The ``cpu`` records are
+    PE_CPU's dispatches, so its track is ``"<label> dispatch"``."""
+    return {name: (f"{u.get('label', name)} dispatch" if name == "cpu" else u.get("label", name))
+            for name, u in units.items()}
 #: flow ids are ``pe * FLOW_ID_STRIDE + cmd``
 FLOW_ID_STRIDE = 1_000_000_000
 #: threads per unit reserved for overflow lanes (tid = unit slot * LANE_STRIDE + lane + 1)
@@ -129,9 +128,11 @@ def _flow(fid: int, steps: list) -> str:
     return event % "s" + first + (t + t.join(middle) if middle else "") + event % "f" + last
 
 
-def write_trace(op_log: Path | str, out: Path | str, critical=None) -> dict:
+def write_trace(op_log: Path | str, out: Path | str, tracks: dict | None = None, critical=None) -> dict:
     """Convert ``op_log`` (op_log.jsonl) into ``out`` (trace.json), atomically (a temporary
-    file, then rename).
+    file, then rename). ``tracks`` (op_log unit → track name, in track order; the units'
+    declared labels, :func:`tracks_from_units`) names the tracks; a unit it does not list
+    keeps its op_log name and comes after those it lists.
 
     ``critical``: op_log record indices (0-based, blank lines not counted) on the run's
     critical path (:mod:`kbframe.report.critical_path`); their slices get
@@ -147,6 +148,8 @@ def write_trace(op_log: Path | str, out: Path | str, critical=None) -> dict:
         ValueError: a malformed op_log line (names the line number).
     """
     op_log, out = Path(op_log), Path(out)
+    tracks = tracks or {}
+    order = {unit: i for i, unit in enumerate(tracks)}
     tmp = out.with_name(out.name + ".tmp")
     lanes: dict[tuple, list] = {}        # (pe, unit) → per-lane max end (ps)
     slots: dict[str, int] = {}           # unit → slot (sets tids and sort order)
@@ -164,8 +167,7 @@ def write_trace(op_log: Path | str, out: Path | str, critical=None) -> dict:
         k = kinds.get((pe, unit, kind))
         if k is None:
             if unit not in slots:
-                slots[unit] = UNIT_TRACKS[unit][1] if unit in UNIT_TRACKS else \
-                    len(UNIT_TRACKS) + sum(u not in UNIT_TRACKS for u in slots)
+                slots[unit] = order[unit] if unit in order else len(order) + sum(u not in order for u in slots)
                 names[unit] = dumps(str(unit))
             if kind not in names:
                 names[kind] = dumps(str(kind))
@@ -246,7 +248,7 @@ def write_trace(op_log: Path | str, out: Path | str, critical=None) -> dict:
                 meta.append({"name": "process_sort_index", "ph": "M", "pid": pe, "tid": 0,
                              "args": {"sort_index": pe}})
             for (pe, unit), ends in sorted(lanes.items()):
-                base = UNIT_TRACKS[unit][0] if unit in UNIT_TRACKS else str(unit)
+                base = tracks.get(unit, str(unit))
                 for lane in range(len(ends)):
                     tid = slots[unit] * LANE_STRIDE + lane + 1
                     meta.append({"name": "thread_name", "ph": "M", "pid": pe, "tid": tid,
@@ -282,7 +284,9 @@ def main(argv=None) -> int:
         src = src / "op_log.jsonl"
     dst = Path(args[1]) if len(args) > 1 else src.with_name("trace.json")
     try:
-        info = write_trace(src, dst)
+        metrics = src.with_name("metrics.json")  # the units' labels, as the run named its tracks
+        tracks = tracks_from_units(json.loads(metrics.read_text()).get("units", {})) if metrics.is_file() else None
+        info = write_trace(src, dst, tracks)
     except (OSError, ValueError) as e:
         print(f"kbframe: error: {e}", file=sys.stderr)
         return 1

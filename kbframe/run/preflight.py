@@ -16,32 +16,22 @@ after minutes of simulation or with a MemoryError.
 """
 from __future__ import annotations
 
+import math
 import os
 
 import numpy as np
-from greenlet import greenlet
 
 from ..sim.engine import Engine
 from ..errors import ConfigError, KbframeError, NumericsError, OutputError, TcmOverflowError
 from ..ir.handles import itemsize
 from ..sim.numerics import Numerics
 from ..sim.oplog import OpLog
+from ..ir.protocol import Dispatch, requests
 from ..tl.context import TL
 
 
 def _gib(n: float) -> str:
     return f"{n / 2**30:.3g} GiB"
-
-
-def host_bytes(G: int, d: int, S_kv: int, data: bool, data_dtype: str) -> int:
-    """Host memory a bench needs, bytes: q, k, v as float64 (inputs and tensors.npz), the
-    float64 reference's (G, S_kv) score temporaries and, in data mode, the HBM copies at
-    ``data_dtype``."""
-    n_in = G * d + 2 * S_kv * d
-    need = 8 * n_in + 3 * 8 * G * S_kv
-    if data:
-        need += np.dtype(data_dtype).itemsize * (n_in + G * d)
-    return need
 
 
 def physical_memory_bytes() -> int | None:
@@ -52,77 +42,66 @@ def physical_memory_bytes() -> int | None:
         return None
 
 
-def check_host_memory(G: int, d: int, S_kv: int, data: bool, data_dtype: str) -> None:
-    """Raise ConfigError if the bench's arrays cannot fit in host memory."""
-    need = host_bytes(G, d, S_kv, data, data_dtype)
+def check_host_memory(wl, data: bool, data_dtype: str) -> None:
+    """Raise ConfigError if the workload's arrays cannot fit in host memory."""
+    need = wl.host_bytes()
     have = physical_memory_bytes()
     if have is not None and need > have:
+        shape = " ".join(f"{k}={v}" for k, v in wl.shape().items() if not k.startswith("n_"))
         raise ConfigError(f"bench needs about {_gib(need)} of host memory for its inputs and numbers "
-                          f"(G={G} d={d} S_kv={S_kv}, bench.data={str(data).lower()}); this machine has "
-                          f"{_gib(have)}; reduce bench.S_kv or bench.d")
+                          f"({shape}, bench.data={str(data).lower()}); this machine has "
+                          f"{_gib(have)}; reduce the bench's shape keys")
 
 
-def check_inputs_fit(data_dtype: str, arrays: dict, scale: float | None = None) -> None:
+def check_inputs_fit(data_dtype: str, arrays: dict) -> None:
     """Raise NumericsError naming the first input with a finite value beyond ``data_dtype``
-    (or, with ``scale``, scores ``q·kᵀ·scale`` beyond the float32 accumulator)."""
+    (refused rather than stored as inf)."""
     dt = np.dtype(data_dtype)
     top = float(np.finfo(dt).max)
-    bigs = {}
     for name, a in arrays.items():
-        big = bigs[name] = max(float(a.max()), -float(a.min())) if np.size(a) else 0.0  # max |x|, no |a| copy
+        big = max(float(a.max()), -float(a.min())) if np.size(a) else 0.0  # max |x|, no |a| copy
         if big > top:
             raise NumericsError(f"bench.data_dtype={data_dtype}: input '{name}' has |x| up to {big:.6g}, beyond "
                                 f"{data_dtype}'s largest value {top:.6g} (refused rather than stored as inf); "
                                 f"use {'bench.data_dtype=float32 or ' if dt.itemsize < 4 else ''}smaller inputs")
-    if scale is not None and "q" in arrays and "k" in arrays:
-        acc_top = float(np.finfo(np.promote_types(dt, np.float32)).max)
-        q = np.asarray(arrays["q"], dtype=np.float64)
-        # |s| ≤ max_i Σ_d |q_id| · max |k| · |scale|: when that bound fits, so does every
-        # score, and the exact product (a pass over all of k) is not needed
-        bound = float(np.abs(q).sum(axis=-1).max()) * bigs["k"] * abs(scale) if q.size else 0.0
-        if bound <= acc_top:
-            return
-        with np.errstate(over="ignore", invalid="ignore"):
-            s_max = float(np.max(np.abs(arrays["q"]) @ np.abs(arrays["k"]).T)) * abs(scale)
-        if not s_max <= acc_top:
-            raise NumericsError(f"scores q·kᵀ·scale reach |s| ≈ {s_max:.6g}, beyond the accumulator's largest "
-                                f"value {acc_top:.6g}; use smaller inputs or bench.scale")
 
 
-def dry_run(hardware, pe_index: int, kernel, recipes: dict, dtype: str, shapes: dict, kwargs: dict) -> dict:
-    """Run ``kernel`` through the tl layer only, on an unbounded TCM; nothing is simulated.
+def dry_run(hardware, wl, kernel, recipes: dict, dtype: str, inputs: dict | None) -> dict:
+    """Run the workload's programs through the tl layer only, on unbounded TCMs; nothing is
+    simulated.
 
     Returns:
-        ``{"tcm_bytes": high water, "hbm_bytes": HBM footprint, "commands": n}``, or
-        ``{}`` if the kernel needs simulated values to go on (then only the real run's
-        TcmOverflowError guards the TCM).
+        ``{"tcm_bytes": highest high water of any PE, "pe": that PE, "hbm_bytes": HBM
+        footprint, "commands": n}``, or ``{}`` if a kernel needs simulated values to go on
+        (then only the real run's TcmOverflowError guards the TCM).
     Raises:
         KbframeError: whatever the tl layer raises at emit (ValidationError ...).
     """
     engine = Engine(hardware, Numerics(), OpLog(None))
-    for name, shape in shapes.items():
+    for name, shape in wl.tensors().items():
         engine.add_hbm_tensor(name, shape, dtype, None)
-    pe = engine.pes[pe_index]
-    capacity = pe.tcm.capacity_bytes
-    pe.tcm.capacity_bytes = 1 << 62
-    tl = TL(pe, engine.hbm, recipes, dtype)
-    glet = greenlet(lambda: kernel(tl, **kwargs))
+    capacity = engine.pes[0].tcm.capacity_bytes
+    for pe in engine.pes:
+        pe.tcm.capacity_bytes = 1 << 62
+    programs = wl.programs(kernel, lambda i: TL(engine.pes[i], engine.hbm, recipes, dtype), inputs)
     n = 0
     try:
-        req = glet.switch()
-        while not glet.dead:
-            n += req[0] == "dispatch"
-            req = glet.switch()
+        for program in programs.values():
+            for req in requests(program):
+                n += type(req) is Dispatch
     except KbframeError:
         raise
     except Exception:  # a kernel that reads simulated values: no exact dry run
         return {}
-    return {"tcm_bytes": pe.tcm.high_water, "tcm_capacity_bytes": capacity, "tcm_allocations": pe.tcm.allocations,
-            "hbm_bytes": engine._hbm_top, "commands": n}
+    pe = max(programs, key=lambda i: engine.pes[i].tcm.high_water)
+    tcm = engine.pes[pe].tcm
+    return {"tcm_bytes": tcm.high_water, "pe": pe, "tcm_capacity_bytes": capacity,
+            "tcm_allocations": tcm.allocations, "hbm_bytes": engine._hbm_top, "commands": n}
 
 
-def check_resources(cfg, kernel, recipes: dict, G: int, d: int, S_kv: int, tile: int, scale: float) -> dict:
-    """HBM and TCM needs of ``cfg.bench`` against ``cfg.hardware``, before any simulation.
+def check_resources(cfg, wl, kernel, recipes: dict, inputs: dict | None) -> dict:
+    """HBM and TCM needs of the bench's workload against ``cfg.hardware``, before any
+    simulation.
 
     Returns:
         The :func:`dry_run` figures.
@@ -132,22 +111,22 @@ def check_resources(cfg, kernel, recipes: dict, G: int, d: int, S_kv: int, tile:
         KbframeError: an emit-time error of the kernel.
     """
     b, hw = cfg.bench, cfg.hardware
-    shapes = {"q": (G, d), "k": (S_kv, d), "v": (S_kv, d), "out": (G, d)}
+    tensors = wl.tensors()
     hbm_cap = hw.get("hbm_bytes")
     isz = itemsize(b.dtype)
-    hbm_need = sum(-(-int(np.prod(s)) * isz // 4096) * 4096 for s in shapes.values())
+    hbm_need = sum(-(-math.prod(s) * isz // 4096) * 4096 for s in tensors.values())
+    shape = " ".join(f"{k}={v}" for k, v in wl.shape().items() if not k.startswith("n_"))
     if hbm_cap is not None and hbm_need > hbm_cap:
-        raise ConfigError(f"HBM too small: q, k, v and out need {hbm_need} B ({_gib(hbm_need)}) at G={G} d={d} "
-                          f"S_kv={S_kv} ({b.dtype}), hardware.hbm_bytes is {hbm_cap} B ({_gib(hbm_cap)})")
-    fig = dry_run(hw, int(b.pe), kernel, recipes, b.dtype, shapes,
-                  dict(G=G, d=d, S_kv=S_kv, tile=tile, scale=scale))
+        raise ConfigError(f"HBM too small: {', '.join(tensors)} need {hbm_need} B ({_gib(hbm_need)}) at {shape} "
+                          f"({b.dtype}), hardware.hbm_bytes is {hbm_cap} B ({_gib(hbm_cap)})")
+    fig = dry_run(hw, wl, kernel, recipes, b.dtype, inputs)
     if fig and fig["tcm_bytes"] > fig["tcm_capacity_bytes"]:
         cap = fig["tcm_capacity_bytes"]
         name, addr, size = next((n, a, s) for n, a, s, *_ in fig["tcm_allocations"] if a + s > cap)
         raise TcmOverflowError(
-            f"TCM overflow on PE{b.pe}: request '{name}' needs {size} B, {cap - addr} B free of {cap} B "
-            f"capacity (hardware.tcm_bytes); {b.name} needs {fig['tcm_bytes']} B of TCM in all at G={G} d={d} "
-            f"S_kv={S_kv} tile={tile} ({b.dtype}), found by a dry run before the simulation")
+            f"TCM overflow on PE{fig['pe']}: request '{name}' needs {size} B, {cap - addr} B free of {cap} B "
+            f"capacity (hardware.tcm_bytes); {b.name} needs {fig['tcm_bytes']} B of TCM in all at {shape} "
+            f"({b.dtype}), found by a dry run before the simulation")
     return fig
 
 

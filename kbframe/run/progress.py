@@ -1,10 +1,11 @@
-"""A tqdm progress bar for a long simulation, counted in KV tiles streamed.
+"""A tqdm progress bar for a long simulation, counted in the workload's units of progress.
 
 PE_CPU calls ``cpu.progress(cmd)`` after each dispatch when the attribute is set (one
 ``is not None`` test per dispatch when it is not). :class:`TileProgress` looks at the
-command's HBM operands and advances to the furthest row of the streamed tensor (``k``) a
-command has asked for, so the bar reads "tile j of n" for any kernel that streams K in
-row windows; a kernel that does not just sees the bar jump to done at the end.
+command's HBM operands and output and advances to the furthest row of the workload's
+progress tensor a command names (``Workload.progress_stream``: K for decode), so the bar
+reads "KV tile j of n" for any kernel that streams it in row windows; a kernel that does
+not just sees the bar jump to done at the end.
 
 The bar is shown only on a terminal (stdout and stderr both ttys) and when
 ``run.progress`` is true; it is written to stderr and removed when the run ends, so the
@@ -27,23 +28,24 @@ def enabled(flag: bool, stream=None) -> bool:
 
 
 class TileProgress:
-    """Callable hook for PE_CPU: advances a tqdm bar to the KV tile the kernel reached.
+    """Callable hook for PE_CPU: advances a tqdm bar to the unit of progress the kernel reached.
 
     Args:
-        stream_buf: storage key (``TensorHandle.buf``) of the streamed HBM tensor (K).
-        S_kv: rows of that tensor; tile: rows per tile.
+        stream_buf: storage key (``TensorHandle.buf``) of the progress tensor.
+        n_units: units of progress in the run; rows: rows of that tensor per unit.
+        unit: the unit's name (the bar's label).
         file: where tqdm writes (stderr); leave: keep the bar after close.
     """
 
-    def __init__(self, stream_buf: str, S_kv: int, tile: int, file=None, leave: bool = False,
-                 desc: str = "simulating"):
+    def __init__(self, stream_buf: str, n_units: int, rows: int, unit: str = "tile", file=None,
+                 leave: bool = False, desc: str = "simulating"):
         from tqdm import tqdm
         self.buf = stream_buf
-        self.tile = max(1, int(tile))
-        self.total = -(-int(S_kv) // self.tile)
+        self.tile = max(1, int(rows))
+        self.total = int(n_units)
         self.rows = 0
         self.commands = 0
-        self.bar = tqdm(total=self.total, unit="tile", desc=desc, file=file or sys.stderr,
+        self.bar = tqdm(total=self.total, unit=unit, desc=desc, file=file or sys.stderr,
                         leave=leave, dynamic_ncols=True, mininterval=0.2)
 
     def __call__(self, cmd) -> None:
@@ -70,14 +72,14 @@ class TileProgress:
 
 
 @contextmanager
-def attach(cpu, flag: bool, stream_handle, S_kv: int, tile: int, **kw):
+def attach(cpu, flag: bool, stream_handle, n_units: int, rows: int, **kw):
     """Set ``cpu.progress`` to a :class:`TileProgress` for the duration of the block when
     :func:`enabled`; otherwise leave it None (no cost). The bar is closed on the way out,
     also on an error or Ctrl-C."""
     if not enabled(flag, kw.get("file")):
         yield None
         return
-    prog = TileProgress(stream_handle.buf, S_kv, tile, **kw)
+    prog = TileProgress(stream_handle.buf, n_units, rows, **kw)
     cpu.progress = prog
     try:
         yield prog

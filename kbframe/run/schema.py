@@ -4,7 +4,7 @@ value fails at composition, naming the key, before any simulation starts."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, Optional
+from typing import Any, Dict
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
@@ -34,34 +34,6 @@ class HardwareConfig:
 
 
 @dataclass
-class InputsConfig:
-    """Where inputs come from: ``path`` to an .npz with q, k, v (and optional 0-d scale),
-    else generated from ``bench.seed`` with score spread ``peak`` (std of q·kᵀ·scale)."""
-
-    path: Optional[str] = None
-    peak: float = 1.0
-
-
-@dataclass
-class BenchConfig:
-    """A bench: which kernel, on which shapes, in which mode."""
-
-    name: str = MISSING
-    kernel: str = MISSING  # dotted path of a kernel function under kbframe.
-    G: int = 8  # query heads per KV head
-    d: int = 128  # head dim
-    S_kv: int = 4096  # keys
-    tile: int = 64  # keys per KV tile (TILE)
-    dtype: str = "float16"  # timing dtype: bytes moved and TCM footprint
-    data: bool = True  # data mode: compute real numbers and check them
-    data_dtype: str = "float32"  # storage dtype of the numbers in data mode
-    scale: Optional[float] = None  # softmax scale; None → 1/sqrt(d)
-    seed: int = 0
-    pe: int = 0  # PE the kernel runs on
-    inputs: InputsConfig = field(default_factory=InputsConfig)
-
-
-@dataclass
 class RunConfig:
     """Run options: the sanitizer (``check``), the progress bar and the timeline (``trace``)."""
 
@@ -70,10 +42,30 @@ class RunConfig:
     trace: bool = True  # write trace.json; python -m kbframe.report.trace RUN_DIR makes it later
 
 
+def workload_classes() -> dict:
+    """Every workload class in :mod:`kbframe.workloads`, by schema name (its module's name):
+    found by walking the package, so a new workload is a new module and nothing else."""
+    import importlib
+    import pkgutil
+
+    from .. import workloads
+    from ..workloads.base import Workload
+    found = {}
+    for info in pkgutil.iter_modules(workloads.__path__):
+        mod = importlib.import_module(f"{workloads.__name__}.{info.name}")
+        for obj in vars(mod).values():
+            if isinstance(obj, type) and issubclass(obj, Workload) and obj is not Workload and obj.__module__ == mod.__name__:
+                found[info.name] = obj
+    return found
+
+
 def register() -> None:
-    """Register the schemas in Hydra's ConfigStore (group ``schema``)."""
+    """Register the schemas in Hydra's ConfigStore: group ``schema`` (hardware,
+    calibration, run) and ``schema/workload/<module>`` (each workload's typed bench config,
+    which a bench yaml extends: ``defaults: [/schema/workload@_here_: gqa_decode]``)."""
     cs = ConfigStore.instance()
     cs.store(group="schema", name="hardware", node=HardwareConfig)
     cs.store(group="schema", name="calibration", node=CalibrationConfig)
-    cs.store(group="schema", name="bench", node=BenchConfig)
     cs.store(group="schema", name="run", node=RunConfig)
+    for name, cls in workload_classes().items():
+        cs.store(group="schema/workload", name=name, node=cls.Config)

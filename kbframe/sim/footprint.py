@@ -40,8 +40,11 @@ class FootprintNumerics(Numerics):
     def copy(self, src, dst):
         return self._acc([src], [dst])
 
-    def gemm(self, a, b, acc_key, first, acc_init=None):
+    def gemm(self, a, b, acc_key, first):
         return self._acc([a, b] + ([] if first else [("acc", acc_key)]), [("acc", acc_key)])
+
+    def accumulate(self, part_key, acc_key, first):
+        return self._acc([("acc", part_key)] + ([] if first else [("acc", acc_key)]), [("acc", acc_key)])
 
     def epilogue(self, kind, acc_key, others, extra):
         return self._acc([("acc", acc_key), *others], [("acc", acc_key)])

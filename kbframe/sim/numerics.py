@@ -25,14 +25,15 @@ class Numerics:
     def allocate(self, handle, value=None) -> None:
         """Create storage for ``handle`` (zeros, or ``value``)."""
 
-    def free(self, handle) -> None:
-        """Drop the storage of ``handle``."""
-
     def copy(self, src, dst) -> None:
         """Effect: ``dst ← src`` (a DMA transfer or write-back)."""
 
-    def gemm(self, a, b, acc_key: str, first: bool, acc_init=None):
+    def gemm(self, a, b, acc_key: str, first: bool):
         """Effect: ``acc[acc_key] (+)= a @ b``; ``first`` starts a fresh accumulator."""
+
+    def accumulate(self, part_key: str, acc_key: str, first: bool):
+        """Effect: ``acc[acc_key] (+)= acc[part_key]`` (a K tile's partial product, after its
+        K_TILE epilogue); ``first`` starts a fresh accumulator."""
 
     def epilogue(self, kind: str, acc_key: str, others: list, extra: dict):
         """Effect: ``acc[acc_key] = op(acc, *others)`` for an epilogue micro-op."""
@@ -100,9 +101,6 @@ class NumpyNumerics(Numerics):
             arr = self._fit(value, f"HBM tensor '{handle.name}'") if dt == self.dtype else np.asarray(value, dt)
             self.mem[handle.buf] = arr.reshape(handle.buf_shape)
 
-    def free(self, handle) -> None:
-        self.mem.pop(handle.buf, None)
-
     def read(self, handle) -> np.ndarray:
         return handle.view(self.mem)
 
@@ -136,7 +134,7 @@ class NumpyNumerics(Numerics):
             x = self._fit(x, f"GEMM operand '{src if isinstance(src, str) else src[0].name}'")
         return x
 
-    def gemm(self, a, b, acc_key, first, acc_init=None):
+    def gemm(self, a, b, acc_key, first):
         acc_dtype = self.acc_dtype
         get = self._operand if self.narrow else self._get
 
@@ -157,6 +155,15 @@ class NumpyNumerics(Numerics):
         def effect():
             ins = [self.acc[acc_key]] + [self._get(o).astype(acc_dtype, copy=False) for o in others]
             self.acc[acc_key] = np.asarray(micro_ops.apply(kind, ins, extra), dtype=acc_dtype)
+        return effect
+
+    def accumulate(self, part_key, acc_key, first):
+        def effect():
+            part = self.acc.pop(part_key)
+            if first:
+                self.acc[acc_key] = part
+            else:
+                self.acc[acc_key] += part
         return effect
 
     def writeback(self, acc_key, dst):

@@ -321,7 +321,7 @@ def check_data_dependencies(pe, plan) -> int:
     spaces: dict = defaultdict(Space)
     n = 0
     for cmd, stages in plan:
-        replanned = plan_stages(cmd, pe.stage_units, nx)
+        replanned = plan_stages(cmd, pe.by_role, nx)
         if len(replanned) != len(stages) or any(
                 a.unit is not b.unit or a.op_kind != b.op_kind or a.tile != b.tile
                 for a, b in zip(replanned, stages)):

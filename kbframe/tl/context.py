@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import itertools
 
-from greenlet import getcurrent
-
 from ..ir import micro_ops
 from ..ir.commands import CompositeCmd, OpSpec, PrimitiveCmd, Scope
 from ..errors import ValidationError, need
+from ..ir.protocol import Dispatch, Wait, request
 from ..ir.handles import Completion, TensorHandle, itemsize
 from .lowering import Lowering
 
@@ -102,7 +101,7 @@ class TL:
     def wait(self, h: TensorHandle) -> TensorHandle:
         """Block PE_CPU until ``h``'s producing command completes."""
         if h.pending is not None and not h.pending.done:
-            getcurrent().parent.switch(("wait", h.pending))
+            request(Wait(h.pending))
         return h
 
     def value(self, h: TensorHandle):
@@ -115,7 +114,7 @@ class TL:
         return Completion(next(self._ids), label)
 
     def _dispatch(self, cmd) -> None:
-        getcurrent().parent.switch(("dispatch", cmd))
+        request(Dispatch(cmd))
 
     def _primitive(self, op: OpSpec, out: TensorHandle) -> TensorHandle:
         c = self._completion(op.kind)

@@ -122,7 +122,7 @@ class Lowering:
         accumulator (``out=None``); a KERNEL-scope op runs once after the tile loop, so it
         is lowered to a MATH op on ``out`` itself (first slot ``out``, written in place)."""
         kind = item.pop("op", None)
-        scope_name = item.pop("scope", "output_tile")
+        scope_name = item.pop("scope", micro_ops.EPILOGUE_DEFAULT_SCOPE.get(kind, "output_tile"))
         try:
             scope = Scope(scope_name)
         except ValueError:

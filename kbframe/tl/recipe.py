@@ -80,11 +80,13 @@ def _parse(name: str, raw: dict) -> Recipe:
         if primary.transform != "identity":
             raise RecipeError(f"{where}: primary_out.transform '{primary.transform}' unsupported "
                               f"(only identity, DDD-0065 §12)")
-        if primary.from_shape not in operands:
-            raise RecipeError(f"{where}: primary_out.from_shape '{primary.from_shape}' is not an operand")
+        for key in ("from_shape", "from_dtype"):  # P takes that operand's shape and dtype
+            if getattr(primary, key) not in operands:
+                raise RecipeError(f"{where}: primary_out.{key} '{getattr(primary, key)}' is not an operand")
     tile_alignment = raw.get("tile_alignment", "single_shot")
-    if tile_alignment not in ("single_shot", "tile_aligned"):
-        raise RecipeError(f"{where}: tile_alignment must be single_shot or tile_aligned")
+    if tile_alignment != "single_shot":  # a prologue runs once per composite (ADR-0065 D4)
+        raise RecipeError(f"{where}: tile_alignment must be single_shot (the only alignment kbframe "
+                          f"implements: a prologue runs once per composite), got '{tile_alignment}'")
     scratch = tuple(raw.get("scratch") or ())
     steps = []
     for i, s in enumerate(raw.get("engine_seq") or (), start=1):
@@ -101,6 +103,9 @@ def _parse(name: str, raw: dict) -> Recipe:
             want = micro_ops.MICRO_OPS[op].slots
             if tuple(sorted(slots)) != tuple(sorted(want)):
                 raise RecipeError(f"{where} step {i} ({op}): needs slots {list(want)}, got {sorted(slots)}")
+        engine = "GEMM" if op == "gemm" else "MATH"  # the planner runs micro-ops on PE_MATH
+        if s.get("engine", engine) != engine:
+            raise RecipeError(f"{where} step {i} ({op}): engine must be {engine}, got '{s.get('engine')}'")
         if not s.get("dst"):
             raise RecipeError(f"{where} step {i} ({op}): no dst")
         steps.append(Step(i, s.get("engine", "MATH"), op, slots, s["dst"],

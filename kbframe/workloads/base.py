@@ -1,0 +1,167 @@
+"""The workload protocol: what a bench runs (DESIGN.md decision 7).
+
+A bench config names a workload class (``_target_``, a :class:`Workload` subclass defined
+in a kbframe module) and carries that class's typed config (:attr:`Workload.Config`, a
+dataclass extending :class:`BenchConfig`). The workload, not the run shell, owns:
+
+* its HBM tensors (:meth:`Workload.tensors`: name → shape, in placement order; the names in
+  :attr:`Workload.outputs` are written by the kernel, the others are inputs);
+* its inputs: generated from ``bench.seed`` (:meth:`Workload.generate`) or read from an
+  inputs file (:meth:`Workload.accept_file`, which sees only the arrays the workload knows:
+  the run shell refuses any other array by name);
+* the kernel's keyword arguments and how its work maps onto PEs (:meth:`Workload.programs`);
+* its float64 reference (:meth:`Workload.reference`), compared with the outputs;
+* its unit of progress (:attr:`Workload.unit`, :meth:`Workload.n_units`) for the progress bar
+  and per-unit metrics, and the shape recorded in ``metrics.json`` (:meth:`Workload.shape`).
+
+Nothing outside a workload module and its kernels names a workload's tensors or shape keys.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+from omegaconf import MISSING
+
+from ..errors import ConfigError
+
+
+@dataclass
+class InputsConfig:
+    """Where inputs come from: ``path`` to an .npz with the workload's input arrays, else
+    generated from ``bench.seed``."""
+
+    path: Optional[str] = None
+
+
+@dataclass
+class BenchConfig:
+    """Keys every bench has; a workload's ``Config`` adds its own (shape keys, kernel knobs)."""
+
+    _target_: str = MISSING  # the workload class (a kbframe.workloads class)
+    name: str = MISSING
+    kernel: str = MISSING  # dotted path of a kernel function in kbframe.kernels
+    dtype: str = "float16"  # timing dtype: bytes moved and TCM footprint
+    data: bool = True  # data mode: compute real numbers and check them
+    data_dtype: str = "float32"  # storage dtype of the numbers in data mode
+    seed: int = 0
+    pe: int = 0  # the PE the kernel runs on (single-PE workloads)
+    inputs: InputsConfig = field(default_factory=InputsConfig)
+
+
+class Workload:
+    """Base class of workloads. Subclasses set :attr:`Config`, :attr:`unit`, :attr:`outputs`
+    and implement the methods below.
+
+    Args:
+        cfg: the ``bench`` config node (already checked against :attr:`Config`).
+    """
+
+    #: the typed config (a dataclass extending BenchConfig)
+    Config = BenchConfig
+    #: unit of progress, singular ("KV tile", "output block")
+    unit = "tile"
+    #: names of the HBM tensors the kernel writes
+    outputs: tuple = ()
+    #: bench keys an inputs file makes meaningless (named in the summary as unused)
+    generated_only_keys: tuple = ("seed",)
+    #: optional 0-d arrays an inputs file may hold besides the input tensors
+    file_scalars: tuple = ()
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+
+    # ---- checks ----------------------------------------------------------------------
+    def validate(self) -> None:
+        """Raise ConfigError naming ``bench.<key>`` for a value out of range."""
+
+    @staticmethod
+    def at_least(cfg, *keys, low: int = 1) -> None:
+        """ConfigError unless every ``bench.<key>`` is an integer ≥ ``low``."""
+        for key in keys:
+            if cfg[key] < low:
+                raise ConfigError(f"bench.{key} must be ≥ {low}, got {cfg[key]}")
+
+    # ---- tensors and inputs -------------------------------------------------------------
+    def tensors(self) -> dict:
+        """HBM tensors, name → shape, in placement order (inputs and outputs)."""
+        raise NotImplementedError
+
+    def input_names(self) -> tuple:
+        """The input tensors (every tensor that is not an output)."""
+        return tuple(n for n in self.tensors() if n not in self.outputs)
+
+    def generate(self, rng: np.random.Generator) -> dict:
+        """Generated inputs, name → array (the numbers the kernel gets)."""
+        raise NotImplementedError
+
+    def shape_from_file(self, arrays: dict, path: str) -> dict:
+        """The shape keys an inputs file implies, ``{key: value}`` (checked against keys the
+        user set explicitly; else written into the config). Raises InputsError on shapes
+        that contradict each other."""
+        return {}
+
+    def accept_file(self, arrays: dict, path: str) -> dict:
+        """Inputs from a file's arrays (only names in :meth:`input_names` and
+        :attr:`file_scalars`), as the kernel gets them; called after :meth:`shape_from_file`
+        has been applied to the config. Default: float64 copies of the tensors."""
+        return {n: np.asarray(arrays[n], dtype=np.float64) for n in self.input_names()}
+
+    def host_bytes(self) -> int:
+        """Host memory the inputs, outputs and reference need, bytes (a pre-flight check)."""
+        n = sum(math.prod(s) for s in self.tensors().values())
+        return 3 * 8 * n
+
+    def check_inputs(self, data_dtype: str, inputs: dict) -> None:
+        """Extra range checks of the inputs (e.g. scores within the accumulator)."""
+
+    # ---- the run --------------------------------------------------------------------------
+    def programs(self, kernel, make_tl, inputs: dict | None) -> dict:
+        """``{pe_index: program}``: the kernel bound to each PE's tl context (``make_tl(pe)``).
+        Default: :meth:`kernel_kwargs` on PE ``bench.pe``."""
+        pe = int(self.cfg.pe)
+        tl = make_tl(pe)
+        kw = self.kernel_kwargs(inputs)
+        return {pe: lambda: kernel(tl, **kw)}
+
+    def kernel_kwargs(self, inputs: dict | None) -> dict:
+        """Keyword arguments of the kernel call."""
+        raise NotImplementedError
+
+    def n_units(self) -> int:
+        """Units of progress in the run (the per-unit metrics' normaliser)."""
+        raise NotImplementedError
+
+    def progress_stream(self) -> tuple[str, int]:
+        """``(tensor, rows per unit)``: the progress bar follows the furthest row of this
+        HBM tensor a command names."""
+        raise NotImplementedError
+
+    def shape(self) -> dict:
+        """``metrics.json`` ``shape``."""
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        """The summary's shape line, e.g. ``G=8 d=128 S_kv=4096 tile=64 (64 KV tiles)``."""
+        keys = " ".join(f"{k}={v}" for k, v in self.shape().items() if not k.startswith("n_"))
+        n = self.n_units()
+        return f"{keys} ({n} {self.unit}{'s' if n != 1 else ''})"
+
+    def extra_metrics(self, inputs: dict | None) -> dict:
+        """Workload-specific top-level ``metrics.json`` entries."""
+        return {}
+
+    # ---- numbers ---------------------------------------------------------------------
+    def reference(self, inputs: dict) -> dict:
+        """float64 reference, output name → array (the same shape the kernel writes)."""
+        raise NotImplementedError
+
+    def reference_name(self, output: str) -> str:
+        """Name of an output's reference in ``tensors.npz``."""
+        return "ref" if len(self.outputs) == 1 else f"ref_{output}"
+
+    def saved_scalars(self, inputs: dict) -> dict:
+        """0-d arrays saved in ``tensors.npz`` beside the tensors (e.g. the softmax scale)."""
+        return {}
