@@ -32,3 +32,10 @@ def at_least_one(key: str, value) -> int:
     if int(value) != value:
         raise ValueError(f"{key} must be a whole number, got {value}")
     return int(value)
+
+
+def one_of(key: str, value, choices) -> str:
+    """``value`` if it is one of ``choices`` (names)."""
+    if value not in choices:
+        raise ValueError(f"{key} must be one of {', '.join(choices)}, got {value!r}")
+    return value
