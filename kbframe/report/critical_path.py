@@ -240,23 +240,21 @@ def _units(rows, ta: int, tb: int, reps: int, multi_pe: bool, sched: dict) -> di
     busy intervals (DMA: data phases) come in start order."""
     state: dict = {}  # (pe, unit) -> [end of its latest busy interval, busy in window, {label: ps}]
     for r in rows:
-        unit = r[_UNIT]
+        pe, unit, _, _, t0, b1, td = r[:7]
         if unit == "scheduler":
             continue
-        key = (r[_PE], unit)
-        st = state.get(key)
+        st = state.get((pe, unit))
         if st is None:
-            st = state[key] = [0, 0, {}]
+            st = state[(pe, unit)] = [0, 0, {}]
         prev = st[0]
         if prev >= tb:
             continue
-        b0 = r[_TD] if r[_TD] >= 0 else r[_T0]
-        b1 = r[_T1]
+        b0 = td if td >= 0 else t0
         if b0 > prev and b0 > ta:  # an idle gap before it: what this record waited for
             waits = st[2]
             label = _why_label(rows, r, sched)
-            if r[_TD] >= 0:  # the data phase waited for the setup, the setup for its start
-                cut = min(max(r[_T0], prev), b0)
+            if td >= 0:  # the data phase waited for the setup, the setup for its start
+                cut = min(max(t0, prev), b0)
                 pieces = ((label, prev, cut), ("setup", cut, b0))
             else:
                 pieces = ((label, prev, b0),)
@@ -264,8 +262,8 @@ def _units(rows, ta: int, tb: int, reps: int, multi_pe: bool, sched: dict) -> di
                 a, b = max(a, ta), min(b, tb)
                 if b > a:
                     waits[lab] = waits.get(lab, 0) + (b - a)
-        if b1 > ta and b0 < tb:
-            st[1] += min(b1, tb) - max(b0, ta)
+        if b1 > ta and b0 < tb:  # the busy part inside the window
+            st[1] += (b1 if b1 < tb else tb) - (b0 if b0 > ta else ta)
         if b1 > prev:
             st[0] = b1
     out = {}
