@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections import deque
 
 from ..ir.commands import hazard_ranges
+from ..ir.handles import Completion
 from .params import at_least_one, one_of
 from .tiling import PlanCache, plan_stages
 from .unit import PeUnit
@@ -68,7 +69,7 @@ class PeScheduler(PeUnit):
         at_least_one("max_queued_commands", max_queued_commands)
         self.policy = one_of("policy", policy, self.POLICIES)
         self._rw_aware = self.policy == "rw_aware"
-        self._ranges: dict = {}  # rw_aware: cmd id -> (reads, writes, touched) while queued
+        self._ranges: dict = {}  # rw_aware: cmd id -> [reads, writes, touched, what held it, cmd] while queued
         self._scanning, self._rescan = False, None
         self.max_queued = int(max_queued_commands)
         self.queue: deque = deque()
@@ -147,17 +148,23 @@ class PeScheduler(PeUnit):
                 ev.succeed(admitted)
 
     @staticmethod
-    def _behind(reads, writes, older) -> bool:
-        """Whether a command has a hazard (RAW, WAR, WAW) with any of ``older`` (the
-        ``(reads, writes, touched)`` of older commands still queued): then it stays behind."""
-        return any(_overlap(writes, o[2]) or _overlap(reads, o[1]) for o in older)
+    def _behind(reads, writes, older):
+        """The first of ``older`` (``[reads, writes, touched, wait, cmd]`` of older commands
+        still queued) that a command has a hazard (RAW, WAR, WAW) with, or None."""
+        for o in older:
+            if _overlap(writes, o[2]) or _overlap(reads, o[1]):
+                return o
+        return None
 
     def _scan(self, why: str, ref: int, new_only: bool = False) -> None:
         """``rw_aware``: admit, in queue order, each queued command with no hazard against
         any in-flight command nor any older command left in the queue (module doc).
         ``why``/``ref`` as :meth:`_admit` (``dispatch`` of the new command, or the
         ``hazard`` whose completion triggered the scan). ``new_only``: check only the
-        newest command (nothing else changed since the last scan)."""
+        newest command (nothing else changed since the last scan). A queued command
+        remembers what held it (an in-flight command's completion, or an older queued
+        command) and is not re-checked while that still holds: a scan costs one step per
+        queued command unless something it waited for has gone."""
         if self._scanning:  # a command completed inside a scan (one without stages)
             self._rescan = (why, ref)
             return
@@ -166,8 +173,7 @@ class PeScheduler(PeUnit):
         while True:
             older: list = []
             kept: deque = deque()
-            queue = self.queue
-            todo = list(queue)
+            todo = list(self.queue)
             if new_only:
                 kept.extend(todo[:-1])
                 older = [ranges[c.id] for c in todo[:-1]]
@@ -176,9 +182,19 @@ class PeScheduler(PeUnit):
                 rw = ranges.get(cmd.id)
                 if rw is None:
                     reads, writes = hazard_ranges(cmd)
-                    rw = ranges[cmd.id] = (reads, writes, reads + writes)
-                reads, writes, _ = rw
-                if self._blocker(reads, writes) is not None or self._behind(reads, writes, older):
+                    rw = ranges[cmd.id] = [reads, writes, reads + writes, None, cmd]
+                wait = rw[3]
+                if wait is not None and (not wait.done if wait.__class__ is Completion else wait.id in ranges):
+                    older.append(rw)  # still held by what held it
+                    kept.append(cmd)
+                    continue
+                reads, writes = rw[0], rw[1]
+                wait = self._blocker(reads, writes)
+                if wait is None:
+                    o = self._behind(reads, writes, older)
+                    wait = o[4] if o else None
+                if wait is not None:
+                    rw[3] = wait
                     older.append(rw)
                     kept.append(cmd)
                     continue

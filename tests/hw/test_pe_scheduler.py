@@ -201,7 +201,7 @@ def test_sanitizer_catches_an_rw_aware_scheduler_that_overtakes_across_a_hazard(
     from kbframe.errors import SanitizerError
     from kbframe.hw.pe_scheduler import PeScheduler
     from kbframe.sim import sanitizer
-    monkeypatch.setattr(PeScheduler, "_behind", staticmethod(lambda reads, writes, older: False))
+    monkeypatch.setattr(PeScheduler, "_behind", staticmethod(lambda reads, writes, older: None))
     sim = Sim(tmp_path, _tensors(rng), data=False, overrides=["hardware.units.scheduler.policy=rw_aware"])
     sanitizer.enable(sim.engine)
     log = sim.run(_rw_aware_kernel({}))
