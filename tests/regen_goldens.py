@@ -41,9 +41,10 @@ CASES = {
 _KEYS = (
     "sim.latency_ns", "sim.events", "sim.stages",
     "dispatch.commands", "dispatch.cycles", "dispatch.commands_per_tile", "dispatch.cycles_per_tile",
-    "roofline.bound_ns", "roofline.binding", "roofline.fraction", "roofline.hbm_ns",
+    "roofline.bound_ns", "roofline.largest_bound", "roofline.binding", "roofline.fraction", "roofline.hbm_ns",
     "roofline.compute_ns", "roofline.dispatch_ns", "roofline.hbm_bytes", "roofline.flops",
     "tcm.high_water_bytes", "sanitizer.rules_checked", "sanitizer.stages",
+    "critical_path.binding", "critical_path.steady", "critical_path.period_ns", "critical_path.units_per_period",
     "numerics.enabled", "numerics.dtype", "numerics.max_abs_err", "numerics.max_rel_err",
 )
 ERR_KEYS = ("numerics.max_abs_err", "numerics.max_rel_err")

@@ -131,7 +131,8 @@ def test_cli_default_run(results, name, bench):
     # the summary: shapes, latency, dispatch per tile, binding and fraction, error, file location
     assert f"kbframe {bench}: G=8 d=128 S_kv=4096 tile=64 (64 KV tiles)" in so
     for word in ("latency", f"{m['sim']['latency_ns']:.1f} ns", "per KV tile",
-                 f"{m['dispatch']['commands_per_tile']:.2f}", f"{m['roofline']['binding']}-bound",
+                 f"{m['dispatch']['commands_per_tile']:.2f}", f"binding: {m['roofline']['binding']}",
+                 f"critical    {m['critical_path']['binding']}: {m['critical_path']['period_ns']:g} ns per KV tile",
                  "max_abs_err", str(run_dir)):
         assert word in so, word
     # the resolved config records the recipes used

@@ -32,8 +32,10 @@ def test_hbm_bytes_and_flops_by_hand(metrics):
     assert r["compute_ns"] == pytest.approx(r["flops"] / (PEAK_TFLOPS * 1000))  # 2 097.152 ns
     assert r["dispatch_ns"] == pytest.approx(m["dispatch"]["cycles"] / 1.0)     # 1 GHz
     bounds = {k: r[f"{k}_ns"] for k in ("hbm", "compute", "dispatch")}
-    assert r["binding"] == max(bounds, key=bounds.get)
-    assert r["bound_ns"] == bounds[r["binding"]]
+    assert r["largest_bound"] == max(bounds, key=bounds.get)
+    assert r["bound_ns"] == bounds[r["largest_bound"]]
+    # what binds is the critical path's kind, not the largest bound (issue 13)
+    assert r["binding"] == m["critical_path"]["binding"]
     assert r["fraction"] == pytest.approx(r["bound_ns"] / m["sim"]["latency_ns"])
 
 
@@ -71,7 +73,11 @@ def test_console_summary_shows_the_roofline_table(metrics):
     head = next(i for i, l in enumerate(lines) if l.split()[:3] == ["bound", "ns", "of"])
     rows = {l.split()[0]: l for l in lines[head + 1:head + 4]}
     assert set(rows) == {"hbm", "compute", "dispatch"}
-    assert "← binding" in rows[m["roofline"]["binding"]]
+    r = m["roofline"]
+    if r["binding"] in rows:
+        assert "← binding" in rows[r["binding"]]
+    else:  # a chain binds: the largest bound is marked as such
+        assert "← largest" in rows[r["largest_bound"]] and "← binding" not in text
     assert f"{m['roofline']['hbm_ns']:.1f}" in rows["hbm"] and "2,101,248 B" in rows["hbm"]
     assert "16,777,216 FLOP" in rows["compute"]
     unit_head = next(i for i, l in enumerate(lines) if l.split()[:2] == ["unit", "busy"])

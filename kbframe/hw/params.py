@@ -43,4 +43,10 @@ def duration_ns(key: str, value):
     if value * PS_PER_NS >= MAX_PS:
         raise ValueError(f"{key} must be below {MAX_PS // PS_PER_NS:.0e} ns (the time base ends at 10^15 ps, "
                          f"1000 s simulated), got {value}")
+
+
+def one_of(key: str, value, choices) -> str:
+    """``value`` if it is one of ``choices`` (names)."""
+    if value not in choices:
+        raise ValueError(f"{key} must be one of {', '.join(choices)}, got {value!r}")
     return value

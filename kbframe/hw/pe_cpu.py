@@ -74,6 +74,10 @@ class PeCpu(PeUnit):
 
     def _run(self, program):
         env, sched, oplog, idx = self.env, self.pe.scheduler, self.pe.oplog, self.pe.index
+        # what the next dispatch waits for (kbframe.sim.waits): the previous dispatch
+        # (``cpu``), the kernel's start, room made by admitting command ``ref``, or a
+        # ``tl.wait`` on command ``ref``
+        why, ref = "start", -1
         for req in requests(program):
             if type(req) is Dispatch:
                 obj = req.cmd
@@ -81,7 +85,8 @@ class PeCpu(PeUnit):
                     ev = env.event()
                     sched.room_waiters.append(ev)
                     self.waiting_for = f"room in PE_SCHEDULER's queue for command {obj.id}"
-                    yield ev
+                    ref = yield ev
+                    why = "room"
                 cost = self._cost_cache.get(obj.logical_bytes)
                 if cost is None:
                     cycles = self.cost_cycles(obj)
@@ -93,7 +98,8 @@ class PeCpu(PeUnit):
                 self.n_commands += 1
                 self.cycles += cycles
                 self.busy_ps += dt
-                oplog.dispatch(idx, obj, t0, env.now)
+                oplog.dispatch(idx, obj, t0, env.now, why, ref)
+                why, ref = "cpu", -1
                 sched.submit(obj)
                 if self.progress is not None:
                     self.progress(obj)
@@ -105,4 +111,5 @@ class PeCpu(PeUnit):
                     obj.on_done(lambda _c, ev=ev: ev.succeed())
                     yield ev
                     self.waiting_for = None
+                    why, ref = "wait", obj.cmd_id
         self.finished = True

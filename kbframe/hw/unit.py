@@ -29,11 +29,14 @@ class Stage:
         n_elements: elements a MATH stage produces.
         effect: callable applying the numeric effect in data mode, or None.
         succs: stages waiting on this one; deps: how many stages this one still waits on.
+        seq: the stage's op_log record index, set when it is logged.
+        ready_by: ``seq`` of the predecessor whose end made this stage ready (-1: ready
+            at its command's admission), for kbframe.sim.waits.
         peer: the other PE of an IPCQ send or receive (-1 for other stages).
     """
 
     __slots__ = ("unit", "op_kind", "cmd", "tile", "nbytes", "flops", "n_elements",
-                 "effect", "succs", "deps", "t_start", "t_end", "t_data", "peer")
+                 "effect", "succs", "deps", "t_start", "t_end", "t_data", "seq", "ready_by", "peer")
 
     def __init__(self, unit, op_kind, cmd, tile=-1, nbytes=0, flops=0, n_elements=0, effect=None, peer=-1):
         self.unit = unit
@@ -48,6 +51,8 @@ class Stage:
         self.deps = 0
         self.t_start = self.t_end = self.t_data = -1
         self.peer = peer  # the other PE of an IPCQ send or receive, else -1
+        self.seq = 0
+        self.ready_by = -1
 
     def after(self, *preds) -> "Stage":
         """Make this stage wait for each stage in ``preds`` (None entries ignored)."""

@@ -73,41 +73,60 @@ def partial_opt3(tl, q_h, k_h, v_h, *, G: int, d: int, S_kv: int, tile: int, sca
     return m, l, O
 
 
-def partial_opt2(tl, q_h, k_h, v_h, *, G: int, d: int, S_kv: int, tile: int, scale: float):
+def partial_opt2(tl, q_h, k_h, v_h, *, G: int, d: int, S_kv: int, tile: int, scale: float, s_buffers: int = 2,
+                 k_prefetch: int = 1, v_buffers: int = 2, v_staging: str = "composite"):
     """ADR-0065's opt2 loop over the ``S_kv`` keys of ``k_h``/``v_h``: two composites per KV
-    tile; returns the partial ``(m, l, O)`` (TCM handles).
+    tile (three with ``v_staging="prefetch"``); returns the partial ``(m, l, O)`` (TCM handles).
 
     ``#1 = composite(gemm, a=q, b=K_jᵀ (HBM), epilogue=[scale])`` writes ``S_j``;
-    ``#2 = composite(prologue=[softmax_merge(s=S_j, m, l, O)], gemm, b=V_j (HBM), out=O,
-    epilogue=[add O])``. The next tile's #1 is issued before this tile's #2, so K streams
-    ahead of V (ADR-0065 D6.2); the scheduler inserts every DMA. ``S_kv = 0`` gives the
-    identity (:func:`empty_partial`) and loads nothing.
+    ``#2 = composite(prologue=[softmax_merge(s=S_j, m, l, O)], gemm, b=V_j, out=O,
+    epilogue=[add O])``. The scheduler inserts every DMA of an HBM operand. ``S_kv = 0``
+    gives the identity (:func:`empty_partial`) and loads nothing.
+
+    The design space (issue 13; defaults are the ADR's kernel):
+
+    * ``s_buffers`` (≥ 2): S buffers in a ring; tile j's #1 writes ``S[j % s_buffers]``.
+      Keeps D6.3 (a #1 waits, as a WAR hazard, for the #2 that last read its buffer);
+      more buffers only let it wait for an older #2.
+    * ``k_prefetch`` (0 ≤ k < ``s_buffers``): #1 of tile j+k is issued before #2 of tile
+      j, so K streams k tiles ahead of V (D6.2 with k = 1). At k ≥ ``s_buffers`` a #1
+      would overwrite an S buffer that a #2 issued after it still has to read.
+    * ``v_staging``: ``"composite"`` keeps D4/D6.2: V_j is #2's HBM operand, streamed by
+      the DMA the scheduler inserts inside #2 (after its prologue), so V's setup and
+      transfer sit on the tile's chain. ``"prefetch"`` relaxes it: V_j is loaded into TCM
+      by an explicit ``tl.load`` issued k tiles ahead with K (as opt3 does, ADR-0060), and
+      #2 reads V from TCM, so no DMA sits inside #2.
+    * ``v_buffers`` (≥ 2, > ``k_prefetch``; prefetch only): V buffers in a ring.
     """
     if S_kv == 0:
         return empty_partial(tl, G, d)
     tile = min(tile, S_kv)  # buffers for a tile longer than the sequence would only waste TCM
     tiles = _tiles(S_kv, tile)
+    prefetch_v = v_staging == "prefetch"
     q = tl.load(q_h)
     m, l, O = empty_partial(tl, G, d)
-    sbuf = [tl.empty((G, tile), f"S{i}") for i in range(2)]
+    sbuf = [tl.empty((G, tile), f"S{i}") for i in range(s_buffers)]
+    vbuf = [tl.empty((tile, d), f"Vbuf{i}") for i in range(v_buffers)] if prefetch_v else []
     ragged = tiles[-1][1] - tiles[-1][0]
     s_last = tl.empty((G, ragged), "S_last") if ragged != tile else None
 
-    def qk(j):
+    def issue(j):
+        """Tile j's #1 (and its V load when prefetched): ``(S_j, V_j)``."""
         j0, j1 = tiles[j]
-        dst = s_last if (s_last is not None and j == len(tiles) - 1) else sbuf[j % 2]
-        return tl.composite(op="gemm", a=q, b=k_h[j0:j1].T, out=dst,
-                            epilogue=[{"op": "scale", "factor": float(scale)}])
+        dst = s_last if (s_last is not None and j == len(tiles) - 1) else sbuf[j % s_buffers]
+        s_j = tl.composite(op="gemm", a=q, b=k_h[j0:j1].T, out=dst,
+                           epilogue=[{"op": "scale", "factor": float(scale)}])
+        v_j = tl.load(v_h[j0:j1], out=vbuf[j % v_buffers][0:j1 - j0]) if prefetch_v else v_h[j0:j1]
+        return s_j, v_j
 
-    s_next = qk(0)
+    ahead = [issue(j) for j in range(min(k_prefetch, len(tiles)))]
     for j in range(len(tiles)):
-        s_j = s_next
-        if j + 1 < len(tiles):
-            s_next = qk(j + 1)
-        j0, j1 = tiles[j]
+        if j + k_prefetch < len(tiles):
+            ahead.append(issue(j + k_prefetch))
+        s_j, v_j = ahead.pop(0)
         with tl.scratch_scope():
             tl.composite(prologue=[{"op": "softmax_merge", "s": s_j, "m": m, "l": l, "O": O}],
-                         op="gemm", b=v_h[j0:j1], out=O, epilogue=[{"op": "add", "other": O}])
+                         op="gemm", b=v_j, out=O, epilogue=[{"op": "add", "other": O}])
     return m, l, O
 
 

@@ -22,10 +22,13 @@ def gqa_decode_opt3(tl, *, G: int, d: int, S_kv: int, tile: int, scale: float,
     finish(tl, out_h, m, l, O, G=G, d=d, empty=S_kv == 0)
 
 
-def gqa_decode_opt2(tl, *, G: int, d: int, S_kv: int, tile: int, scale: float,
+def gqa_decode_opt2(tl, *, G: int, d: int, S_kv: int, tile: int, scale: float, s_buffers: int = 2,
+                    k_prefetch: int = 1, v_buffers: int = 2, v_staging: str = "composite",
                     q=None, k=None, v=None, out=None) -> None:
-    """opt2 decode of one KV head (:func:`partial_opt2`, then ``out = O / l``)."""
+    """opt2 decode of one KV head (:func:`partial_opt2`, whose docstring gives the design
+    keys ``s_buffers``, ``k_prefetch``, ``v_buffers``, ``v_staging``; then ``out = O / l``)."""
     q_h, out_h = hbm(tl, q, "q"), hbm(tl, out, "out")
     k_h, v_h = (hbm(tl, k, "k"), hbm(tl, v, "v")) if S_kv else (None, None)
-    m, l, O = partial_opt2(tl, q_h, k_h, v_h, G=G, d=d, S_kv=S_kv, tile=tile, scale=scale)
+    m, l, O = partial_opt2(tl, q_h, k_h, v_h, G=G, d=d, S_kv=S_kv, tile=tile, scale=scale, s_buffers=s_buffers,
+                           k_prefetch=k_prefetch, v_buffers=v_buffers, v_staging=v_staging)
     finish(tl, out_h, m, l, O, G=G, d=d, empty=S_kv == 0)

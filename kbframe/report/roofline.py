@@ -5,7 +5,11 @@ Reads only ``metrics.json`` fields (``roofline.*``, ``units.*``, ``sim.latency_n
 - the three lower bounds on latency: ``hbm`` = the busiest DMA channel's bytes / its
   bandwidth (read and write channels overlap),
   ``compute`` = GEMM FLOPs / GEMM peak, ``dispatch`` = PE_CPU dispatch cycles / clock;
-  the largest is the binding one and ``fraction`` = bound / simulated latency;
+  ``largest_bound`` names the largest, ``bound_ns`` is it and ``fraction`` = bound /
+  simulated latency. A bound is only a bound: ``binding`` is the critical path's kind
+  (:mod:`kbframe.report.critical_path`: ``hbm``, ``compute``, ``dispatch`` or ``chain``),
+  which says what really sets the latency (issue 13; before it, ``binding`` named the
+  largest bound and said "hbm" for a run whose DMA was idle 45 % of the time);
 - per unit (by the ``label`` it declares): busy time (a DMA channel counts its data phases, when it moves bytes), busy /
   latency, stages (dispatches for ``cpu``), bytes (moved for DMA, read for GEMM/MATH,
   logical bytes dispatched for ``cpu``).
@@ -23,7 +27,7 @@ def table_lines(metrics: dict, indent: str = "  ") -> list[str]:
     lines = [f"{indent}{'bound':<10}{'ns':>12}{'of latency':>12}  work"]
     for name in ("hbm", "compute", "dispatch"):
         ns = r[f"{name}_ns"]
-        mark = "  ← binding" if name == r["binding"] else ""
+        mark = "  ← binding" if name == r["binding"] else "  ← largest" if name == r.get("largest_bound") else ""
         share = f"{ns / lat:.1%}" if lat else "-"
         lines.append(f"{indent}{name:<10}{ns:>12.1f}{share:>12}  {work[name]}{mark}")
     lines.append(f"{indent}{'unit':<10}{'busy ns':>12}{'util':>12}{'count':>9}{'bytes':>14}")

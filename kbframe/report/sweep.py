@@ -134,10 +134,13 @@ def summary_text(jobs: list[Job], sweep_dir: Path) -> str:
                      _fmt(j.get("sim.latency_ns"), ".1f") if ok else "-",
                      _fmt(j.get("dispatch.cycles_per_tile"), ".1f") if ok else "-",
                      _fmt(j.get("dispatch.commands_per_tile"), ".2f") if ok else "-",
-                     (f"{j.get('roofline.binding')} {_fmt(j.get('roofline.fraction'), '.1%')}") if ok else "-",
+                     # the largest bound and latency's share of it; what binds (critical path)
+                     (f"{j.get('roofline.largest_bound') or j.get('roofline.binding')} "
+                      f"{_fmt(j.get('roofline.fraction'), '.1%')}") if ok else "-",
+                     str(j.get("roofline.binding")) if ok else "-",
                      _fmt(j.get("numerics.max_abs_err"), ".2g", "off") if ok else "-"])
     lines += _md_table(["job", "status", "overrides", "latency ns", "cycles/tile", "cmds/tile",
-                        "bound (of it)", "max abs err"], rows, "rllrrrlr")
+                        "largest bound (of it)", "binding", "max abs err"], rows, "rllrrrllr")
     ps = pairs(jobs)
     if ps:
         lines += ["", "### opt3 vs opt2 (ratio = opt3 / opt2)", ""]

@@ -21,11 +21,11 @@ METRIC_COLUMNS = [
     "bench", "calibration.R", "calibration.FIXED", "shape.G", "shape.d", "shape.S_kv", "shape.tile",
     "sim.latency_ns", "dispatch.commands", "dispatch.cycles", "dispatch.commands_per_tile",
     "dispatch.cycles_per_tile", "numerics.max_abs_err", "numerics.max_rel_err",
-    "roofline.binding", "roofline.bound_ns", "roofline.fraction", "roofline.hbm_bytes",
-    "roofline.flops", "sim.events", "sim.wall_s",
+    "roofline.binding", "roofline.largest_bound", "roofline.bound_ns", "roofline.fraction", "roofline.hbm_bytes",
+    "roofline.flops", "critical_path.ns_per_unit", "sim.events", "sim.wall_s",
 ]
 #: metric columns that hold text; every other one is a number (or absent)
-TEXT_COLUMNS = ("bench", "roofline.binding")
+TEXT_COLUMNS = ("bench", "roofline.binding", "roofline.largest_bound")
 #: where a metric column comes from in a job's config when it has no metrics.json
 CONFIG_FALLBACK = {"bench": "bench.name", "calibration.R": "calibration.R",
                    "calibration.FIXED": "calibration.FIXED", "shape.G": "bench.G",

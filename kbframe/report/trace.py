@@ -6,7 +6,8 @@ Layout:
   ``DMA write``, ``GEMM``, ``MATH`` (an unknown unit keeps its op_log name);
 - one complete event (``"ph": "X"``) per op_log record, ``name`` = op_kind, ``cat`` = unit,
   ``ts``/``dur`` in µs (the format's unit), ``args`` = {op_kind, cmd, bytes, tile} (DMA adds
-  ``t_data_us``, when the channel began moving the transfer's bytes);
+  ``t_data_us``, when the channel began moving the transfer's bytes; a slice on the run's
+  critical path adds ``critical: true``, see :func:`write_trace`);
 - one flow per command (``"ph"`` ``s`` → ``t`` … → ``f``, ``id`` = pe·10⁹ + cmd, bound to the
   enclosing slices): dispatch on PE_CPU → admission in PE_SCHEDULER → each stage in time
   order, so a viewer can follow one composite from dispatch to completion.
@@ -130,11 +131,18 @@ def _flow(fid: int, steps: list) -> str:
     return event % "s" + first + (t + t.join(middle) if middle else "") + event % "f" + last
 
 
-def write_trace(op_log: Path | str, out: Path | str, tracks: dict | None = None) -> dict:
+def write_trace(op_log: Path | str, out: Path | str, tracks: dict | None = None, critical=None) -> dict:
     """Convert ``op_log`` (op_log.jsonl) into ``out`` (trace.json), atomically (a temporary
     file, then rename). ``tracks`` (op_log unit → track name, in track order; the units'
     declared labels, :func:`tracks_from_units`) names the tracks; a unit it does not list
     keeps its op_log name and comes after those it lists.
+
+    ``critical``: op_log record indices (0-based, blank lines not counted) on the run's
+    critical path (:mod:`kbframe.report.critical_path`); their slices get
+    ``"critical":true`` in ``args``, so Perfetto can find them (query
+    ``args.critical``). The flag comes from the run, which knows what each record
+    waited for; a trace rebuilt from an op_log alone (``python -m kbframe.report.trace``)
+    has none, and is byte-identical to the run's trace without it.
 
     Returns:
         ``{"slices": {unit: count}, "flows": n_commands, "lanes": {unit@PEn: n}}``.
@@ -154,6 +162,8 @@ def write_trace(op_log: Path | str, out: Path | str, tracks: dict | None = None)
     pending: dict[tuple, list] = {}      # (pe, cmd text) → [(ps, tid, flow text)]: dispatch, then stages
     durs: dict[int, str] = {}            # duration (ps) → its µs text (few distinct values)
     n_flows = 0
+    n_rec = -1                           # record index of the line being read
+    critical = critical or ()
     dumps, fast, frac_ps = json.dumps, _OPLOG_LINE.fullmatch, _FRAC_PS
 
     def kind_of(pe, unit, kind) -> _Kind:
@@ -197,6 +207,7 @@ def write_trace(op_log: Path | str, out: Path | str, tracks: dict | None = None)
                     k = kind_of(pe, unit, kind)
                     cmd = str(cmd)  # as the fast path has it
                     ts = _us(p0)
+                n_rec += 1
                 k.count += 1
                 ends = k.ends
                 lane = 0
@@ -215,6 +226,8 @@ def write_trace(op_log: Path | str, out: Path | str, tracks: dict | None = None)
                         durs.clear()
                     dur = durs[p1 - p0] = _us(p1 - p0)
                 extra = "" if p_data is None else f',"t_data_us":{_us(p_data)}'
+                if n_rec in critical:
+                    extra += ',"critical":true'
                 write(f'{sep}{k.head}{ts},"dur":{dur}{args}{cmd},"bytes":{nbytes},"tile":{tile}{extra}}}}}')
                 sep = ",\n"
                 key = (k.pe, cmd)

@@ -9,13 +9,16 @@ DMA records also carry ``t_data_ns``, when the transfer's data phase began; IPCQ
 receive records carry ``peer``, the other PE.
 
 Records are written in completion order, which is deterministic: the file is
-byte-identical across runs of the same config.
+byte-identical across runs of the same config. What each record waited for is kept
+beside it, in memory, by :class:`~kbframe.sim.waits.WaitLog` (``OpLog.waits``), in the
+same order; it never enters the file.
 """
 from __future__ import annotations
 
 from collections import defaultdict
 
 from ..ir.commands import command_kind
+from .waits import WAIT_CODE, WaitLog
 
 #: ``_FRAC[r]``: how Python prints the fraction of ``r / 1000`` (``".5"``, ``".001"``, ``".0"``).
 _FRAC = tuple(repr(r / 1000)[1:] for r in range(1000))
@@ -42,12 +45,13 @@ class _Totals:
     """Running totals of one ``(pe, unit)``; ``full`` is False for PE_SCHEDULER, whose
     records count commands but carry no bytes or busy time."""
 
-    __slots__ = ("count", "bytes", "busy_ps", "full", "heads")
+    __slots__ = ("count", "bytes", "busy_ps", "full", "heads", "codes")
 
     def __init__(self, full: bool):
         self.count = self.bytes = self.busy_ps = 0
         self.full = full
         self.heads: dict = {}  # op_kind -> the record's fixed leading text
+        self.codes: dict = {}  # op_kind -> the record name's code in the WaitLog
 
 
 class OpLog:
@@ -67,6 +71,10 @@ class OpLog:
         self.flops = 0
         self.hbm_bytes = 0
         self.n_records = 0
+        #: what each record waited for, record by record (the critical path's input);
+        #: its fields are appended here, inline (once per record: the hot path)
+        self.waits = WaitLog()
+        self._wdata = self.waits.data
 
     # the per-(pe, unit) totals, as dicts that default to 0 (bench.py reads them)
     @property
@@ -132,7 +140,12 @@ class OpLog:
         else:
             t.busy_ps += t1 - t0
         self.flops += st.flops
-        self.n_records += 1
+        st.seq = idx = self.n_records
+        self.n_records = idx + 1
+        code = t.codes.get(st.op_kind)
+        if code is None:
+            code = t.codes[st.op_kind] = self.waits.code(pe, unit.name, st.op_kind)
+        self._wdata.extend((code, st.cmd.id, t0, t1, t_data, -1, st.ready_by))
         if st.peer >= 0 and self._f is not None:  # an IPCQ stage also names the other PE
             if self._rows:
                 self._flush()
@@ -145,24 +158,36 @@ class OpLog:
             if len(rows) >= self._batch:
                 self._flush()
 
-    def dispatch(self, pe: int, cmd, t0: int, t1: int) -> None:
-        """Record PE_CPU's dispatch of ``cmd`` over ``[t0, t1)``."""
+    def dispatch(self, pe: int, cmd, t0: int, t1: int, why: str = "cpu", ref: int = -1) -> None:
+        """Record PE_CPU's dispatch of ``cmd`` over ``[t0, t1)``; it waited for ``why``
+        (``ref``), as :mod:`kbframe.sim.waits` lists."""
         t = self._entry(pe, "cpu")
         nbytes = cmd.logical_bytes
+        kind = command_kind(cmd)
         t.count += 1
         t.busy_ps += t1 - t0
         t.bytes += nbytes
+        code = t.codes.get(kind)  # the WaitLog fields, inline (once per record)
+        if code is None:
+            code = t.codes[kind] = self.waits.code(pe, "cpu", kind)
+        self._wdata.extend((code, cmd.id, t0, t1, -1, WAIT_CODE[why], ref))
         self.n_records += 1
         if self._f is not None:
-            self._record(pe, "cpu", t, command_kind(cmd), cmd.id, -1, t0, t1, nbytes, -1)
+            self._record(pe, "cpu", t, kind, cmd.id, -1, t0, t1, nbytes, -1)
 
-    def command(self, pe: int, cmd, t_admit: int, t_done: int) -> None:
-        """Record a command's span in PE_SCHEDULER, from admission to completion."""
+    def command(self, pe: int, cmd, t_admit: int, t_done: int, why: str = "dispatch", ref: int = -1) -> None:
+        """Record a command's span in PE_SCHEDULER, from admission to completion; its
+        admission waited for ``why`` (``ref``), as :mod:`kbframe.sim.waits` lists."""
         t = self._entry(pe, "scheduler", full=False)
+        kind = command_kind(cmd)
         t.count += 1
+        code = t.codes.get(kind)
+        if code is None:
+            code = t.codes[kind] = self.waits.code(pe, "scheduler", kind)
+        self._wdata.extend((code, cmd.id, t_admit, t_done, -1, WAIT_CODE[why], ref))
         self.n_records += 1
         if self._f is not None:
-            self._record(pe, "scheduler", t, command_kind(cmd), cmd.id, -1, t_admit, t_done, 0, -1)
+            self._record(pe, "scheduler", t, kind, cmd.id, -1, t_admit, t_done, 0, -1)
 
     def close(self) -> None:
         """Write the pending records and close the file."""

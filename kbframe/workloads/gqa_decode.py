@@ -7,6 +7,7 @@ The unit of progress is the KV tile (``tile`` keys); the reference is float64
 """
 from __future__ import annotations
 
+import inspect
 import math
 from dataclasses import dataclass, field
 from typing import Optional
@@ -30,6 +31,16 @@ class GqaDecodeConfig(BenchConfig):
     tile: int = 64  # keys per KV tile (TILE)
     scale: Optional[float] = None  # softmax scale; None → 1/sqrt(d)
     inputs: DecodeInputsConfig = field(default_factory=DecodeInputsConfig)
+    # opt2's design space (issue 13; kbframe.kernels.gqa_decode.gqa_decode_opt2 documents
+    # the ADR rule each keeps or relaxes); null: the kernel takes no such parameter
+    s_buffers: Optional[int] = None  # S buffers (≥ 2; the ADR's opt2: 2)
+    k_prefetch: Optional[int] = None  # tiles #1 (Q·Kᵀ) is issued ahead of #2 (< s_buffers; ADR: 1)
+    v_buffers: Optional[int] = None  # V buffers when V is prefetched (≥ 2, > k_prefetch)
+    v_staging: Optional[str] = None  # composite (ADR D4/D6.2: V streamed inside #2) or prefetch (tl.load ahead)
+
+
+#: opt2's design keys and the kernel's defaults (ADR-0065's opt2)
+DESIGN_DEFAULTS = {"s_buffers": 2, "k_prefetch": 1, "v_buffers": 2, "v_staging": "composite"}
 
 
 class GqaDecode(Workload):
@@ -48,6 +59,39 @@ class GqaDecode(Workload):
             raise ConfigError(f"bench.scale must be a finite number > 0, got {c.scale}")
         if not (math.isfinite(c.inputs.peak) and c.inputs.peak >= 0):
             raise ConfigError(f"bench.inputs.peak must be a finite number ≥ 0, got {c.inputs.peak}")
+        self._validate_design()
+
+    def _validate_design(self) -> None:
+        """The opt2 design keys (:data:`DESIGN_DEFAULTS`), when any is set: ranges, and a
+        prefetch distance below each ring it writes ahead into."""
+        c = self.cfg
+        if all(c[k] is None for k in DESIGN_DEFAULTS):
+            return
+        e = {k: (c[k] if c[k] is not None else v) for k, v in DESIGN_DEFAULTS.items()}
+        if e["v_staging"] not in ("composite", "prefetch"):
+            raise ConfigError(f"bench.v_staging must be composite or prefetch, got '{e['v_staging']}'")
+        for key in ("s_buffers", "v_buffers"):
+            if e[key] < 2:
+                raise ConfigError(f"bench.{key} must be ≥ 2 (one buffer is written while another is read), "
+                                  f"got {e[key]}")
+        if e["k_prefetch"] < 0:
+            raise ConfigError(f"bench.k_prefetch must be ≥ 0, got {e['k_prefetch']}")
+        rings = [("s_buffers", "S")] + ([("v_buffers", "V")] if e["v_staging"] == "prefetch" else [])
+        for key, what in rings:
+            if e["k_prefetch"] >= e[key]:
+                raise ConfigError(f"bench.k_prefetch={e['k_prefetch']} must be < bench.{key}={e[key]}: a tile "
+                                  f"issued that far ahead would overwrite the {what} buffer of a tile not yet "
+                                  f"consumed")
+
+    def programs(self, kernel, make_tl, inputs: dict | None) -> dict:
+        """As :meth:`Workload.programs`; a design key set for a kernel without that
+        parameter is refused (ConfigError naming both)."""
+        params = inspect.signature(kernel).parameters
+        for key in DESIGN_DEFAULTS:
+            if self.cfg[key] is not None and key not in params:
+                raise ConfigError(f"bench.{key} is a parameter of decode opt2's kernel; bench.kernel "
+                                  f"'{self.cfg.kernel}' does not take it")
+        return super().programs(kernel, make_tl, inputs)
 
     def tensors(self) -> dict:
         c = self.cfg
@@ -100,7 +144,9 @@ class GqaDecode(Workload):
 
     def kernel_kwargs(self, inputs: dict | None) -> dict:
         c = self.cfg
-        return dict(G=c.G, d=c.d, S_kv=c.S_kv, tile=int(c.tile), scale=self.scale(inputs))
+        kw = dict(G=c.G, d=c.d, S_kv=c.S_kv, tile=int(c.tile), scale=self.scale(inputs))
+        kw.update({k: c[k] for k in DESIGN_DEFAULTS if c[k] is not None})
+        return kw
 
     def n_units(self) -> int:
         return -(-self.cfg.S_kv // self.cfg.tile)

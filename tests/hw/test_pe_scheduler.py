@@ -132,3 +132,80 @@ def test_head_of_line_blocking_is_strict_fifo(tmp_path, rng):
     a_end = _span(log, 2)[1]
     assert _dispatched(log, 4) < a_end
     assert min(r["t_start_ns"] for r in _by_cmd(log)[4]) >= a_end
+
+
+def test_pe_cpu_resumes_as_soon_as_the_queue_has_room(tmp_path, rng):
+    """A queue of 2: A waits for the load of v, B for A, so C's dispatch waits for room.
+    When the load completes, A is admitted and B alone stays queued: there is room, and
+    PE_CPU resumes then (issue 13), not once the queue has fully drained (A's end)."""
+    t = _tensors(rng)
+
+    def kern(tl):
+        v = tl.load(tl.ref("v"))                                           # cmd 1: 16 KiB
+        y = tl.composite(op="gemm", a=tl.ref("x"), b=v)                    # cmd 2: A reads v
+        tl.composite(op="gemm", a=y, b=tl.ref("w"))                        # cmd 3: B reads y
+        tl.composite(op="gemm", a=tl.ref("x"), b=tl.ref("v2"))             # cmd 4: C
+
+    sim = Sim(tmp_path, t, data=False, overrides=["hardware.units.scheduler.max_queued_commands=2"])
+    log = sim.run(kern)
+    (c,) = [r for r in log if r["unit"] == "cpu" and r["cmd"] == 4]
+    load_end, a_end = _span(log, 1)[1], _span(log, 2)[1]
+    assert c["t_start_ns"] == load_end == _span(log, 2)[0] < a_end
+    # what the dispatch waited for, as the critical path reads it: room made by admitting A
+    rows = sim.oplog.waits.rows()
+    (w,) = [r for r in rows if r[1] == "cpu" and r[3] == 4]
+    assert (w[7], w[8]) == ("room", 2)
+
+
+def _rw_aware_kernel(hs):
+    def kern(tl):
+        hs["y"] = y = tl.composite(op="gemm", a=tl.ref("x"), b=tl.ref("v"))     # cmd 1: A writes y
+        hs["z"] = z = tl.composite(op="gemm", a=y, b=tl.ref("w"))               # cmd 2: B reads y (RAW on A)
+        hs["c"] = tl.composite(op="gemm", a=tl.ref("x"), b=tl.ref("v2"))        # cmd 3: C independent
+        hs["d"] = tl.composite(op="gemm", a=z, b=tl.ref("w"))                   # cmd 4: D reads z (queued B's)
+        tl.composite(op="gemm", a=tl.ref("x"), b=tl.ref("v2"), out=y)           # cmd 5: E writes y (A, B)
+    return kern
+
+
+def test_rw_aware_overtakes_where_legal_and_never_across_a_hazard(tmp_path, rng):
+    """ADR-0065 A4 (``policy: rw_aware``): C, hazard-free, is admitted while B waits for A;
+    D reads what queued B writes (RAW) and E writes what in-flight A writes and queued B
+    reads (WAW, WAR): both wait for B. The numbers are program order's."""
+    t, hs = _tensors(rng), {}
+    sim = Sim(tmp_path, t, overrides=["hardware.units.scheduler.policy=rw_aware"])
+    log = sim.run(_rw_aware_kernel(hs))
+    a_end, (b_admit, b_end) = _span(log, 1)[1], _span(log, 2)
+    assert _span(log, 3)[0] < a_end == b_admit          # C overtook blocked B
+    assert _span(log, 4)[0] >= b_end and _span(log, 5)[0] >= b_end  # D and E did not
+    admitted = [r["cmd"] for r in sorted((r for r in log if r["unit"] == "scheduler"),
+                                         key=lambda r: (r["t_start_ns"], r["cmd"]))]
+    assert admitted == [1, 3, 2, 4, 5]
+    x, v, w, v2 = t["x"], t["v"], t["w"], t["v2"]
+    np.testing.assert_allclose(sim.read(hs["z"]), x @ v @ w, rtol=1e-3, atol=1e-2)   # B read A's y, not E's
+    np.testing.assert_allclose(sim.read(hs["d"]), x @ v @ w @ w, rtol=1e-3, atol=1e-1)
+    np.testing.assert_allclose(sim.read(hs["y"]), x @ v2, rtol=1e-3, atol=1e-2)
+
+
+def test_strict_fifo_admits_in_dispatch_order(tmp_path, rng):
+    """The same kernel under the default policy: nothing overtakes B."""
+    log = Sim(tmp_path, _tensors(rng), data=False).run(_rw_aware_kernel({}))
+    admitted = [r["cmd"] for r in sorted((r for r in log if r["unit"] == "scheduler"),
+                                         key=lambda r: (r["t_start_ns"], r["cmd"]))]
+    assert admitted == [1, 2, 3, 4, 5] and _span(log, 3)[0] >= _span(log, 1)[1]
+
+
+def test_sanitizer_catches_an_rw_aware_scheduler_that_overtakes_across_a_hazard(tmp_path, rng, monkeypatch):
+    """A broken A4 that checks only in-flight commands lets D (reading queued B's z) run
+    before B: the sanitizer's data_dependencies rule names it."""
+    import pytest
+    from kbframe.errors import SanitizerError
+    from kbframe.hw.pe_scheduler import PeScheduler
+    from kbframe.sim import sanitizer
+    monkeypatch.setattr(PeScheduler, "_behind", staticmethod(lambda reads, writes, older: None))
+    sim = Sim(tmp_path, _tensors(rng), data=False, overrides=["hardware.units.scheduler.policy=rw_aware"])
+    sanitizer.enable(sim.engine)
+    log = sim.run(_rw_aware_kernel({}))
+    assert _span(log, 4)[0] < _span(log, 2)[1]  # D was admitted before B completed
+    with pytest.raises(SanitizerError) as e:
+        sanitizer.check(sim.engine, sim.log_path)
+    assert "data_dependencies" in str(e.value)

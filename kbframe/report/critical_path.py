@@ -1,0 +1,375 @@
+"""What bounds a run: its critical path, the steady-state period and its terms (issue 13;
+DESIGN.md decision 10).
+
+Input: the op_log records in file order with what each waited for, as rows
+``(pe, unit, op_kind, cmd, t_start, t_end, t_data, kind, ref, end_ref)`` (times in
+integer ps, ``t_data`` -1 when none; ``kind``/``ref``/``end_ref`` as
+:mod:`kbframe.sim.waits` defines them). The simulation records them in memory
+(``OpLog.waits.rows()``); a test can build them by hand. This module reads nothing else.
+
+**The path.** From the event that ends the run (the latest end), walk back along what
+each event waited for: a stage's end to its start (its *run* segment; a DMA stage's end
+to its data start, its *data* segment, then either the channel's previous transfer or
+its own *setup* segment), a start to the predecessor stage, the unit's previous stage or
+the command's admission; an admission to the command's dispatch, the completion of the
+command it had a hazard with, or the admission before it (strict FIFO); a dispatch to
+the previous dispatch, the admission that made queue room, or the command a
+``tl.wait`` waited for. Records on other PEs are followed like any other (a cross-PE
+``dep``). The segments cover ``[0, latency)`` exactly; any stretch the records do not
+explain is a *wait* segment, so they still add up.
+
+**The period.** A repeating workload repeats its path: the segment signatures (PE, unit,
+op kind, phase, duration) recur with some period of ``p`` segments. The smallest ``p``
+that repeats around the middle of the path, extended both ways as far as it holds and
+seen at least :data:`MIN_REPS` times, is the steady state; the period starts where the
+path enters a command from outside its own chain (a start that waited for admission,
+queue room or a ``tl.wait``), else at the oldest command's segment. ``period_ns`` is one repetition and its ``terms``
+(in path order) add up to it exactly. ``units_per_period`` is how many units of progress
+(KV tiles, output tiles: the workload says) one repetition covers: stages ending in a
+repetition × units / stages in the run, rounded (≥ 1; a repetition that covers less
+than a whole unit is taken as often as it needs to). Stages, not dispatches, measure
+the work: PE_CPU may run far ahead of it. Without a steady state the
+period is the whole path and the terms are summed by name, largest first.
+
+**Binding kind.** Over the steady-state window, each unit's busy time (DMA: data phases;
+PE_CPU: dispatches). If the busiest is busy ≥ :data:`BUSY_THRESHOLD` of the window, the
+kind is its resource (:data:`RESOURCE`: ``hbm``, ``compute``, ``dispatch``); else
+``chain``: a loop-carried chain of waits, not a resource, sets the period. Each unit's
+idle time per period is split by what its next busy interval waited for.
+"""
+from __future__ import annotations
+
+from bisect import bisect_left
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+#: a unit busy at least this share of the period makes the period resource-bound
+BUSY_THRESHOLD = 0.95
+#: fewest repetitions that make a steady state
+MIN_REPS = 3
+#: longest period searched, in path segments
+MAX_PERIOD_SEGMENTS = 2048
+#: how far a repetition's records may be from a whole number of units' worth (a share)
+UNIT_TOLERANCE = 0.2
+#: role a unit serves → the resource it stands for in the binding kind (by default the
+#: op_log names units by these roles; PE_CPU's dispatches are unit ``cpu``)
+RESOURCE = {"dma_read": "hbm", "dma_write": "hbm", "gemm": "compute", "math": "compute", "cpu": "dispatch",
+            "dispatch": "dispatch"}
+
+
+def resources_from_roles(roles: dict) -> dict:
+    """``{op_log unit name: resource}`` from ``{unit name: roles it serves}`` (the units'
+    declared roles, DESIGN.md decision 8): the first role with a resource wins."""
+    out = {"cpu": "dispatch"}
+    for name, rs in roles.items():
+        for r in rs:
+            if r in RESOURCE:
+                out[name] = RESOURCE[r]
+                break
+    return out
+
+_PE, _UNIT, _KIND, _CMD, _T0, _T1, _TD, _WHY, _REF, _END = range(10)
+
+
+class Segment(NamedTuple):
+    """One stretch of the critical path: record ``rec`` (-1: none) in ``phase`` (``run``,
+    ``setup``, ``data`` or ``wait``) over ``[t0, t1)`` ps; ``why``: what a ``wait`` waited
+    for. :func:`segment_name` labels it."""
+    rec: int
+    phase: str
+    t0: int
+    t1: int
+    why: str = ""
+
+
+def segment_name(rows, s: Segment) -> str:
+    """A segment's term name: ``dma_read setup``, ``gemm``, ``math add``, ``cpu dispatch
+    composite``, ``wait hazard`` …"""
+    return f"wait {s.why}".strip() if s.phase == "wait" else _name(rows[s.rec], s.phase)
+
+
+@dataclass
+class CriticalPath:
+    """The analysis of one run: ``segments`` in time order, the steady window and metrics."""
+    segments: list
+    metrics: dict
+    records: set = field(default_factory=set)  # records with time on the path (trace flag)
+
+
+def _ns(ps) -> float:
+    return round(ps / 1000, 3)
+
+
+def _name(row, phase: str) -> str:
+    if phase == "wait":
+        return "wait"
+    if row[_UNIT] == "cpu":
+        return f"cpu dispatch {row[_KIND]}"
+    if phase in ("setup", "data"):
+        return f"{row[_UNIT]} {phase}"
+    return row[_UNIT] if row[_KIND] == row[_UNIT] else f"{row[_UNIT]} {row[_KIND]}"
+
+
+def walk(rows: list) -> list:
+    """The critical path of ``rows`` as :class:`Segment` s in time order (module doc)."""
+    if not rows:
+        return []
+    sched, disp = {}, {}
+    for i, r in enumerate(rows):
+        if r[_UNIT] == "scheduler":
+            sched[(r[_PE], r[_CMD])] = i
+        elif r[_UNIT] == "cpu":
+            disp[(r[_PE], r[_CMD])] = i
+    t_last = max(r[_T1] for r in rows)
+    idx = len(rows) - 1
+    while rows[idx][_T1] != t_last:  # the last record to end (the latest logged of those)
+        idx -= 1
+    pos, t = "end", rows[idx][_T1]
+    back: list = []
+    seg = back.append
+
+    for _ in range(4 * len(rows) + 4):
+        r = rows[idx]
+        pe = r[_PE]
+        nxt = None
+        if pos == "end":
+            if r[_UNIT] == "scheduler":  # completion: the stage that completed it
+                nxt = (r[_END], "end") if r[_END] >= 0 else (idx, "start")
+            elif r[_TD] >= 0:
+                seg((idx, "data", r[_TD], r[_T1], ""))
+                t = r[_TD]
+                nxt = (idx, "data")
+            else:
+                seg((idx, "run", r[_T0], r[_T1], ""))
+                t = r[_T0]
+                nxt = (idx, "start")
+        elif pos == "data":
+            if r[_END] >= 0:  # the channel's previous transfer
+                nxt = (r[_END], "end")
+            else:
+                seg((idx, "setup", r[_T0], r[_TD], ""))
+                t = r[_T0]
+                nxt = (idx, "start")
+        else:  # the record's start (a command's: its admission)
+            why, ref = r[_WHY], r[_REF]
+            if why in ("dep", "unit", "cpu"):
+                nxt = (ref, "end") if ref >= 0 else None
+            elif why in ("admit", "room", "fifo"):
+                j = sched.get((pe, ref))
+                nxt = (j, "start") if j is not None else None
+            elif why in ("hazard", "wait"):
+                j = sched.get((pe, ref))
+                nxt = (j, "end") if j is not None else None
+            elif why == "dispatch":
+                j = disp.get((pe, r[_CMD]))
+                nxt = (j, "end") if j is not None else None
+            if nxt is None:  # the start of the kernel, or an unexplained wait
+                if t > 0:
+                    seg((-1, "wait", 0, t, why))
+                break
+        j, p = nxt
+        tj = rows[j][_T1] if p == "end" else rows[j][_TD] if p == "data" else rows[j][_T0]
+        if tj > t:  # a cause after its effect: not a record this walk can follow
+            seg((-1, "wait", 0, t, "unexplained"))
+            break
+        if tj < t:
+            seg((-1, "wait", tj, t, rows[idx][_WHY] if pos == "start" else ""))
+            t = tj
+        idx, pos = j, p
+    back.reverse()
+    return [Segment._make(b) for b in back]
+
+
+def _signature(rows, s: Segment) -> tuple:
+    r = rows[s.rec] if s.rec >= 0 else (None,) * 10
+    return r[_PE], r[_UNIT], r[_KIND], s.phase, s.t1 - s.t0
+
+
+def _period(sig: list, segs: list, ends: list, per_unit_records: float) -> tuple | None:
+    """``(start, p, reps, units)``: the steady repetition around the middle of the path
+    (module doc), or None. A repetition of ``p`` segments must cover a whole number of
+    units of progress: ``units`` ≈ its stages / ``per_unit_records`` (within
+    :data:`UNIT_TOLERANCE`); a shorter one (two back-to-back transfers of one tile) is
+    taken ``k`` times over, the fewest that cover whole units."""
+    n = len(sig)
+    m = n // 2
+    for p in range(1, min(n // 2, MAX_PERIOD_SEGMENTS) + 1):
+        c = min(m, n - 2 * p)
+        if any(sig[c + j] != sig[c + j + p] for j in range(p)):
+            continue
+        lo, hi = c, c + 2 * p
+        while lo > 0 and sig[lo - 1] == sig[lo - 1 + p]:
+            lo -= 1
+        while hi < n and sig[hi] == sig[hi - p]:
+            hi += 1
+        reps = (hi - lo) // p
+        t_lo, t_hi = segs[lo].t0, segs[lo + reps * p - 1].t1
+        u = (bisect_left(ends, t_hi) - bisect_left(ends, t_lo)) / reps / per_unit_records
+        for k in range(1, reps // MIN_REPS + 1):
+            units = round(k * u)
+            if units >= 1 and abs(k * u - units) <= UNIT_TOLERANCE * units:
+                return lo, k * p, reps // k, units
+    return None
+
+
+def _phase(rows, rep: list) -> int:
+    """Where a period starts, as an offset into one repetition ``rep``: at the first
+    segment that enters a command from outside its own chain (its start waited for an
+    admission, queue room or a ``tl.wait``), else at the segment of the oldest command."""
+    for i, s in enumerate(rep):
+        if s.rec >= 0 and s.phase in ("run", "setup") and rows[s.rec][_WHY] in ("admit", "room", "wait"):
+            return i
+    cmds = [rows[s.rec][_CMD] if s.rec >= 0 else 1 << 62 for s in rep]
+    return cmds.index(min(cmds))
+
+
+def _why_label(rows, row, sched) -> str:
+    """What a record's start waited for, as a short label."""
+    why, ref = row[_WHY], row[_REF]
+    if why == "dep" and 0 <= ref < len(rows):
+        return f"dep {_name(rows[ref], 'run')}"
+    if why == "admit":
+        j = sched.get((row[_PE], ref))
+        return f"admission ({rows[j][_WHY]})" if j is not None else "admission"
+    return {"room": "queue room", "wait": "tl.wait", "cpu": "dispatch", "unit": "unit busy"}.get(why, why)
+
+
+def _units(rows, ta: int, tb: int, reps: int, multi_pe: bool, sched: dict) -> dict:
+    """Per unit: busy and idle ns per period over ``[ta, tb)``, and what the idle time
+    waited for (labels → ns per period). One pass in op_log order, where each unit's
+    busy intervals (DMA: data phases) come in start order."""
+    state: dict = {}  # (pe, unit) -> [end of its latest busy interval, busy in window, {label: ps}]
+    for r in rows:
+        pe, unit, _, _, t0, b1, td = r[:7]
+        if unit == "scheduler":
+            continue
+        st = state.get((pe, unit))
+        if st is None:
+            st = state[(pe, unit)] = [0, 0, {}]
+        prev = st[0]
+        if prev >= tb:
+            continue
+        b0 = td if td >= 0 else t0
+        if b0 > prev and b0 > ta:  # an idle gap before it: what this record waited for
+            waits = st[2]
+            label = _why_label(rows, r, sched)
+            if td >= 0:  # the data phase waited for the setup, the setup for its start
+                cut = min(max(t0, prev), b0)
+                pieces = ((label, prev, cut), ("setup", cut, b0))
+            else:
+                pieces = ((label, prev, b0),)
+            for lab, a, b in pieces:
+                a, b = max(a, ta), min(b, tb)
+                if b > a:
+                    waits[lab] = waits.get(lab, 0) + (b - a)
+        if b1 > ta and b0 < tb:  # the busy part inside the window
+            st[1] += (b1 if b1 < tb else tb) - (b0 if b0 > ta else ta)
+        if b1 > prev:
+            st[0] = b1
+    out = {}
+    width = tb - ta
+    for (pe, unit), (prev, busy, waits) in sorted(state.items()):
+        if prev < tb:
+            waits["finished"] = waits.get("finished", 0) + tb - max(prev, ta)
+        key = f"PE{pe}.{unit}" if multi_pe else unit
+        out[key] = {"busy_ns": _ns(busy / reps), "idle_ns": _ns((width - busy) / reps),
+                    "busy_fraction": round(busy / width, 6) if width else 0.0,
+                    "waited_for": {k: _ns(v / reps) for k, v in sorted(waits.items(), key=lambda kv: -kv[1])}}
+    return out
+
+
+def analyse(rows: list, n_units: int, unit_name: str = "unit", resources: dict | None = None) -> CriticalPath:
+    """The critical path, steady-state period, terms and binding kind of a run.
+
+    Args:
+        rows: the run's records with their waits (module doc), in op_log order, or an
+            object whose ``rows()`` gives them.
+        n_units: units of progress of the whole run (e.g. KV tiles), ≥ 1.
+        unit_name: what one unit of progress is (``"KV tile"``, ``"output tile"``).
+        resources: op_log unit name → resource kind (:func:`resources_from_roles`);
+            default :data:`RESOURCE`; a unit it does not name binds under its own name.
+    Returns:
+        A :class:`CriticalPath`; its ``metrics`` are ``metrics.json`` ``critical_path``:
+        ``binding``, ``unit_of_progress``, ``steady``, ``period_ns``, ``units_per_period``,
+        ``ns_per_unit``, ``repetitions``, ``window_ns``, ``terms`` (``name``, ``unit``,
+        ``op_kind``, ``phase``, ``pe``, ``ns``), ``busiest``, ``units`` and ``path``.
+    """
+    if hasattr(rows, "rows"):  # a recorder (kbframe.sim.waits.WaitLog): its rows
+        rows = rows.rows()
+    segs = walk(rows)
+    multi_pe = len({r[_PE] for r in rows}) > 1
+    total = segs[-1].t1 - segs[0].t0 if segs else 0
+    ends = sorted([r[_T1] for r in rows if r[_UNIT] not in ("cpu", "scheduler")])  # the work: stages
+    found = (_period([_signature(rows, s) for s in segs], segs, ends, max(1, len(ends)) / max(1, n_units))
+             if segs else None)
+    if found is not None:
+        lo, p, reps, per_unit = found
+        start = lo + _phase(rows, segs[lo:lo + p])
+        if (lo + reps * p - start) // p >= MIN_REPS:
+            reps = (lo + reps * p - start) // p
+        else:
+            start = lo
+        rep = segs[start:start + p]
+        ta, tb = segs[start].t0, segs[start + reps * p - 1].t1
+        period = (tb - ta) // reps
+        terms = [_term(rows, s, s.t1 - s.t0) for s in rep if s.t1 > s.t0]
+    else:
+        reps, per_unit = 1, max(1, n_units)
+        ta, tb = (segs[0].t0, segs[-1].t1) if segs else (0, 0)
+        period = total
+        summed: dict = {}
+        for s in segs:
+            if s.t1 > s.t0:
+                summed.setdefault(segment_name(rows, s), [s, 0])[1] += s.t1 - s.t0
+        terms = sorted((_term(rows, s, ps) for s, ps in summed.values()), key=lambda t: -t["ns"])
+    sched = {(r[_PE], r[_CMD]): i for i, r in enumerate(rows) if r[_UNIT] == "scheduler"}
+    units = _units(rows, ta, tb, reps, multi_pe, sched) if tb > ta else {}
+    busiest = max(units.items(), key=lambda kv: kv[1]["busy_fraction"], default=(None, None))
+    binding = "chain"
+    if busiest[0] is not None and busiest[1]["busy_fraction"] >= BUSY_THRESHOLD:
+        unit = busiest[0].split(".", 1)[1] if multi_pe else busiest[0]
+        binding = (resources if resources is not None else RESOURCE).get(unit, unit)
+    metrics = {
+        "binding": binding,
+        "unit_of_progress": unit_name,
+        "steady": found is not None,
+        "period_ns": _ns(period),
+        "units_per_period": per_unit,
+        "ns_per_unit": _ns(period / per_unit),
+        "repetitions": reps,
+        "window_ns": [_ns(ta), _ns(tb)],
+        "terms": terms,
+        "busiest": ({"unit": busiest[0], "busy_fraction": busiest[1]["busy_fraction"]}
+                    if busiest[0] is not None else None),
+        "units": units,
+        "path": {"segments": len(segs), "ns": _ns(total)},
+    }
+    return CriticalPath(segs, metrics, {s.rec for s in segs if s.rec >= 0 and s.t1 > s.t0})
+
+
+def _term(rows, s: Segment, ps: int) -> dict:
+    r = rows[s.rec] if s.rec >= 0 else None
+    return {"name": segment_name(rows, s), "unit": r[_UNIT] if r else "", "op_kind": r[_KIND] if r else "",
+            "phase": s.phase, "pe": r[_PE] if r else -1, "ns": _ns(ps)}
+
+
+def summary_line(cp: dict, max_terms: int = 6) -> str:
+    """One console line: binding kind, period per unit of progress and its terms (more
+    than ``max_terms`` terms are summed per unit and phase, with their count)."""
+    terms = cp["terms"]
+    if len(terms) > max_terms:
+        grouped: dict = {}
+        for t in terms:
+            key = "wait" if t["phase"] == "wait" else f"{t['unit']} {t['phase'] if t['phase'] != 'run' else ''}".strip()
+            g = grouped.setdefault(key, [0.0, 0])
+            g[0] += t["ns"]
+            g[1] += 1
+        text = " + ".join(f"{k} {ns:g}" + (f" ({n} terms)" if n > 1 else "") for k, (ns, n) in grouped.items())
+    else:
+        text = " + ".join(f"{t['name']} {t['ns']:g}" for t in terms)
+    per = cp["unit_of_progress"] if cp["units_per_period"] == 1 else f"{cp['units_per_period']} {cp['unit_of_progress']}s"
+    head = (f"{cp['binding']}: {cp['period_ns']:g} ns per {per}" if cp["steady"]
+            else f"{cp['binding']}: no steady state; {cp['period_ns']:g} ns whole path")
+    b = cp.get("busiest")
+    tail = f"; busiest {b['unit']} {b['busy_fraction']:.1%}" if b else ""
+    return f"{head} = {text}{tail}"
