@@ -257,7 +257,7 @@ class HeadsBatch:
         return {"d": int(q.shape[1])}
 
     def accept_file(self, arrays: dict, path: str) -> dict:
-        out = {n: np.asarray(arrays[n], dtype=np.float64) for n in ("q", "k", "v")}
+        out = super().accept_file(arrays, path)  # Workload's: float64 q, k, v
         file_scale = read_scale(arrays, path)
         if file_scale is not None:
             out["scale"] = file_scale

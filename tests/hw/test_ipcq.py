@@ -157,8 +157,8 @@ def test_shared_hbm_makes_two_pes_contend(tmp_path):
     GB/s for the cube, the second waits for the first's data phase."""
     ends = {}
     for mode in ("partitioned", "shared"):
-        c = Cube(tmp_path / mode, f"hardware.hbm_mode={mode}", "hardware.cube_hbm_gbps=204.8") \
-            if (tmp_path / mode).mkdir() is None else None
+        (tmp_path / mode).mkdir()
+        c = Cube(tmp_path / mode, f"hardware.hbm_mode={mode}", "hardware.cube_hbm_gbps=204.8")
         log = c.run({0: lambda tl: tl.load(tl.ref("x")), 1: lambda tl: tl.load(tl.ref("x"))})
         ends[mode] = sorted(r["t_end_ns"] for r in log if r["unit"] == "dma_read")
     assert ends["partitioned"][0] == ends["partitioned"][1]
