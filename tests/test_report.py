@@ -88,11 +88,14 @@ def test_report_by_hand_marks_failed_missing_and_unfinished_jobs(sweep, tmp_path
     assert text in out.out
     assert "6 not ok" not in text and "not ok: 6 of 8 jobs" in text
     pair = {(c[0], c[1]): c for c in ([x.strip() for x in l.strip("|").split("|")]
-                                       for l in text.split("### opt3 vs opt2")[1].split("###")[0].splitlines()
+                                       for l in text.split("### decode_opt3 vs decode_opt2 (ratio = decode_opt3 / decode_opt2)")[1]
+                                       .split("###")[0].splitlines()
                                        if l.startswith("|"))}
-    assert pair["0.25", "bench.tile=64"][4].endswith("×")  # both ok: a ratio
-    assert pair["0.0625", "bench.tile=64"][2:5] == ["missing", "running", "-"]
-    assert pair["0.25", "bench.tile=0"][2:5] == ["failed", "failed", "-"]
+    # one row per setting of the other swept keys, in numeric order
+    assert list(pair) == [("calibration.R", "bench.tile"), ("--------------:", "-----------:"), ("0.0625", "0"), ("0.0625", "64"), ("0.25", "0"), ("0.25", "64")]
+    assert pair["0.25", "64"][2:] == ["783.0", "307.5", "2.55×", "1653.0", "1040.5", "1.59×"]  # both ok: ratios
+    assert pair["0.0625", "64"][2:5] == ["missing", "running", "-"]
+    assert pair["0.25", "0"][2:5] == ["failed", "failed", "-"]
     for num in (1, 2, 3, 5, 6, 7):
         assert f"- job {num} [" in text
     assert "6 of 8 jobs not ok" in out.err
@@ -112,10 +115,12 @@ def test_a_running_job_whose_process_died_is_failed(sweep, tmp_path):
 
 def test_report_of_a_complete_pair(sweep):
     jobs = sweep_jobs.collect(sweep)
-    pairs = report.pairs(jobs)
-    ok = [p for p in pairs if p["dispatch_ratio"] is not None]
-    assert len(ok) == 1 and ok[0]["R"] == 0.25
-    j3, j2 = ok[0]["opt3"], ok[0]["opt2"]
+    comps = report.comparisons(jobs)
+    assert [(c["bench"], c["base"], c["setting"]) for c in comps] == [
+        ("decode_opt3", "decode_opt2", {"calibration.R": R, "bench.tile": t}) for R in (0.0625, 0.25) for t in (0, 64)]
+    ok = [c for c in comps if c["dispatch_ratio"] is not None]
+    assert len(ok) == 1 and ok[0]["setting"]["calibration.R"] == 0.25
+    j3, j2 = ok[0]["job"], ok[0]["base_job"]
     assert ok[0]["dispatch_ratio"] == pytest.approx(j3.get("dispatch.cycles_per_tile") / j2.get("dispatch.cycles_per_tile"))
     assert ok[0]["dispatch_ratio"] > 2
     assert ok[0]["latency_ratio"] == pytest.approx(j3.get("sim.latency_ns") / j2.get("sim.latency_ns"))
@@ -245,3 +250,76 @@ def test_metrics_json_is_never_half_written(tmp_path, monkeypatch):
         write_json_atomic(tmp_path / "metrics.json", {"new": 2})
     monkeypatch.setattr(files.json, "dump", real_dump)
     assert json.loads((tmp_path / "metrics.json").read_text()) == {"old": 1}
+
+
+def _job(num, overrides, status="ok", **values):
+    return sweep_jobs.Job(num=num, overrides=list(overrides), status=status, values=values)
+
+
+def _tile_sweep():
+    """decode_opt2/opt3 × bench.tile in the order a user typed it (text order would be
+    1024, 128, 2048, 256); latency grows with the tile for opt2, falls for opt3."""
+    jobs = []
+    for b, sign in (("decode_opt2", 1), ("decode_opt3", -1)):
+        for t in (256, 128, 2048, 1024):
+            jobs.append(_job(len(jobs), [f"+bench={b}", f"bench.tile={t}", "bench.S_kv=4096"], bench=b,
+                             **{"shape.tile": t, "sim.latency_ns": 10000.0 + sign * t,
+                                "dispatch.cycles_per_tile": 100.0 + t / 64, "dispatch.unit": "KV tile"}))
+    return jobs
+
+
+def test_swept_keys_parse_numbers_and_drop_constant_keys():
+    jobs = _tile_sweep()
+    assert sweep_jobs.swept_keys(jobs) == {"bench": ["decode_opt2", "decode_opt3"], "bench.tile": [256, 128, 2048, 1024]}
+    assert sorted([1024, "b", 128, "a", 2048, 0.5], key=sweep_jobs.sort_key) == [0.5, 128, 1024, 2048, "a", "b"]
+
+
+def test_a_tile_sweep_is_compared_and_plotted_against_the_tile_in_numeric_order(tmp_path, monkeypatch):
+    jobs = _tile_sweep()
+    comps = report.comparisons(jobs)
+    assert [(c["bench"], c["base"], c["setting"]["bench.tile"]) for c in comps] == [
+        ("decode_opt3", "decode_opt2", t) for t in (128, 256, 1024, 2048)]
+    assert [round(c["latency_ratio"], 4) for c in comps] == [
+        round((10000 - t) / (10000 + t), 4) for t in (128, 256, 1024, 2048)]
+    text = report.summary_text(jobs, tmp_path)
+    rows = [l for l in text.split("### decode_opt3 vs decode_opt2")[1].splitlines() if l.startswith("|")]
+    assert [r.strip("|").split("|")[0].strip() for r in rows] == ["bench.tile", "-----------:", "128", "256", "1024", "2048"]
+    assert "cycles/KV tile" in text
+    # the plot: x = bench.tile (the only numeric swept key), one line per bench, points by tile
+    assert report.x_key(jobs) == "bench.tile"
+    seen = {}
+    monkeypatch.setattr(report, "plot_sweep", lambda series, x_label, xs, unit, title, path:
+                        seen.update(series=series, x_label=x_label, xs=xs, unit=unit))
+    report.write_plot(jobs, tmp_path / "sweep.png")
+    assert seen["x_label"] == "bench.tile" and seen["xs"] == [128, 256, 1024, 2048] and seen["unit"] == "KV tile"
+    assert list(seen["series"]) == ["decode_opt2", "decode_opt3"]
+    assert [p[0] for p in seen["series"]["decode_opt2"]] == [256, 128, 2048, 1024]
+
+
+def test_the_x_axis_follows_the_swept_key_with_most_values_or_the_one_asked_for():
+    jobs = [_job(i, [f"+bench={b}", f"hardware.hbm_mode={m}", f"bench.splits={p}", f"bench.S_kv={s}"], bench=b)
+            for i, (b, m, p, s) in enumerate((b, m, p, s) for b in ("decode_splitk",) for m in ("partitioned", "shared")
+                                              for p in (1, 2, 4) for s in (64, 128, 256, 512))]
+    assert report.x_key(jobs) == "bench.S_kv"  # numeric, 4 values (splits has 3; hbm_mode is text)
+    assert report.x_key(jobs, "bench.splits") == "bench.splits"
+    with pytest.raises(ValueError, match=r"^x=bench.tile is not a swept key; the sweep varies: "
+                                         r"hardware.hbm_mode, bench.splits, bench.S_kv$"):
+        report.x_key(jobs, "bench.tile")
+    # a text key when no numeric one is swept (the GEMM harness: bench × gemm_shape)
+    gemm = [_job(i, [f"+bench={b}", f"+gemm_shape={s}"], bench=b) for i, (b, s) in
+            enumerate((b, s) for b in ("gemm_ref_ref", "gemm_load_ref") for s in ("m128_k128_n128", "m1_k4096_n4096", "m4096_k4096_n1"))]
+    assert report.x_key(gemm) == "gemm_shape"
+    assert report.x_key(gemm[:1]) is None
+
+
+def test_report_by_hand_with_a_key_the_sweep_does_not_vary_is_exit_2(sweep, tmp_path, capsys):
+    d = tmp_path / "x"
+    shutil.copytree(sweep, d)
+    for name in report.REPORT_FILES:
+        (d / name).unlink(missing_ok=True)
+    assert report.main([str(d), "--x", "bench.S_kv"]) == 2
+    assert capsys.readouterr().err == (f"kbframe: error: '{d}': x=bench.S_kv is not a swept key; the sweep varies: "
+                                       f"bench, calibration.R, bench.tile\n")
+    assert not (d / "sweep.csv").exists()
+    assert report.main([str(d), "--x", "calibration.R"]) == 1  # jobs not ok: exit 1, report written
+    assert (d / "sweep.png").is_file()

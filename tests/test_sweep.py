@@ -81,12 +81,13 @@ def test_six_job_sweep_writes_csv_summary_and_plot(serial):
     ratios = [float(t["decode_opt3", R]["dispatch.cycles_per_tile"]) /
               float(t["decode_opt2", R]["dispatch.cycles_per_tile"]) for R in RS]
     assert all(x > 2 for x in ratios) and ratios == sorted(ratios), ratios
-    # the summary pairs them, printed and saved
+    # the summary pairs them, printed and saved, R in numeric order
     summary = (d / "summary.md").read_text()
     assert summary in p.stdout
+    assert "### decode_opt3 vs decode_opt2 (ratio = decode_opt3 / decode_opt2)" in summary
     pair_rows = [l for l in summary.splitlines() if l.startswith("|") and "×" in l]
     assert len(pair_rows) == 3
-    for R, ratio, line in zip(RS, ratios, pair_rows):
+    for R, ratio, line in zip(RS[::-1], ratios[::-1], pair_rows):
         cells = [c.strip() for c in line.strip("|").split("|")]
         assert float(cells[0]) == R and cells[3] == f"{ratio:.2f}×"
         lat = float(t["decode_opt3", R]["sim.latency_ns"]) / float(t["decode_opt2", R]["sim.latency_ns"])

@@ -58,11 +58,14 @@ class SweepReport(Callback):
         enabled: set ``hydra.callbacks.sweep_report.enabled=false`` to skip the report.
         reuse_dir: allow a ``hydra.sweep.dir`` that holds an earlier sweep's jobs (the
             report lists the jobs of this sweep's plan only); refused by default.
+        x: the swept key on sweep.png's x-axis (``hydra.callbacks.sweep_report.x=bench.S_kv``);
+            default: :func:`kbframe.report.sweep.x_key`'s choice.
     """
 
-    def __init__(self, enabled: bool = True, reuse_dir: bool = False) -> None:
+    def __init__(self, enabled: bool = True, reuse_dir: bool = False, x: str | None = None) -> None:
         self.enabled = enabled
         self.reuse_dir = reuse_dir
+        self.x = x
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         """Before Hydra writes the sweep's ``multirun.yaml``: lock the sweep directory for
@@ -99,7 +102,13 @@ class SweepReport(Callback):
         from ..report.sweep import write_report
         sweep_dir = Path(config.hydra.sweep.dir)
         try:
-            rep = write_report(sweep_dir)
+            try:
+                rep = write_report(sweep_dir, x=self.x)
+            except ValueError as e:  # x is not a swept key: the report on the default axis, then the error
+                rep = write_report(sweep_dir)
+                print(f"kbframe: error: hydra.callbacks.sweep_report.{e} (sweep.png drawn on the default axis; "
+                      f"python -m kbframe.report {sweep_dir} --x KEY redraws it)", file=sys.stderr)
+                raise SystemExit(1) from None
         except Exception as e:  # a report bug must not pass for a green sweep
             print(f"kbframe: error: sweep report for {sweep_dir} failed: {type(e).__name__}: {e}",
                   file=sys.stderr)

@@ -178,7 +178,7 @@ def _tile_loop(gemm, after_ops, cmd, tag, units, nx, stages, pre_end) -> list:
 
 def _operand_region(h, region) -> tuple:
     """An epilogue operand's part of an output tile: a size-1 (broadcast) axis, e.g. of a
-    ``(G, 1)`` row vector, is read whole in every tile."""
+    ``(rows, 1)`` row vector, is read whole in every tile."""
     return tuple(slice(None) if n == 1 else r for n, r in zip(h.shape, region))
 
 

@@ -4,8 +4,8 @@ Each entry gives the op's input slots, its numeric meaning (numpy, applied in da
 when the stage completes) and its shape rule. Recipes (DESIGN.md decision 5) and the tl
 layer name ops from here; PE_MATH's latency model never looks at the kind.
 
-Shapes are 2-D: row vectors such as the online-softmax state ``m``, ``l`` are ``(G, 1)``,
-so reductions keep the reduced axis (keepdims) and broadcast against ``(G, TILE)``.
+Shapes are 2-D: row vectors such as the online-softmax state ``m``, ``l`` are ``(rows, 1)``,
+so reductions keep the reduced axis (keepdims) and broadcast against ``(rows, TILE)``.
 """
 from __future__ import annotations
 

@@ -5,6 +5,7 @@ and by hand on any sweep directory, also an interrupted one::
 
     python -m kbframe.report outputs/sweeps/2025-01-01_12-00-00_123456
     python -m kbframe.report            # the newest sweep under outputs/sweeps/
+    python -m kbframe.report DIR --x bench.S_kv   # sweep.png against this swept key
 
 Jobs are collected by :mod:`kbframe.report.sweep_jobs`. Each job's ``status`` is read from its ``status.json``:
 ``ok``, ``failed`` (with the error), ``interrupted`` (Ctrl-C), ``running`` (started, never
@@ -14,19 +15,25 @@ without metrics, bench and calibration come from its ``.hydra/config.yaml``.
 
 Files written at the sweep root (each atomically: a temporary file, then rename):
 
-- ``sweep.csv``: one row per job: job number, status, bench, calibration, shape, the key
-  metrics (column names are ``metrics.json`` paths, e.g. ``dispatch.cycles_per_tile``), a
-  column per swept key (an override whose value differs between jobs) that no metric
-  column already holds, the overrides, the error, the job directory;
-- ``summary.md``: the table printed on the console: every job, then opt3 and opt2 paired
-  at each R (and each other swept setting) with their dispatch-cost ratio
-  (``dispatch.cycles_per_tile`` opt3 / opt2) and latency ratio (``sim.latency_ns``
-  opt3 / opt2), then the jobs that did not finish ok;
-- ``sweep.png``: dispatch cycles per KV tile and latency against R, one line per bench.
+- ``sweep.csv``: one row per job: job number, status, bench, calibration, the workload's
+  shape keys (``shape.<key>``, whatever its metrics.json ``shape`` holds), the key metrics
+  (column names are ``metrics.json`` paths, e.g. ``dispatch.cycles_per_tile``), a column
+  per swept key (an override whose value differs between jobs) that no metric column
+  already holds, the overrides, the error, the job directory;
+- ``summary.md``: the table printed on the console: every job; when the sweep varies the
+  bench, each other bench against the first one of the sweep (the baseline) at every
+  setting of the other swept keys (numbers in numeric order: 128 before 1024), with the
+  dispatch-cost ratio (``dispatch.cycles_per_tile`` bench / baseline) and latency ratio
+  (``sim.latency_ns``); then the jobs that did not finish ok;
+- ``sweep.png``: dispatch cycles per unit of progress (KV tile, output tile ...) and latency
+  against a swept key (``--x KEY``; by default the numeric swept key with the most values,
+  e.g. ``calibration.R`` or ``bench.S_kv``, else a text one such as ``gemm_shape``), one
+  line per setting of the other swept keys.
 
 Exit status of the command: 0 when every job is ok, 1 when any failed, was interrupted or
 is missing (a job whose metrics.json holds a value of the wrong type counts as failed), 2
-when no report can be made: DIR is not a sweep directory, or a report file cannot be
+when no report can be made: DIR is not a sweep directory, ``--x`` names a key the sweep
+does not vary, or a report file cannot be
 written (a read-only sweep, a directory in the place of ``sweep.csv``); one line each.
 """
 from __future__ import annotations
@@ -37,31 +44,27 @@ import sys
 from pathlib import Path
 
 from ..files import atomic_write
-from .sweep_jobs import CONFIG_FALLBACK, METRIC_COLUMNS, Job, Report, _job_dirs, _key, collect
-from .sweep_plot import plot_r_sweep
+from .sweep_jobs import (CONFIG_FALLBACK, HEAD_COLUMNS, RESULT_COLUMNS, Job, Report, _job_dirs, collect,
+                         setting_of, shape_columns, sort_key, swept_keys)
+from .sweep_plot import plot_sweep
 
-def _swept_columns(jobs: list[Job]) -> list[str]:
-    """Override keys whose value differs between jobs (the swept ones), minus those a
+def _columns(jobs: list[Job]) -> tuple[list[str], list[str]]:
+    """The metric columns (head, the workload's shape keys, results) and the swept keys no
     metric column already holds."""
-    covered = {"bench"} | set(CONFIG_FALLBACK.values())
-    per_job = [{_key(o).lstrip("+~"): o.split("=", 1)[1] if "=" in o else "" for o in j.overrides}
-               for j in jobs]
-    keys = list(dict.fromkeys(k for seen in per_job for k in seen))  # first-seen order
-    values = {k: {seen.get(k) for seen in per_job} for k in keys}
-    return [k for k, vs in values.items()
-            if len(vs) > 1 and k not in covered and not k.startswith("hydra.")]
+    shapes = shape_columns(jobs)
+    covered = {"bench"} | set(CONFIG_FALLBACK.values()) | {"bench." + c[len("shape."):] for c in shapes}
+    extra = [k for k in swept_keys(jobs) if k not in covered]
+    return HEAD_COLUMNS + shapes + RESULT_COLUMNS, extra
 
 
 def csv_rows(jobs: list[Job]) -> tuple[list[str], list[dict]]:
     """Header and rows of sweep.csv."""
-    extra = _swept_columns(jobs)
-    header = ["job", "status"] + METRIC_COLUMNS + extra + ["overrides", "error", "dir"]
+    metric, extra = _columns(jobs)
+    header = ["job", "status"] + metric + extra + ["overrides", "error", "dir"]
     rows = []
     for j in jobs:
-        row = {"job": j.num, "status": j.status, **{c: j.get(c) for c in METRIC_COLUMNS}}
-        ovs = {_key(o).lstrip("+~"): o.split("=", 1)[1] if "=" in o else "" for o in j.overrides}
-        for k in extra:
-            row[k] = ovs.get(k)
+        row = {"job": j.num, "status": j.status, **{c: j.get(c) for c in metric}}
+        row.update(setting_of(j, extra))
         row.update(overrides=" ".join(j.overrides), error=j.error or "", dir=str(j.dir or ""))
         rows.append({k: ("" if v is None else v) for k, v in row.items()})
     return header, rows
@@ -86,34 +89,42 @@ def _md_table(header: list[str], rows: list[list[str]], align: str) -> list[str]
     return [line(header), sep] + [line(r) for r in rows]
 
 
-def pairs(jobs: list[Job]) -> list[dict]:
-    """opt3/opt2 pairs: for each bench named ``*opt3*`` with a ``*opt2*`` partner in the
-    sweep, one pair per setting (overrides other than the bench), sorted by R descending."""
-    common = set.intersection(*(set(j.overrides) for j in jobs)) if jobs else set()
+def comparisons(jobs: list[Job]) -> list[dict]:
+    """When the sweep varies the bench: each other bench against the first (the baseline,
+    first in the sweep's order) at every setting of the other swept keys, numbers in
+    numeric order. Each item: ``bench``, ``base`` (bench names), ``job``, ``base_job``,
+    ``setting`` (other swept key → value), ``dispatch_ratio`` (bench / base
+    ``dispatch.cycles_per_tile``) and ``latency_ratio`` (``sim.latency_ns``); a ratio is
+    None unless both jobs are ok."""
+    swept = swept_keys(jobs)
+    benches = [str(b) for b in swept.get("bench", [])]
+    if len(benches) < 2:
+        return []
+    base = benches[0]
+    others = [k for k in swept if k != "bench"]
     by = {}
     for j in jobs:
-        b = j.get("bench")
-        if b:
-            by[(str(b), j.setting)] = j
+        by.setdefault((str(setting_of(j, ["bench"])["bench"]), j.setting), j)
     out = []
-    for (b3, setting), j3 in by.items():
-        if "opt3" not in b3:
+    for (b, setting), j in by.items():
+        j0 = by.get((base, setting))
+        if b == base or j0 is None:
             continue
-        b2 = b3.replace("opt3", "opt2")
-        j2 = by.get((b2, setting))
-        if j2 is None:
-            continue
-        def ratio(col, j3=j3, j2=j2):
-            if j3.status != "ok" or j2.status != "ok" or not j2.get(col):
+        def ratio(col, j=j, j0=j0):
+            if j.status != "ok" or j0.status != "ok" or not j0.get(col) or j.get(col) is None:
                 return None
-            return j3.get(col) / j2.get(col)
-        R = j3.get("calibration.R") if j3.get("calibration.R") is not None else j2.get("calibration.R")
-        out.append({"opt3": j3, "opt2": j2, "R": R, "benches": (b3, b2),
-                    "other": " ".join(o for o in setting if _key(o) != "calibration.R" and o not in common),
+            return j.get(col) / j0.get(col)
+        out.append({"bench": b, "base": base, "job": j, "base_job": j0, "setting": setting_of(j, others),
                     "dispatch_ratio": ratio("dispatch.cycles_per_tile"),
                     "latency_ratio": ratio("sim.latency_ns")})
-    out.sort(key=lambda p: (p["other"], -(p["R"] if isinstance(p["R"], (int, float)) else 0)))
+    out.sort(key=lambda c: (benches.index(c["bench"]), [sort_key(v) for v in c["setting"].values()]))
     return out
+
+
+def _unit(jobs: list[Job]) -> str:
+    """The workloads' unit of progress ("KV tile", "output tile"), or "unit" when they differ."""
+    units = {j.get("dispatch.unit") for j in jobs if j.get("dispatch.unit")}
+    return units.pop() if len(units) == 1 else "unit"
 
 
 def summary_text(jobs: list[Job], sweep_dir: Path) -> str:
@@ -127,6 +138,7 @@ def summary_text(jobs: list[Job], sweep_dir: Path) -> str:
         if len(jobs) > 1 else []
     if common:
         lines += [f"common overrides: {' '.join(common)}", ""]
+    unit = _unit(jobs)
     rows = []
     for j in jobs:
         ok = j.status == "ok"
@@ -139,27 +151,27 @@ def summary_text(jobs: list[Job], sweep_dir: Path) -> str:
                       f"{_fmt(j.get('roofline.fraction'), '.1%')}") if ok else "-",
                      str(j.get("roofline.binding")) if ok else "-",
                      _fmt(j.get("numerics.max_abs_err"), ".2g", "off") if ok else "-"])
-    lines += _md_table(["job", "status", "overrides", "latency ns", "cycles/tile", "cmds/tile",
+    lines += _md_table(["job", "status", "overrides", "latency ns", f"cycles/{unit}", f"cmds/{unit}",
                         "largest bound (of it)", "binding", "max abs err"], rows, "rllrrrllr")
-    ps = pairs(jobs)
-    if ps:
-        lines += ["", "### opt3 vs opt2 (ratio = opt3 / opt2)", ""]
-        with_other = any(p["other"] for p in ps)
+    comps = comparisons(jobs)
+    for b in dict.fromkeys(c["bench"] for c in comps):
+        mine = [c for c in comps if c["bench"] == b]
+        base = mine[0]["base"]
+        keys = list(mine[0]["setting"])
+        lines += ["", f"### {b} vs {base} (ratio = {b} / {base})", ""]
         prow = []
-        for p in ps:
-            j3, j2 = p["opt3"], p["opt2"]
+        for c in mine:
+            j, j0 = c["job"], c["base_job"]
             def v(j, col, spec):
                 return _fmt(j.get(col), spec) if j.status == "ok" else j.status
-            r = [_fmt(p["R"], "g")] + ([p["other"] or "-"] if with_other else []) + [
-                v(j3, "dispatch.cycles_per_tile", ".1f"), v(j2, "dispatch.cycles_per_tile", ".1f"),
-                _fmt(p["dispatch_ratio"], ".2f") + ("×" if p["dispatch_ratio"] else ""),
-                v(j3, "sim.latency_ns", ".1f"), v(j2, "sim.latency_ns", ".1f"),
-                _fmt(p["latency_ratio"], ".2f") + ("×" if p["latency_ratio"] else "")]
-            prow.append(r)
-        head = ["R"] + (["other overrides"] if with_other else []) + [
-            "opt3 cycles/tile", "opt2 cycles/tile", "dispatch ratio",
-            "opt3 latency ns", "opt2 latency ns", "latency ratio"]
-        lines += _md_table(head, prow, "r" + ("l" if with_other else "") + "rrrrrr")
+            prow.append([_fmt(c["setting"][k], "g") for k in keys] + [
+                v(j, "dispatch.cycles_per_tile", ".1f"), v(j0, "dispatch.cycles_per_tile", ".1f"),
+                _fmt(c["dispatch_ratio"], ".2f") + ("×" if c["dispatch_ratio"] else ""),
+                v(j, "sim.latency_ns", ".1f"), v(j0, "sim.latency_ns", ".1f"),
+                _fmt(c["latency_ratio"], ".2f") + ("×" if c["latency_ratio"] else "")])
+        head = keys + [f"{b} cycles/{unit}", f"{base} cycles/{unit}", "dispatch ratio",
+                       f"{b} latency ns", f"{base} latency ns", "latency ratio"]
+        lines += _md_table(head, prow, "r" * len(head))
     bad = [j for j in jobs if j.status != "ok"]
     if bad:
         lines += ["", f"### not ok: {len(bad)} of {len(jobs)} jobs", ""]
@@ -179,29 +191,57 @@ def write_csv(jobs: list[Job], path: Path) -> None:
     atomic_write(path, w)
 
 
-def write_plot(jobs: list[Job], path: Path) -> None:
-    """sweep.png: dispatch cycles per KV tile and latency against R, one line per bench
-    (and per other swept setting); ok jobs only (drawn by kbframe.report.sweep_plot)."""
-    common = set.intersection(*(set(j.overrides) for j in jobs)) if jobs else set()
-    series = {}
+def x_key(jobs: list[Job], x: str | None = None) -> str | None:
+    """The swept key sweep.png puts on its x-axis: ``x`` when given (a ValueError naming the
+    swept keys when it is not one), else the swept numeric key with the most values, else
+    the swept text key with the most, else the bench; None when nothing is swept."""
+    swept = swept_keys(jobs)
+    if x is not None:
+        k = x.lstrip("+~")
+        if k not in swept:
+            raise ValueError(f"x={x} is not a swept key; the sweep varies: {', '.join(swept) or 'nothing'}")
+        return k
+    def numeric(vals):
+        return all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in vals)
+    cands = [k for k in swept if k != "bench"]
+    for pool in ([k for k in cands if numeric(swept[k])], cands, list(swept)):
+        if pool:
+            return max(pool, key=lambda k: len(swept[k]))  # first of the longest on a tie
+    return None
+
+
+def write_plot(jobs: list[Job], path: Path, x: str | None = None) -> None:
+    """sweep.png: dispatch cycles per unit of progress and latency against the swept key
+    :func:`x_key` picks, one line per setting of the other swept keys (bench first); ok
+    jobs only (drawn by kbframe.report.sweep_plot)."""
+    key = x_key(jobs, x)
+    swept = swept_keys(jobs)
+    others = [k for k in swept if k != key]
+    series, rank = {}, {}
     for j in jobs:
-        if j.status != "ok" or j.get("calibration.R") is None:
+        if j.status != "ok" or key is None:
             continue
-        other = " ".join(o for o in j.setting if _key(o) != "calibration.R" and o not in common)
-        label = str(j.get("bench")) + (f" {other}" if other else "")
+        s = setting_of(j, [key] + others)
+        label = " ".join((str(s[k]) if k == "bench" else f"{k}={s[k]}") for k in others) or str(j.get("bench"))
+        # lines in the sweep's bench order, then by the other keys' values (numbers as numbers)
+        rank[label] = [swept[k].index(s[k]) if k == "bench" else sort_key(s[k]) for k in others]
         series.setdefault(label, []).append(
-            (j.get("calibration.R"), j.get("dispatch.cycles_per_tile"), j.get("sim.latency_ns")))
+            (s[key], j.get("dispatch.cycles_per_tile"), j.get("sim.latency_ns")))
+    series = {label: series[label] for label in sorted(series, key=lambda lb: rank[lb])}
     n_bad = sum(j.status != "ok" for j in jobs)
     title = f"kbframe sweep: {len(jobs) - n_bad} ok" + (f", {n_bad} not ok" if n_bad else "")
-    plot_r_sweep(series, title, path)
+    xs = sorted(swept.get(key, []), key=sort_key) if key else []
+    plot_sweep(series, key or "", xs, _unit(jobs), title, path)
 
 
-def write_report(sweep_dir: Path | str, echo: bool = True) -> Report:
+def write_report(sweep_dir: Path | str, echo: bool = True, x: str | None = None) -> Report:
     """Collect the sweep's jobs and write sweep.csv, summary.md and sweep.png at its root.
 
     Args:
         echo: print the summary to stdout.
+        x: the swept key for sweep.png's x-axis (default: :func:`x_key`'s choice).
     Raises:
+        ValueError: ``x`` is not a swept key (before anything is written).
         NotADirectoryError: ``sweep_dir`` is not a directory.
         OSError: a report file cannot be written (checked for all three before any is:
             something that is not a file in the place of one raises IsADirectoryError).
@@ -214,10 +254,11 @@ def write_report(sweep_dir: Path | str, echo: bool = True) -> Report:
         if p.exists() and not p.is_file():
             raise IsADirectoryError(21, "something that is not a file is in its place", str(p))
     jobs = collect(sweep_dir)
+    x_key(jobs, x)
     text = summary_text(jobs, sweep_dir)
     write_csv(jobs, sweep_dir / "sweep.csv")
     atomic_write(sweep_dir / "summary.md", lambda tmp: tmp.write_text(text))
-    write_plot(jobs, sweep_dir / "sweep.png")
+    write_plot(jobs, sweep_dir / "sweep.png", x)
     if echo:
         print(text, end="")
         print(f"files: {sweep_dir}/{{sweep.csv, summary.md, sweep.png}}")
@@ -239,6 +280,14 @@ def main(argv=None) -> int:
     if args and args[0] in ("-h", "--help"):
         print(__doc__.strip())
         return 0
+    x = None
+    if "--x" in args:
+        i = args.index("--x")
+        if i + 1 >= len(args):
+            print("kbframe: error: --x needs a swept key, e.g. --x bench.S_kv", file=sys.stderr)
+            return 2
+        x = args[i + 1]
+        del args[i:i + 2]
     if not args:
         newest = _newest_sweep()
         if newest is None:
@@ -257,7 +306,10 @@ def main(argv=None) -> int:
                   f"directories with .hydra/)", file=sys.stderr)
             return 2
         try:
-            rep = write_report(d)
+            rep = write_report(d, x=x)
+        except ValueError as e:  # --x names a key the sweep does not vary
+            print(f"kbframe: error: '{d}': {e}", file=sys.stderr)
+            return 2
         except OSError as e:  # a read-only sweep, a directory where sweep.csv goes ...
             where = f"'{e.filename}'" if e.filename else f"the report in '{d}'"
             print(f"kbframe: error: cannot write {where}: {e.strerror or e}", file=sys.stderr)

@@ -16,20 +16,21 @@ from pathlib import Path
 
 from ..files import dir_locked, read_status
 
-#: metric columns of sweep.csv, as metrics.json paths
-METRIC_COLUMNS = [
-    "bench", "calibration.R", "calibration.FIXED", "shape.G", "shape.d", "shape.S_kv", "shape.tile",
-    "sim.latency_ns", "dispatch.commands", "dispatch.cycles", "dispatch.commands_per_tile",
-    "dispatch.cycles_per_tile", "numerics.max_abs_err", "numerics.max_rel_err",
+#: columns every job has, as metrics.json paths; the workload's own ``shape.<key>`` columns
+#: (whatever its metrics.json ``shape`` holds) come between HEAD_COLUMNS and RESULT_COLUMNS
+HEAD_COLUMNS = ["bench", "calibration.R", "calibration.FIXED"]
+RESULT_COLUMNS = [
+    "sim.latency_ns", "dispatch.unit", "dispatch.n_units", "dispatch.commands", "dispatch.cycles",
+    "dispatch.commands_per_tile", "dispatch.cycles_per_tile", "numerics.max_abs_err", "numerics.max_rel_err",
     "roofline.binding", "roofline.largest_bound", "roofline.bound_ns", "roofline.fraction", "roofline.hbm_bytes",
-    "roofline.flops", "critical_path.ns_per_unit", "sim.events", "sim.wall_s",
+    "roofline.flops", "critical_path.ns_per_unit", "tcm.high_water_bytes", "sim.events", "sim.wall_s",
 ]
-#: metric columns that hold text; every other one is a number (or absent)
-TEXT_COLUMNS = ("bench", "roofline.binding", "roofline.largest_bound")
-#: where a metric column comes from in a job's config when it has no metrics.json
+#: result columns that hold text; every other one is a number (or absent)
+TEXT_COLUMNS = ("bench", "dispatch.unit", "roofline.binding", "roofline.largest_bound")
+#: where a head column comes from in a job's config when it has no metrics.json
+#: (a ``shape.<key>`` column comes from ``bench.<key>``)
 CONFIG_FALLBACK = {"bench": "bench.name", "calibration.R": "calibration.R",
-                   "calibration.FIXED": "calibration.FIXED", "shape.G": "bench.G",
-                   "shape.d": "bench.d", "shape.S_kv": "bench.S_kv", "shape.tile": "bench.tile"}
+                   "calibration.FIXED": "calibration.FIXED"}
 #: override keys that select the bench (its pairing partner differs only in these)
 BENCH_KEYS = ("bench", "+bench", "++bench")
 
@@ -44,7 +45,8 @@ class Job:
     dir: Path | None = None
     error: str | None = None
     metrics: dict | None = None
-    values: dict = field(default_factory=dict)  # METRIC_COLUMNS → value
+    values: dict = field(default_factory=dict)  # column → value
+    config: object = None  # its .hydra/config.yaml when it has no metrics.json
 
     def get(self, col: str):
         return self.values.get(col)
@@ -156,8 +158,11 @@ def _read_job(d: Path) -> Job:
         job.status, job.error, metrics = "failed", "metrics.json is not a JSON object", None
     job.metrics = metrics
     if metrics is not None:
-        job.values = {c: _dig(metrics, c) for c in METRIC_COLUMNS}
-        bad = [c for c in METRIC_COLUMNS if c not in TEXT_COLUMNS and job.values[c] is not None
+        job.values = {c: _dig(metrics, c) for c in HEAD_COLUMNS + RESULT_COLUMNS}
+        shape = metrics.get("shape")
+        for k, v in (shape.items() if isinstance(shape, dict) else ()):
+            job.values[f"shape.{k}"] = v if isinstance(v, (int, float, str)) or v is None else json.dumps(v)
+        bad = [c for c in HEAD_COLUMNS + RESULT_COLUMNS if c not in TEXT_COLUMNS and job.values[c] is not None
                and (isinstance(job.values[c], bool) or not isinstance(job.values[c], (int, float)))]
         if bad:  # a corrupt or hand-edited file: the job is not ok, the report goes on
             job.status = "failed"
@@ -165,7 +170,7 @@ def _read_job(d: Path) -> Job:
             for c in bad:
                 job.values[c] = None
     else:
-        cfg = _load_yaml(d / ".hydra" / "config.yaml")
+        cfg = job.config = _load_yaml(d / ".hydra" / "config.yaml")
         for col, path in CONFIG_FALLBACK.items():
             try:
                 job.values[col] = OmegaConf.select(cfg, path, default=None) if cfg is not None else None
@@ -174,13 +179,69 @@ def _read_job(d: Path) -> Job:
     return job
 
 
+def shape_columns(jobs: list[Job]) -> list[str]:
+    """The ``shape.<key>`` columns the jobs' metrics.json hold, first-seen order."""
+    return list(dict.fromkeys(c for j in jobs for c in j.values if c.startswith("shape.")))
+
+
+def _fill_shapes(jobs: list[Job]) -> list[Job]:
+    """A job without metrics takes its shape columns from its config (``bench.<key>``) or,
+    never run, from its overrides."""
+    cols = shape_columns(jobs)
+    for j in jobs:
+        if j.metrics is not None:
+            continue
+        ovs = {_key(o).lstrip("+~"): o.split("=", 1)[1] for o in j.overrides if "=" in o}
+        for c in cols:
+            key = "bench." + c[len("shape."):]
+            v = None
+            if j.config is not None:
+                from omegaconf import OmegaConf
+                try:
+                    v = OmegaConf.select(j.config, key, default=None)
+                except Exception:
+                    v = None
+            elif key in ovs:
+                v = _num(ovs[key])
+            j.values[c] = v if isinstance(v, (int, float, str)) or v is None else str(v)
+    return jobs
+
+
+def swept_keys(jobs: list[Job]) -> dict[str, list]:
+    """Override keys whose value differs between jobs (``+``/``~`` stripped; ``bench`` for
+    the bench choice; ``hydra.*`` left out) → their values in first-seen order, numbers
+    parsed (so that 128 sorts before 1024)."""
+    per_job = [{_key(o).lstrip("+~"): _num(o.split("=", 1)[1]) if "=" in o else "" for o in j.overrides}
+               for j in jobs]
+    keys = list(dict.fromkeys(k for seen in per_job for k in seen))
+    out = {}
+    for k in keys:
+        vals = list(dict.fromkeys(seen.get(k) for seen in per_job))
+        if len(vals) > 1 and not k.startswith("hydra."):
+            out[k] = vals
+    return out
+
+
+def setting_of(job: Job, keys) -> dict:
+    """The job's value of each of ``keys`` (override keys as :func:`swept_keys` names them)."""
+    ovs = {_key(o).lstrip("+~"): _num(o.split("=", 1)[1]) if "=" in o else "" for o in job.overrides}
+    return {k: ovs.get(k) for k in keys}
+
+
+def sort_key(value):
+    """Numbers before text, numbers by value (128 < 1024), text as text."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return (0, value, "")
+    return (1, 0, "" if value is None else str(value))
+
+
 def collect(sweep_dir: Path) -> list[Job]:
     """Every job of the sweep, planned or found, in job-number order."""
     sweep_dir = Path(sweep_dir)
     found = [_read_job(d) for d in _job_dirs(sweep_dir)]
     plan = sweep_plan(sweep_dir)
     if plan is None:
-        return sorted(found, key=lambda j: (j.num is None, j.num or 0, str(j.dir)))
+        return _fill_shapes(sorted(found, key=lambda j: (j.num is None, j.num or 0, str(j.dir))))
     by_ov = {}
     for j in found:
         by_ov.setdefault(tuple(j.overrides), []).append(j)
@@ -207,7 +268,7 @@ def collect(sweep_dir: Path) -> list[Job]:
             jobs.append(match)
     # a directory the plan does not account for is another sweep's (one run into a sweep
     # directory reused with hydra.callbacks.sweep_report.reuse_dir=true): not this sweep's job
-    return jobs
+    return _fill_shapes(jobs)
 
 
 def _num(v: str):

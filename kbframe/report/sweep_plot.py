@@ -1,42 +1,63 @@
-"""sweep.png: how dispatch cost and latency move with the dispatch cost model's R."""
+"""sweep.png: how dispatch cost and latency move with a swept key."""
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from ..files import atomic_write
 
 
-def plot_r_sweep(series: dict, title: str, path: Path) -> None:
-    """Two panels against R (log₂ axis at the swept values): PE_CPU dispatch cycles per KV
-    tile and simulated latency (ns), one line per label.
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _power_of_two(v: float) -> bool:
+    return v > 0 and math.log2(v).is_integer()
+
+
+def plot_sweep(series: dict, x_label: str, xs: list, unit: str, title: str, path: Path) -> None:
+    """Two panels against the swept key: PE_CPU dispatch cycles per unit of progress and
+    simulated latency (ns), one line per label.
+
+    The x-axis is numeric when every swept value is a number (log₂ when they are all
+    powers of two, e.g. R 0.03125..0.25 or S_kv 64..131072; log₁₀ when positive and
+    spanning ≥ 100×; else linear), ticks at the swept values; otherwise categorical, in the
+    order of ``xs``.
 
     Args:
-        series: label → ``[(R, cycles_per_tile, latency_ns), ...]``.
+        series: label → ``[(x, cycles_per_unit, latency_ns), ...]``, drawn in dict order.
+        x_label: the swept key on the x-axis. xs: its values, sorted.
+        unit: the workload's unit of progress ("KV tile", "output tile").
         title: the figure title. path: where the PNG goes (written atomically).
     """
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-    for label, pts in sorted(series.items()):
-        pts = sorted(pts)
-        xs = [p[0] for p in pts]
-        axes[0].plot(xs, [p[1] for p in pts], "o-", label=label)
-        axes[1].plot(xs, [p[2] for p in pts], "o-", label=label)
-    xs = sorted({p[0] for pts in series.values() for p in pts})
-    for ax, name, ylab in ((axes[0], "PE_CPU dispatch cost per KV tile", "cycles per tile"),
+    numeric = bool(xs) and all(_is_number(x) for x in xs)
+    pos = (lambda x: x) if numeric else (lambda x: xs.index(x) if x in xs else len(xs))
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.6))
+    for label, pts in series.items():
+        pts = sorted(pts, key=lambda p: pos(p[0]))
+        for ax, i in ((axes[0], 1), (axes[1], 2)):
+            ax.plot([pos(p[0]) for p in pts], [p[i] for p in pts], "o-", label=label)
+    for ax, name, ylab in ((axes[0], f"PE_CPU dispatch cost per {unit}", f"cycles per {unit}"),
                            (axes[1], "simulated latency", "latency (ns)")):
         ax.set_title(name)
-        ax.set_xlabel("R (cycles per logical byte)")
+        ax.set_xlabel(x_label)
         ax.set_ylabel(ylab)
-        if xs and xs[0] > 0:
+        if numeric and xs[0] > 0 and all(_power_of_two(x) for x in xs) and len(xs) > 2:
             ax.set_xscale("log", base=2)
-            ax.set_xticks(xs, [f"{x:g}" for x in xs])
+        elif numeric and xs[0] > 0 and xs[-1] / xs[0] >= 100:
+            ax.set_xscale("log", base=10)
+        if xs and len(xs) <= 16:
+            ax.set_xticks([pos(x) for x in xs], [f"{x:g}" if numeric else str(x) for x in xs],
+                          rotation=0 if numeric or max(len(str(x)) for x in xs) < 8 else 30,
+                          ha="center" if numeric or max(len(str(x)) for x in xs) < 8 else "right")
             ax.minorticks_off()
         ax.grid(True, alpha=0.3)
         if series:
-            ax.legend(fontsize=8)
+            ax.legend(fontsize=7 if len(series) > 6 else 8)
         else:
             ax.text(0.5, 0.5, "no finished jobs", ha="center", va="center", transform=ax.transAxes)
     fig.suptitle(title)

@@ -57,7 +57,7 @@ def check_host_memory(wl, data: bool, data_dtype: str) -> None:
 
 
 #: host memory the sanitizer (run.check) keeps per op_log record, bytes: measured 1.8 to
-#: 1.9 KB (peak RSS with and without run.check, opt2 and opt3 at S_kv = 131072 timing only:
+#: 1.9 KB (peak RSS with and without run.check, opt2 and opt3 at a 131072-token context, timing only:
 #: +66 MB for 36882 records, +148 MB for 79893), rounded up
 SANITIZER_BYTES_PER_RECORD = 2048
 
@@ -207,7 +207,7 @@ def check_resources(cfg, wl, kernel, recipes: dict, inputs: dict | None) -> dict
     tensors = wl.tensors()
     hbm_cap = hw.get("hbm_bytes")
     isz = itemsize(b.dtype)
-    # Python integers: numpy's prod wraps at 2^63 (S_kv = 2^62 would need 0 B)
+    # Python integers: numpy's prod wraps at 2^63 (a 2^62-row tensor would need 0 B)
     hbm_need = sum(-(-math.prod(int(x) for x in s) * isz // 4096) * 4096 for s in tensors.values())
     shape = " ".join(f"{k}={v}" for k, v in wl.shape().items() if not k.startswith("n_"))
     if hbm_cap is not None and hbm_need > hbm_cap:

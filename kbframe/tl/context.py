@@ -214,11 +214,11 @@ class TL:
         return self._primitive(op, out)
 
     def rmax(self, x, out=None):
-        """Row max ``(G, N) → (G, 1)``."""
+        """Row max ``(rows, N) → (rows, 1)``."""
         return self.math("rmax", x, out=out)
 
     def rsum(self, x, out=None):
-        """Row sum ``(G, N) → (G, 1)``."""
+        """Row sum ``(rows, N) → (rows, 1)``."""
         return self.math("rsum", x, out=out)
 
     def maximum(self, a, b, out=None):
@@ -226,7 +226,7 @@ class TL:
         return self.math("max_elem", a, b, out=out)
 
     def exp_diff(self, a, b, out=None):
-        """``exp(a − b)`` with broadcasting (``b`` may be a ``(G, 1)`` row vector)."""
+        """``exp(a − b)`` with broadcasting (``b`` may be a ``(rows, 1)`` row vector)."""
         return self.math("exp_diff", a, b, out=out)
 
     def fma(self, a, b, c, out=None):
