@@ -23,6 +23,7 @@ from ..run import schema
 from ..run.bench import run_bench, summary
 from ..errors import ConfigError
 from ..run.jobstatus import JobStatus
+from ..report.search import Search
 
 schema.register()
 
@@ -65,8 +66,10 @@ def _hydra_main(cfg: DictConfig) -> dict:
     out_dir = Path(HydraConfig.get().runtime.output_dir)
     # status.json in out_dir; a job of a -m sweep that fails is recorded and the sweep goes
     # on (kbframe.run.jobstatus); a single run exits 1 with one line
+    search = outcome = None
     with JobStatus.from_hydra() as job:
         job.proceed()  # a locked or unwritable run directory: one line, nothing touched
+        search = Search.from_config(cfg.get("search"))
         hydra_errors.check_composed_recipes()
         if "bench" not in cfg:
             raise ConfigError(f"no bench selected; add +bench=NAME "
@@ -75,12 +78,20 @@ def _hydra_main(cfg: DictConfig) -> dict:
         # the override text as typed: resolving it here (outside the config) could fail
         typed = OmegaConf.to_container(HydraConfig.get().overrides.task, resolve=False)
         metrics = run_bench(cfg, out_dir, _explicit_keys(typed))
+        if search is not None:
+            outcome = search.evaluate(metrics)
     if job.ok:
         try:  # the run is done and recorded ok; a closed pipe (`| head`) must not fail it
             print(summary(metrics, out_dir), flush=True)
+            if outcome is not None:
+                print(f"  search      {', '.join(f'{o} {v:g}' for o, v in zip(search.objectives, outcome.values))}: "
+                      + ("feasible" if outcome.feasible else "infeasible: " + "; ".join(outcome.violations)),
+                      flush=True)
         except BrokenPipeError:
             sys.stdout = open(os.devnull, "w")
-    return job.status
+    # a design-space search (issue 15) gets its objectives back; a failed or infeasible
+    # trial gets the worst values, so the search goes on
+    return search.sweeper_value(outcome if job.ok else None) if search is not None else job.status
 
 
 def _use_kbframe_joblib_launcher() -> None:

@@ -39,13 +39,14 @@ written (a read-only sweep, a directory in the place of ``sweep.csv``); one line
 from __future__ import annotations
 
 import csv
-import math
 import sys
 from pathlib import Path
 
 from ..files import atomic_write
 from .sweep_jobs import (CONFIG_FALLBACK, HEAD_COLUMNS, RESULT_COLUMNS, Job, Report, _job_dirs, collect,
                          setting_of, shape_columns, sort_key, swept_keys)
+from . import search_report
+from .markdown import fmt as _fmt, table as _md_table
 from .sweep_plot import plot_sweep
 
 def _columns(jobs: list[Job]) -> tuple[list[str], list[str]]:
@@ -58,35 +59,25 @@ def _columns(jobs: list[Job]) -> tuple[list[str], list[str]]:
 
 
 def csv_rows(jobs: list[Job]) -> tuple[list[str], list[dict]]:
-    """Header and rows of sweep.csv."""
+    """Header and rows of sweep.csv (a search adds its objectives and each trial's verdict)."""
     metric, extra = _columns(jobs)
+    search = search_report.search_of(jobs)
+    found = {}
+    if search is not None:
+        names = list(search.objectives) + [c.metric for c in search.constraints]
+        metric += [n for n in dict.fromkeys(names) if n not in metric]
+        extra += search_report.COLUMNS
+        found = {id(t.job): search_report.row(t) for t in search_report.trials(search, jobs)}
     header = ["job", "status"] + metric + extra + ["overrides", "error", "dir"]
     rows = []
     for j in jobs:
-        row = {"job": j.num, "status": j.status, **{c: j.get(c) for c in metric}}
+        row = {"job": j.num, "status": j.status,
+               **{c: j.get(c) if c in j.values else _dig_metric(j, c) for c in metric}}
         row.update(setting_of(j, extra))
+        row.update(found.get(id(j), {}))
         row.update(overrides=" ".join(j.overrides), error=j.error or "", dir=str(j.dir or ""))
         rows.append({k: ("" if v is None else v) for k, v in row.items()})
     return header, rows
-
-
-def _fmt(v, spec: str, missing: str = "-") -> str:
-    if v is None or v == "" or (isinstance(v, float) and math.isnan(v)):
-        return missing
-    try:
-        return format(v, spec)
-    except (TypeError, ValueError):
-        return str(v)
-
-
-def _md_table(header: list[str], rows: list[list[str]], align: str) -> list[str]:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
-    def line(cells):
-        return "| " + " | ".join(c.rjust(w) if a == "r" else c.ljust(w)
-                                 for c, w, a in zip(cells, widths, align)) + " |"
-    sep = "|" + "|".join(("-" * (w + 1) + ":") if a == "r" else ("-" * (w + 2))
-                         for w, a in zip(widths, align)) + "|"
-    return [line(header), sep] + [line(r) for r in rows]
 
 
 def comparisons(jobs: list[Job]) -> list[dict]:
@@ -119,6 +110,15 @@ def comparisons(jobs: list[Job]) -> list[dict]:
                     "latency_ratio": ratio("sim.latency_ns")})
     out.sort(key=lambda c: (benches.index(c["bench"]), [sort_key(v) for v in c["setting"].values()]))
     return out
+
+
+def _dig_metric(j: Job, path: str):
+    v = j.metrics
+    for part in path.split("."):
+        if not isinstance(v, dict):
+            return None
+        v = v.get(part)
+    return v if isinstance(v, (int, float, str)) else None
 
 
 def _unit(jobs: list[Job]) -> str:
@@ -172,6 +172,9 @@ def summary_text(jobs: list[Job], sweep_dir: Path) -> str:
         head = keys + [f"{b} cycles/{unit}", f"{base} cycles/{unit}", "dispatch ratio",
                        f"{b} latency ns", f"{base} latency ns", "latency ratio"]
         lines += _md_table(head, prow, "r" * len(head))
+    search = search_report.search_of(jobs)
+    if search is not None:
+        lines += search_report.section(search, search_report.trials(search, jobs), common)
     bad = [j for j in jobs if j.status != "ok"]
     if bad:
         lines += ["", f"### not ok: {len(bad)} of {len(jobs)} jobs", ""]
@@ -259,14 +262,19 @@ def write_report(sweep_dir: Path | str, echo: bool = True, x: str | None = None)
     write_csv(jobs, sweep_dir / "sweep.csv")
     atomic_write(sweep_dir / "summary.md", lambda tmp: tmp.write_text(text))
     write_plot(jobs, sweep_dir / "sweep.png", x)
+    search = search_report.search_of(jobs)
+    if search is not None:
+        n_ok = sum(j.status == "ok" for j in jobs)
+        search_report.plot(search, search_report.trials(search, jobs), sweep_dir / "pareto.png",
+                           f"kbframe search: {search.describe()} ({n_ok} of {len(jobs)} trials ran)")
     if echo:
         print(text, end="")
-        print(f"files: {sweep_dir}/{{sweep.csv, summary.md, sweep.png}}")
+        print(f"files: {sweep_dir}/{{sweep.csv, summary.md, sweep.png{', pareto.png' if search else ''}}}")
     return Report(sweep_dir, jobs, text)
 
 
-#: the files a report writes at the sweep root
-REPORT_FILES = ("sweep.csv", "summary.md", "sweep.png")
+#: the files a report writes at the sweep root (and pareto.png for a search)
+REPORT_FILES = ("sweep.csv", "summary.md", "sweep.png", "pareto.png")
 
 
 def _newest_sweep(root: Path = Path("outputs/sweeps")) -> Path | None:

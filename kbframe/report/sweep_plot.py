@@ -64,3 +64,50 @@ def plot_sweep(series: dict, x_label: str, xs: list, unit: str, title: str, path
     fig.tight_layout()
     atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=100))
     plt.close(fig)
+
+
+def plot_pareto(points: list, x_label: str, y_label: str, limit: float | None, title: str, path: Path) -> None:
+    """pareto.png: a search's trials in the plane of two quantities.
+
+    Args:
+        points: ``[(x, y, feasible, best, on_front, job_number), ...]``: feasible trials as
+            blue dots, infeasible ones as grey crosses; the front (``on_front``) joined by a
+            red step line; the best trial(s) as a star, labelled with the job number.
+        x_label, y_label: the quantities (metrics.json names). limit: a constraint's limit
+            on x, drawn as a dashed line (None: none).
+        title: the figure title. path: where the PNG goes (written atomically).
+    """
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5.5))
+    ok = [p for p in points if p[2]]
+    bad = [p for p in points if not p[2]]
+    if ok:
+        ax.scatter([p[0] for p in ok], [p[1] for p in ok], c="tab:blue", s=28, label="feasible trial", zorder=2)
+    if bad:
+        ax.scatter([p[0] for p in bad], [p[1] for p in bad], c="0.6", marker="x", s=28,
+                   label="infeasible trial", zorder=2)
+    front = sorted((p for p in points if p[4]), key=lambda p: (p[0], p[1]))
+    if front:
+        ax.step([p[0] for p in front], [p[1] for p in front], where="post", c="tab:red", lw=1.2, zorder=3)
+        ax.scatter([p[0] for p in front], [p[1] for p in front], facecolors="none", edgecolors="tab:red",
+                   s=70, lw=1.4, label="front", zorder=3)
+    for p in points:
+        if p[3]:
+            ax.scatter([p[0]], [p[1]], marker="*", c="gold", edgecolors="k", s=220, zorder=4)
+            ax.annotate(f"best: job {p[5]}", (p[0], p[1]), textcoords="offset points", xytext=(8, 8), fontsize=9)
+    if limit is not None:
+        ax.axvline(limit, ls="--", c="0.3", lw=1, label=f"limit {limit:g}")
+    ax.set_xlabel(x_label)
+    ax.set_ylabel(y_label)
+    ax.grid(True, alpha=0.3)
+    if points:
+        ax.legend(fontsize=8)
+    else:
+        ax.text(0.5, 0.5, "no finished trials", ha="center", va="center", transform=ax.transAxes)
+    ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=100))
+    plt.close(fig)

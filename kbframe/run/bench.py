@@ -61,7 +61,7 @@ def validate(cfg) -> Workload:
     """Check what the schema cannot: unknown keys, ranges and choices; return the bench's
     workload. Raises ConfigError naming the key."""
     for key in cfg.keys():
-        if key not in ("hardware", "calibration", "bench", "run", "recipes", "sweep"):
+        if key not in ("hardware", "calibration", "bench", "run", "recipes", "sweep", "search"):
             raise ConfigError(f"unknown top-level key '{key}'")
     for where, cls in (("hardware", HardwareConfig), ("calibration", CalibrationConfig), ("run", RunConfig)):
         _check_keys(cfg[where], cls, where)
@@ -351,7 +351,9 @@ def _metrics(cfg, wl, engine, pe, oplog, latency_ps, cp: dict) -> dict:
                      "hbm_ns": hbm_ns, "compute_ns": compute_ns, "dispatch_ns": dispatch_ns,
                      "hbm_bytes": oplog.hbm_bytes, "flops": oplog.flops},
         "units": units,
-        "tcm": {"high_water_bytes": pe.tcm.high_water, "capacity_bytes": pe.tcm.capacity_bytes},
+        # peak_bytes: the most TCM any PE of the run held at once (a search's budget metric)
+        "tcm": {"high_water_bytes": pe.tcm.high_water, "capacity_bytes": pe.tcm.capacity_bytes,
+                "peak_bytes": max(p.tcm.high_water for p in engine.pes.built())},
         "describe": wl.describe(),
         "critical_path": cp,
     }
