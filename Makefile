@@ -1,5 +1,5 @@
 # Two commands do all the set-up: `make run` (the main job) and `make test`.
-# Each creates .venv and installs kbframe with its test and launcher extras when missing.
+# Each creates .venv and installs kbframe with its test, launcher and search extras when missing.
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -10,7 +10,7 @@ STAMP := $(VENV)/.kbframe-installed
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test,joblib,submitit]'
+	$(PY) -m pip install -q -e '.[test,joblib,submitit,optuna]'
 	touch $(STAMP)
 
 run: $(STAMP)

@@ -20,6 +20,8 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from ..errors import KbframeError
+
 
 def _release_stderr() -> None:
     """kbframe.cli.hydra_errors holds stderr back until a task function starts in this process;
@@ -74,6 +76,11 @@ class SweepReport(Callback):
         from ..report.sweep_jobs import _job_dirs
         from ..run import rundir
         sweep_dir = Path(str(config.hydra.sweep.dir))
+        try:  # a search's objectives and constraints, before any trial runs or file is written
+            from ..report.search import Search
+            Search.from_config(config.get("search"))
+        except KbframeError as e:
+            _fail(str(e))
         try:
             sweep_dir.mkdir(parents=True, exist_ok=True)
             lk = rundir.lock(sweep_dir)

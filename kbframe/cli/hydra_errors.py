@@ -33,7 +33,7 @@ from ..run import rundir
 from ..run.rundir import RunDirBusy
 from ..tl import recipe as recipe_files
 
-GROUPS = ("bench", "hardware", "calibration", "model")
+GROUPS = ("bench", "hardware", "calibration", "model", "search")
 _NAME = re.compile(r"[A-Za-z0-9_.\-]+")
 _CONF = Path(__file__).resolve().parents[1] / "conf"
 
@@ -251,7 +251,11 @@ def check_run_dir(argv: list[str]) -> str | None:
     return None
 
 
-_SAFE_CALLBACK_KEYS = ("hydra.callbacks.sweep_report.enabled", "hydra.callbacks.sweep_report.reuse_dir")
+_SAFE_CALLBACK_KEYS = ("hydra.callbacks.sweep_report.enabled", "hydra.callbacks.sweep_report.reuse_dir",
+                       "hydra.callbacks.sweep_report.x")
+#: sweeper keys that would run code (a dotted path the sweeper calls) or write outside the
+#: sweep directory (an Optuna storage URL such as sqlite:///elsewhere.db)
+_UNSAFE_SWEEPER_KEYS = ("hydra.sweeper.custom_search_space", "hydra.sweeper.storage")
 
 
 def check_hydra_code(argv: list[str]) -> str | None:
@@ -267,17 +271,30 @@ def check_hydra_code(argv: list[str]) -> str | None:
         code = ("_target_" in key or "()" in key or "_target_" in val or "()" in val
                 or key.startswith(("hydra.job_logging", "hydra.hydra_logging"))
                 or (key.startswith("hydra.callbacks") and key not in _SAFE_CALLBACK_KEYS)
-                or key == "hydra/callbacks")
+                or key == "hydra/callbacks" or key in _UNSAFE_SWEEPER_KEYS)
         if code:
             return (f"{key}: kbframe does not take this override: Hydra would build objects from it before any "
-                    f"check (a _target_ is code); on the command line only "
-                    f"hydra.callbacks.sweep_report.enabled and .reuse_dir of Hydra's callbacks may be set")
+                    f"check (a _target_ is code) or write outside the sweep directory; on the command line only "
+                    f"hydra.callbacks.sweep_report.enabled, .reuse_dir and .x of Hydra's callbacks may be set")
+    return None
+
+
+def check_sweeper(argv: list[str]) -> str | None:
+    """``+search=NAME`` needs Hydra's Optuna sweeper; without it Hydra's message would be a
+    missing config group option."""
+    import importlib.util
+    for a in argv:
+        key, eq, val = a.partition("=")
+        if eq and key.lstrip("+~") == "search" and not key.startswith("~") \
+                and importlib.util.find_spec("hydra_plugins.hydra_optuna_sweeper") is None:
+            return (f"+search={val} needs Hydra's Optuna sweeper, which is not installed: "
+                    f"pip install -e '.[optuna]' (make installs it)")
     return None
 
 
 def precheck(argv: list[str]) -> str | None:
     """The one-line message for a command line Hydra would reject, or None."""
-    msg = check_hydra_code(argv)
+    msg = check_hydra_code(argv) or check_sweeper(argv)
     if msg is not None:
         return msg
     try:

@@ -100,6 +100,9 @@ def plot_pareto(points: list, x_label: str, y_label: str, limit: float | None, t
             ax.annotate(f"best: job {p[5]}", (p[0], p[1]), textcoords="offset points", xytext=(8, 8), fontsize=9)
     if limit is not None:
         ax.axvline(limit, ls="--", c="0.3", lw=1, label=f"limit {limit:g}")
+    xs = [p[0] for p in points]
+    if xs and min(xs) > 0 and max(xs) / min(xs) >= 30:  # bytes from KiB to MiB: a log axis
+        ax.set_xscale("log")
     ax.set_xlabel(x_label)
     ax.set_ylabel(y_label)
     ax.grid(True, alpha=0.3)
