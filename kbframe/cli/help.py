@@ -65,9 +65,9 @@ def text() -> str:
         lines.append(f"  {cls.__name__} (kbframe/workloads/{name}.py; unit of progress: {cls.unit})")
         lines.append(f"    {_keys(cls.Config, common)}")
     lines.append("")
-    for group in ("hardware", "calibration", "model", "sweep"):
+    for group in ("hardware", "calibration", "model", "sweep", "search"):
         names = ", ".join(sorted(p.stem for p in (CONF / group).glob("*.yaml")))
-        lines.append(f"{group.capitalize()} ({'+' if group in ('model', 'sweep') else ''}{group}=NAME): {names}")
+        lines.append(f"{group.capitalize()} ({'+' if group in ('model', 'sweep', 'search') else ''}{group}=NAME): {names}")
     lines += [
         "  hardware keys: hardware.n_pes, hardware.clock_ghz, hardware.hbm_gbps, hardware.tcm_bytes,",
         "    hardware.units.<unit>.<param> (conf/hardware/default.yaml documents each)",
@@ -80,6 +80,7 @@ def text() -> str:
         "  python -m kbframe +bench=decode_opt2 bench.S_kv=32768 bench.data=false",
         "  python -m kbframe +bench=gemm_load_ref bench.M=1024 'bench.epilogue=[{op: bias}, {op: gelu}]'",
         "  python -m kbframe -m +bench=decode_opt2 bench.tile=32,64,128,256",
+        "  python -m kbframe -m +search=decode_tile hydra.sweeper.n_trials=24   # Optuna (extra [optuna])",
         "",
         "More: README.md (files a run writes, sweeps, adding a workload or recipe), docs/errors.md",
         "(every error and its message), docs/DESIGN.md. Hydra's own help: --hydra-help.",
