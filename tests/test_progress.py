@@ -92,3 +92,23 @@ def test_cli_shows_a_bar_in_a_terminal(tmp_path):
     assert p.returncode == 0, text
     assert "simulating" in text and "/128" in text and "tile" in text  # 8192 / 64 tiles
     assert "kbframe decode_opt3" in text
+
+
+def test_bar_counts_the_rows_every_pe_covered(tmp_path, monkeypatch):
+    """Many PEs (issue 12): each PE's PE_CPU reports; split-K over 8 PEs covers all 40 KV
+    tiles (8 PEs × 5), reaching the total before the bar is closed."""
+    seen = []
+    orig = progress.TileProgress.__call__
+
+    def spy(self, cmd, pe=0):
+        orig(self, cmd, pe)
+        seen.append((pe, self.bar.n))
+    monkeypatch.setattr(progress.TileProgress, "__call__", spy)
+    monkeypatch.setattr(sys, "stdout", Tty())
+    monkeypatch.setattr(sys, "stderr", Tty())
+    cfg = compose_cfg("hardware=cube", "bench.splits=8", "bench.S_kv=2560", "bench.data=false", "run.progress=true",
+                      bench="decode_splitk")
+    run_bench(cfg, tmp_path)
+    assert {pe for pe, _ in seen} == set(range(8))
+    ns = [n for _, n in seen]
+    assert ns == sorted(ns) and ns[-1] == 40 and len(set(ns)) > 8  # advanced by every PE's tiles

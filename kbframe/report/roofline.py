@@ -5,6 +5,8 @@ Reads only ``metrics.json`` fields (``roofline.*``, ``units.*``, ``sim.latency_n
 - the three lower bounds on latency: ``hbm`` = the busiest DMA channel's bytes / its
   bandwidth (read and write channels overlap),
   ``compute`` = GEMM FLOPs / GEMM peak, ``dispatch`` = PE_CPU dispatch cycles / clock;
+  on many PEs, each the largest PE's (they work in parallel), and with shared HBM at least
+  each cube's bytes / the cube's bandwidth (kbframe.run.bench);
   ``largest_bound`` names the largest, ``bound_ns`` is it and ``fraction`` = bound /
   simulated latency. A bound is only a bound: ``binding`` is the critical path's kind
   (:mod:`kbframe.report.critical_path`: ``hbm``, ``compute``, ``dispatch`` or ``chain``),
@@ -24,13 +26,20 @@ def table_lines(metrics: dict, indent: str = "  ") -> list[str]:
     work = {"hbm": f"{r['hbm_bytes']:,} B",
             "compute": f"{r['flops']:,} FLOP",
             "dispatch": f"{d.get('cycles', 0):,.1f} cycles, {d.get('commands', 0):,} commands"}
+    n_pes = len(metrics.get("pes") or [])
+    if n_pes > 1:  # the work of every PE; each bound is the largest PE's
+        work = {k: f"{v} on {n_pes} PEs" for k, v in work.items()}
     lines = [f"{indent}{'bound':<10}{'ns':>12}{'of latency':>12}  work"]
     for name in ("hbm", "compute", "dispatch"):
         ns = r[f"{name}_ns"]
         mark = "  ← binding" if name == r["binding"] else "  ← largest" if name == r.get("largest_bound") else ""
         share = f"{ns / lat:.1%}" if lat else "-"
         lines.append(f"{indent}{name:<10}{ns:>12.1f}{share:>12}  {work[name]}{mark}")
-    lines.append(f"{indent}{'unit':<10}{'busy ns':>12}{'util':>12}{'count':>9}{'bytes':>14}")
+    pes = metrics.get("pes") or []
+    # many PEs: the table is the first PE's (metrics.json pes[] has every PE's)
+    head = "unit" if len(pes) < 2 else f"PE{pes[0]['pe']} unit"
+    lines.append(f"{indent}{head:<10}"
+                 f"{'busy ns':>12}{'util':>12}{'count':>9}{'bytes':>14}")
     for name, u in metrics.get("units", {}).items():
         if name == "scheduler":
             continue

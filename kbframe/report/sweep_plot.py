@@ -87,7 +87,7 @@ def plot_pareto(points: list, x_label: str, y_label: str, limit: float | None, t
     if ok:
         ax.scatter([p[0] for p in ok], [p[1] for p in ok], c="tab:blue", s=28, label="feasible trial", zorder=2)
     if bad:
-        ax.scatter([p[0] for p in bad], [p[1] for p in bad], c="0.6", marker="x", s=28,
+        ax.scatter([p[0] for p in bad], [p[1] for p in bad], c="0.6", marker="X", s=28,
                    label="infeasible trial", zorder=2)
     front = sorted((p for p in points if p[4]), key=lambda p: (p[0], p[1]))
     if front:

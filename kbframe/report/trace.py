@@ -10,7 +10,11 @@ Layout:
   critical path adds ``critical: true``, see :func:`write_trace`);
 - one flow per command (``"ph"`` ``s`` → ``t`` … → ``f``, ``id`` = pe·10⁹ + cmd, bound to the
   enclosing slices): dispatch on PE_CPU → admission in PE_SCHEDULER → each stage in time
-  order, so a viewer can follow one composite from dispatch to completion.
+  order, so a viewer can follow one composite from dispatch to completion;
+- on many PEs, an IPCQ track per link: a record naming a ``peer`` PE goes to the track
+  ``IPCQ send → PE<peer>`` (``IPCQ recv ← PE<peer>``), and a flow (``cat`` ``ipcq``, ``id``
+  from :data:`LINK_FLOW_BASE`) joins each send to the receive that took it (the k-th
+  receive on a link takes its k-th send, as the sanitizer's ``ipcq_matched`` checks).
 
 Complete events on one thread must nest, but some spans overlap without nesting: commands
 in flight in PE_SCHEDULER, DMA transfers whose setup overlaps (DESIGN.md modelling notes).
@@ -27,6 +31,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections import deque
 from pathlib import Path
 
 from ..files import final_name
@@ -40,8 +45,20 @@ def tracks_from_units(units: dict) -> dict:
             for name, u in units.items()}
 
 
+def tracks_from_metrics(metrics: dict) -> dict:
+    """:func:`tracks_from_units` of ``units`` and of every PE's (``pes[].units``), so a
+    unit only some PEs use (an IPCQ send) keeps its label."""
+    units = dict(metrics.get("units", {}))
+    for pe in metrics.get("pes") or []:
+        for name, u in pe.get("units", {}).items():
+            units.setdefault(name, u)
+    return tracks_from_units(units)
+
+
 #: flow ids are ``pe * FLOW_ID_STRIDE + cmd``
 FLOW_ID_STRIDE = 1_000_000_000
+#: ids of the send → receive flows start here (below 2⁵³: viewers read ids as doubles)
+LINK_FLOW_BASE = 1 << 52
 #: threads per unit reserved for overflow lanes (tid = unit slot * LANE_STRIDE + lane + 1)
 LANE_STRIDE = 1000
 
@@ -79,7 +96,7 @@ _FRAC_PS = {f"{i:0{n}d}": i * 10 ** (3 - n) for n in (1, 2, 3) for i in range(10
 
 def _parse_json(line: str) -> tuple | None:
     """One op_log line in any JSON layout → ``(pe, unit, op_kind, cmd, tile, t_start, t_end,
-    bytes, t_data or None)``, times in integer ps; None for a blank line.
+    bytes, t_data or None, peer or None)``, times in integer ps; None for a blank line.
 
     Raises:
         ValueError, KeyError, TypeError, OverflowError: the line is not an op_log record.
@@ -93,7 +110,8 @@ def _parse_json(line: str) -> tuple | None:
     pe, unit, cmd = int(r["pe"]), r["unit"], int(r["cmd"])  # in this order: the error names the first bad key
     p0, p1 = _ps(r["t_start_ns"]), _ps(r["t_end_ns"])
     kind, nbytes, tile = r["op_kind"], int(r.get("bytes", 0)), int(r.get("tile", -1))
-    return pe, unit, kind, cmd, tile, p0, p1, nbytes, _ps(r["t_data_ns"]) if "t_data_ns" in r else None
+    return (pe, unit, kind, cmd, tile, p0, p1, nbytes, _ps(r["t_data_ns"]) if "t_data_ns" in r else None,
+            int(r["peer"]) if "peer" in r else None)
 
 
 #: a slice's part in its command's flow
@@ -122,6 +140,18 @@ class _Kind:
         return self.lanes[lane]
 
 
+def _link_flow(fid: int, send: tuple, recv: tuple) -> str:
+    """The flow from a send slice to the receive that took it: ``(pe, tid, ts text)`` each."""
+    event = ',\n{"name":"ipcq","cat":"ipcq","ph":"%s","id":%d,"ts":%s,"pid":%d,"tid":%d%s}'
+    return (event % ("s", fid, send[2], send[0], send[1], "")
+            + event % ("f", fid, recv[2], recv[0], recv[1], ',"bp":"e"'))
+
+
+def _link_unit(unit: str, kind: str, peer: int) -> str:
+    """The track of a record that names a peer PE: one per link and direction."""
+    return f"{unit}→PE{peer}" if kind == "send" else f"{unit}←PE{peer}" if kind == "recv" else f"{unit}·PE{peer}"
+
+
 def _flow(fid: int, steps: list) -> str:
     """One command's flow events (``s``, ``t`` …, ``f``); ``steps`` are the steps' texts after
     ``"ts":`` in time order."""
@@ -145,7 +175,8 @@ def write_trace(op_log: Path | str, out: Path | str, tracks: dict | None = None,
     has none, and is byte-identical to the run's trace without it.
 
     Returns:
-        ``{"slices": {unit: count}, "flows": n_commands, "lanes": {unit@PEn: n}}``.
+        ``{"slices": {unit: count}, "flows": n_commands, "link_flows": n_sends_received,
+        "lanes": {unit@PEn: n}}``.
     Raises:
         OSError: the op_log cannot be read or the trace cannot be written.
         ValueError: a malformed op_log line (names the line number).
@@ -160,6 +191,9 @@ def write_trace(op_log: Path | str, out: Path | str, tracks: dict | None = None,
     kinds: dict[tuple, _Kind] = {}       # (pe, unit, op_kind) → its _Kind
     heads: dict[str, _Kind] = {}         # a fast-path line's text up to its op_kind → its _Kind
     pending: dict[tuple, list] = {}      # (pe, cmd text) → [(ps, tid, flow text)]: dispatch, then stages
+    linked: dict[str, tuple] = {}        # a link's track → (op_log unit, peer): its name
+    sends: dict[tuple, deque] = {}       # (src, dst) → sends not yet received: (pe, tid, ts)
+    n_links = 0
     durs: dict[int, str] = {}            # duration (ps) → its µs text (few distinct values)
     n_flows = 0
     n_rec = -1                           # record index of the line being read
@@ -203,7 +237,10 @@ def write_trace(op_log: Path | str, out: Path | str, tracks: dict | None = None,
                         raise ValueError(f"{op_log}:{lineno}: malformed op_log record ({e!r})") from None
                     if rec is None:
                         continue
-                    pe, unit, kind, cmd, tile, p0, p1, nbytes, p_data = rec
+                    pe, unit, kind, cmd, tile, p0, p1, nbytes, p_data, peer = rec
+                    if peer is not None:
+                        base, unit = unit, _link_unit(unit, kind, peer)
+                        linked[unit] = (base, peer)
                     k = kind_of(pe, unit, kind)
                     cmd = str(cmd)  # as the fast path has it
                     ts = _us(p0)
@@ -220,6 +257,12 @@ def write_trace(op_log: Path | str, out: Path | str, tracks: dict | None = None,
                 else:
                     ends.append(p1)
                 args, flow, tid = k.lanes[lane] if lane < len(k.lanes) else k.lane(lane)
+                if m is None and peer is not None:  # a send, or the receive that takes it
+                    if kind == "send":
+                        sends.setdefault((pe, peer), deque()).append((pe, tid, ts))
+                    elif kind == "recv" and sends.get((peer, pe)):
+                        write(_link_flow(LINK_FLOW_BASE + n_links, sends[(peer, pe)].popleft(), (pe, tid, ts)))
+                        n_links += 1
                 dur = durs.get(p1 - p0)
                 if dur is None:
                     if len(durs) > 4096:
@@ -251,7 +294,12 @@ def write_trace(op_log: Path | str, out: Path | str, tracks: dict | None = None,
                 meta.append({"name": "process_sort_index", "ph": "M", "pid": pe, "tid": 0,
                              "args": {"sort_index": pe}})
             for (pe, unit), ends in sorted(lanes.items()):
-                base = tracks.get(unit, str(unit))
+                if unit in linked:
+                    u0, peer = linked[unit]
+                    arrow = unit[len(u0):len(u0) + 1]
+                    base = f"{tracks.get(u0, str(u0))} {arrow} PE{peer}"
+                else:
+                    base = tracks.get(unit, str(unit))
                 for lane in range(len(ends)):
                     tid = slots[unit] * LANE_STRIDE + lane + 1
                     meta.append({"name": "thread_name", "ph": "M", "pid": pe, "tid": tid,
@@ -271,7 +319,7 @@ def write_trace(op_log: Path | str, out: Path | str, tracks: dict | None = None,
     slices: dict = {}
     for k in kinds.values():  # in order of each unit's first slice
         slices[k.unit] = slices.get(k.unit, 0) + k.count
-    return {"slices": slices, "flows": n_flows,
+    return {"slices": slices, "flows": n_flows, "link_flows": n_links,
             "lanes": {f"{u}@PE{p}": len(e) for (p, u), e in sorted(lanes.items())}}
 
 
@@ -288,7 +336,7 @@ def main(argv=None) -> int:
     dst = Path(args[1]) if len(args) > 1 else src.with_name("trace.json")
     try:
         metrics = src.with_name("metrics.json")  # the units' labels, as the run named its tracks
-        tracks = tracks_from_units(json.loads(metrics.read_text()).get("units", {})) if metrics.is_file() else None
+        tracks = tracks_from_metrics(json.loads(metrics.read_text())) if metrics.is_file() else None
         info = write_trace(src, dst, tracks)
     except (OSError, ValueError) as e:
         print(f"kbframe: error: {e}", file=sys.stderr)

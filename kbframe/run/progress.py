@@ -2,10 +2,12 @@
 
 PE_CPU calls ``cpu.progress(cmd)`` after each dispatch when the attribute is set (one
 ``is not None`` test per dispatch when it is not). :class:`TileProgress` looks at the
-command's HBM operands and output and advances to the furthest row of the workload's
-progress tensor a command names (``Workload.progress_stream``: K for decode), so the bar
+command's HBM operands and output and advances to the rows of the workload's progress
+tensor the commands have covered (``Workload.progress_stream``: K for decode), so the bar
 reads "KV tile j of n" for any kernel that streams it in row windows; a kernel that does
-not just sees the bar jump to done at the end.
+not just sees the bar jump to done at the end. On many PEs every PE's PE_CPU reports, and
+the bar counts the rows each PE covered (from the first row it named to the furthest),
+summed over the PEs.
 
 The bar is shown only on a terminal (stdout and stderr both ttys) and when
 ``run.progress`` is true; it is written to stderr and removed when the run ends, so the
@@ -43,25 +45,28 @@ class TileProgress:
         self.buf = stream_buf
         self.tile = max(1, int(rows))
         self.total = int(n_units)
-        self.rows = 0
+        self.rows = 0      # rows covered, summed over the PEs
+        self.span: dict = {}  # pe -> (first row it named, furthest row end)
         self.commands = 0
         self.bar = tqdm(total=self.total, unit=unit, desc=desc, file=file or sys.stderr,
                         leave=leave, dynamic_ncols=True, mininterval=0.2)
 
-    def __call__(self, cmd) -> None:
+    def __call__(self, cmd, pe: int = 0) -> None:
         self.commands += 1
-        rows = self.rows
+        lo, hi = span = self.span.get(pe, (None, 0))
+        buf = self.buf
         for op in getattr(cmd, "ops", ()):
-            for h in op.operands.values():
-                if getattr(h, "buf", None) == self.buf and h.rows is not None and h.rows[1] > rows:
-                    rows = h.rows[1]
-            out = op.out
-            if out is not None and getattr(out, "buf", None) == self.buf and out.rows is not None \
-                    and out.rows[1] > rows:
-                rows = out.rows[1]
-        if rows > self.rows:
-            self.rows = rows
-            n = min(self.total, -(-rows // self.tile))
+            for h in (*op.operands.values(), op.out):
+                if h is not None and getattr(h, "buf", None) == buf and h.rows is not None:
+                    r0, r1 = h.rows
+                    if r1 > hi:
+                        hi = r1
+                    if lo is None or r0 < lo:
+                        lo = r0
+        if (lo, hi) != span:
+            self.rows += (hi - lo) - (span[1] - span[0] if span[0] is not None else 0)
+            self.span[pe] = (lo, hi)
+            n = min(self.total, -(-self.rows // self.tile))
             if n > self.bar.n:
                 self.bar.update(n - self.bar.n)
 
@@ -72,17 +77,22 @@ class TileProgress:
 
 
 @contextmanager
-def attach(cpu, flag: bool, stream_handle, n_units: int, rows: int, **kw):
-    """Set ``cpu.progress`` to a :class:`TileProgress` for the duration of the block when
-    :func:`enabled`; otherwise leave it None (no cost). The bar is closed on the way out,
-    also on an error or Ctrl-C."""
+def attach(cpus, flag: bool, stream_handle, n_units: int, rows: int, **kw):
+    """Set ``cpu.progress`` of ``cpus`` (one PE_CPU, or every PE's) to a :class:`TileProgress`
+    for the duration of the block when :func:`enabled`; otherwise leave it None (no cost).
+    The bar is closed on the way out, also on an error or Ctrl-C."""
     if not enabled(flag, kw.get("file")):
         yield None
         return
+    from functools import partial
     prog = TileProgress(stream_handle.buf, n_units, rows, **kw)
-    cpu.progress = prog
+    many = isinstance(cpus, (list, tuple))
+    cpus = list(cpus) if many else [cpus]
+    for i, cpu in enumerate(cpus):
+        cpu.progress = partial(prog, pe=i) if many and len(cpus) > 1 else prog
     try:
         yield prog
     finally:
-        cpu.progress = None
+        for cpu in cpus:
+            cpu.progress = None
         prog.close()

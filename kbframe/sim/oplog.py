@@ -45,10 +45,10 @@ class _Totals:
     """Running totals of one ``(pe, unit)``; ``full`` is False for PE_SCHEDULER, whose
     records count commands but carry no bytes or busy time."""
 
-    __slots__ = ("count", "bytes", "busy_ps", "full", "heads", "codes")
+    __slots__ = ("count", "bytes", "busy_ps", "flops", "end_ps", "full", "heads", "codes")
 
     def __init__(self, full: bool):
-        self.count = self.bytes = self.busy_ps = 0
+        self.count = self.bytes = self.busy_ps = self.flops = self.end_ps = 0
         self.full = full
         self.heads: dict = {}  # op_kind -> the record's fixed leading text
         self.codes: dict = {}  # op_kind -> the record name's code in the WaitLog
@@ -58,7 +58,7 @@ class OpLog:
     """Streams op_log records to ``path`` (or nowhere if None) and keeps totals.
 
     Totals (per ``(pe, unit)``): ``busy_ps``, ``count``, ``bytes``; plus ``flops`` and
-    ``hbm_bytes`` overall. Records are formatted and written in batches of ``batch``;
+    ``hbm_bytes`` overall and, per PE, :meth:`pe_totals` (its last record's end, its FLOPs). Records are formatted and written in batches of ``batch``;
     the file is complete once :meth:`close` has returned.
     """
 
@@ -68,7 +68,6 @@ class OpLog:
         self._rows: list = []  # pending records: (head, cmd, tile, t_start, t_end, bytes, t_data or -1)
         self._totals: dict = {}  # (pe, unit name) -> _Totals
         self._by_unit: dict = {}  # stage unit object -> its _Totals (no key tuple per stage)
-        self.flops = 0
         self.hbm_bytes = 0
         self.n_records = 0
         #: what each record waited for, record by record (the critical path's input);
@@ -91,6 +90,20 @@ class OpLog:
     def busy_ps(self) -> defaultdict:
         """Busy ps per ``(pe, unit)`` (DMA: data phases only)."""
         return defaultdict(int, {k: t.busy_ps for k, t in self._totals.items() if t.full})
+
+    @property
+    def flops(self) -> int:
+        """FLOPs of every stage recorded."""
+        return sum(t.flops for t in self._totals.values())
+
+    def pe_totals(self) -> dict:
+        """Per PE that has records: ``{pe: {"end_ps": its last record's end, "flops": ...}}``."""
+        out: dict = {}
+        for (pe, _), t in sorted(self._totals.items()):
+            d = out.setdefault(pe, {"end_ps": 0, "flops": 0})
+            d["end_ps"] = max(d["end_ps"], t.end_ps)
+            d["flops"] += t.flops
+        return out
 
     def _entry(self, pe: int, unit: str, full: bool = True) -> _Totals:
         t = self._totals.get((pe, unit))
@@ -139,7 +152,9 @@ class OpLog:
             self.hbm_bytes += nbytes
         else:
             t.busy_ps += t1 - t0
-        self.flops += st.flops
+        t.flops += st.flops
+        if t1 > t.end_ps:
+            t.end_ps = t1
         st.seq = idx = self.n_records
         self.n_records = idx + 1
         code = t.codes.get(st.op_kind)
@@ -167,6 +182,8 @@ class OpLog:
         t.count += 1
         t.busy_ps += t1 - t0
         t.bytes += nbytes
+        if t1 > t.end_ps:
+            t.end_ps = t1
         code = t.codes.get(kind)  # the WaitLog fields, inline (once per record)
         if code is None:
             code = t.codes[kind] = self.waits.code(pe, "cpu", kind)
@@ -181,6 +198,8 @@ class OpLog:
         t = self._entry(pe, "scheduler", full=False)
         kind = command_kind(cmd)
         t.count += 1
+        if t_done > t.end_ps:
+            t.end_ps = t_done
         code = t.codes.get(kind)
         if code is None:
             code = t.codes[kind] = self.waits.code(pe, "scheduler", kind)
