@@ -96,7 +96,7 @@ def plot_pareto(points: list, x_label: str, y_label: str, limit: float | None, t
                    s=70, lw=1.4, label="front", zorder=3)
     for p in points:
         if p[3]:
-            ax.scatter([p[0]], [p[1]], marker="*", c="gold", edgecolors="k", s=220, zorder=4)
+            ax.scatter([p[0]], [p[1]], marker="*", c="gold", edgecolors="black", s=220, zorder=4)
             ax.annotate(f"best: job {p[5]}", (p[0], p[1]), textcoords="offset points", xytext=(8, 8), fontsize=9)
     if limit is not None:
         ax.axvline(limit, ls="--", c="0.3", lw=1, label=f"limit {limit:g}")
