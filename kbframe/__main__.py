@@ -1,3 +1,4 @@
 from .cli.main import main
+from .cli.speed import main_then_exit
 
-main()
+main_then_exit(main)

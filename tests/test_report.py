@@ -272,6 +272,8 @@ def test_swept_keys_parse_numbers_and_drop_constant_keys():
     jobs = _tile_sweep()
     assert sweep_jobs.swept_keys(jobs) == {"bench": ["decode_opt2", "decode_opt3"], "bench.tile": [256, 128, 2048, 1024]}
     assert sorted([1024, "b", 128, "a", 2048, 0.5], key=sweep_jobs.sort_key) == [0.5, 128, 1024, 2048, "a", "b"]
+    order = ["m128", "m1024", "m4096"]  # text: as the sweep lists it
+    assert sorted(["m4096", 256, "m128", "m1024"], key=lambda v: sweep_jobs.sort_key(v, order)) == [256, *order]
 
 
 def test_a_tile_sweep_is_compared_and_plotted_against_the_tile_in_numeric_order(tmp_path, monkeypatch):

@@ -17,7 +17,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from . import hydra_errors
+from . import hydra_errors, speed
 
 from ..run import schema
 from ..run.bench import run_bench, summary
@@ -121,7 +121,13 @@ def main() -> None:
         return
     _use_kbframe_joblib_launcher()
     sys.argv[1:] = presets_after_bench(sys.argv[1:])
-    hydra_errors.run(_hydra_main)
+    with speed.one_compose(sys.argv[1:]):
+        hydra_errors.run(_hydra_main)
+
+
+def entry() -> None:
+    """The ``kbframe`` script: :func:`main`, then a fast exit (kbframe.cli.speed)."""
+    speed.main_then_exit(main)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,8 @@ Files written at the sweep root (each atomically: a temporary file, then rename)
   already holds, the overrides, the error, the job directory;
 - ``summary.md``: the table printed on the console: every job; when the sweep varies the
   bench, each other bench against the first one of the sweep (the baseline) at every
-  setting of the other swept keys (numbers in numeric order: 128 before 1024), with the
+  setting of the other swept keys (numbers in numeric order, 128 before 1024; text in the
+  sweep's order), with the
   dispatch-cost ratio (``dispatch.cycles_per_tile`` bench / baseline) and latency ratio
   (``sim.latency_ns``); then the jobs that did not finish ok;
 - ``sweep.png``: dispatch cycles per unit of progress (KV tile, output tile ...) and latency
@@ -108,7 +109,7 @@ def comparisons(jobs: list[Job]) -> list[dict]:
         out.append({"bench": b, "base": base, "job": j, "base_job": j0, "setting": setting_of(j, others),
                     "dispatch_ratio": ratio("dispatch.cycles_per_tile"),
                     "latency_ratio": ratio("sim.latency_ns")})
-    out.sort(key=lambda c: (benches.index(c["bench"]), [sort_key(v) for v in c["setting"].values()]))
+    out.sort(key=lambda c: (benches.index(c["bench"]), [sort_key(v, swept[k]) for k, v in c["setting"].items()]))
     return out
 
 
@@ -227,13 +228,13 @@ def write_plot(jobs: list[Job], path: Path, x: str | None = None) -> None:
         s = setting_of(j, [key] + others)
         label = " ".join((str(s[k]) if k == "bench" else f"{k}={s[k]}") for k in others) or str(j.get("bench"))
         # lines in the sweep's bench order, then by the other keys' values (numbers as numbers)
-        rank[label] = [swept[k].index(s[k]) if k == "bench" else sort_key(s[k]) for k in others]
+        rank[label] = [sort_key(s[k], swept[k]) for k in others]
         series.setdefault(label, []).append(
             (s[key], j.get("dispatch.cycles_per_tile"), j.get("sim.latency_ns")))
     series = {label: series[label] for label in sorted(series, key=lambda lb: rank[lb])}
     n_bad = sum(j.status != "ok" for j in jobs)
     title = f"kbframe sweep: {len(jobs) - n_bad} ok" + (f", {n_bad} not ok" if n_bad else "")
-    xs = sorted(swept.get(key, []), key=sort_key) if key else []
+    xs = sorted(swept.get(key, []), key=lambda v: sort_key(v, swept[key])) if key else []
     plot_sweep(series, key or "", xs, _unit(jobs), title, path)
 
 

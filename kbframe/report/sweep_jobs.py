@@ -228,11 +228,14 @@ def setting_of(job: Job, keys) -> dict:
     return {k: ovs.get(k) for k in keys}
 
 
-def sort_key(value):
-    """Numbers before text, numbers by value (128 < 1024), text as text."""
+def sort_key(value, order: list | None = None):
+    """Numbers before text, numbers by value (128 < 1024); text in ``order`` (a swept key's
+    values as the sweep lists them) when given, else as text."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return (0, value, "")
-    return (1, 0, "" if value is None else str(value))
+    if order is not None and value in order:
+        return (1, order.index(value), "")
+    return (2, 0, "" if value is None else str(value))
 
 
 def collect(sweep_dir: Path) -> list[Job]:

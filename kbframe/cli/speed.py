@@ -1,0 +1,80 @@
+"""The whole command's speed tricks, in one place (issue 16: a command that costs little
+more than its simulation).
+
+- :func:`one_compose`: Hydra composes the config twice per run, once only to learn whether
+  ``hydra.mode`` is MULTIRUN (``Hydra.get_mode``, 0.15–0.3 s). When the command line cannot
+  set the mode (no ``-m``, no ``+sweep=`` / ``+search=``, whose configs set it, no
+  ``hydra.mode=`` and no config directory of the user's), the mode is RUN and the first
+  compose is skipped; Hydra then adds ``hydra.mode=RUN`` itself.
+- :func:`exit_now`: a run that made numpy arrays of a long context spends about a second
+  freeing them at interpreter exit. After the streams are flushed, logging shut down and
+  the atexit handlers run (launcher pools, submitit), the process ends without that.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from contextlib import contextmanager
+
+#: config groups whose configs set hydra.mode (conf/sweep/, conf/search/)
+_MODE_GROUPS = ("sweep", "search")
+
+
+def mode_is_run(argv: list[str]) -> bool:
+    """True when nothing on the command line can make the run a multirun."""
+    for a in argv:
+        if a in ("-m", "--multirun", "-cd", "--config-dir", "-cp", "--config-path", "-cn", "--config-name") \
+                or a.startswith(("--config-dir=", "--config-path=", "--config-name=")):
+            return False
+        key = a.partition("=")[0].lstrip("+~")
+        if key in _MODE_GROUPS or key == "hydra.mode" or key.startswith(("hydra.searchpath", "hydra/")):
+            return False
+    return True
+
+
+@contextmanager
+def one_compose(argv: list[str]):
+    """Within the block, Hydra's ``get_mode`` answers "no mode set" without composing
+    when :func:`mode_is_run`; otherwise Hydra's own."""
+    from hydra._internal.hydra import Hydra
+    original = Hydra.get_mode
+    if mode_is_run(argv):
+        Hydra.get_mode = lambda self, config_name, overrides: None
+    try:
+        yield
+    finally:
+        Hydra.get_mode = original
+
+
+def exit_now(code) -> None:
+    """End the process with ``code`` (SystemExit's: None → 0, text → printed, 1) after
+    flushing the standard streams, shutting logging down and running the atexit handlers,
+    without freeing the interpreter's objects."""
+    import atexit
+    import logging
+    if code is None:
+        code = 0
+    elif not isinstance(code, int):
+        print(code, file=sys.stderr)
+        code = 1
+    try:
+        logging.shutdown()
+        atexit._run_exitfuncs()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):  # a closed pipe: nothing more to say
+                pass
+        os._exit(code)
+
+
+def main_then_exit(main) -> None:
+    """``main()``, then :func:`exit_now` with its exit status (an exception other than
+    SystemExit, e.g. Ctrl-C, propagates as usual)."""
+    try:
+        main()
+        code = 0
+    except SystemExit as e:
+        code = e.code
+    exit_now(code)
