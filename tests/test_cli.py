@@ -189,3 +189,29 @@ def test_cli_closed_stdout_pipe_keeps_the_run_ok(tmp_path):
     assert "Traceback" not in p.stderr
     assert json.loads((tmp_path / "status.json").read_text())["status"] == "ok"
     assert (tmp_path / "metrics.json").exists()
+
+
+def test_one_compose_only_when_nothing_can_make_a_multirun():
+    """Issue 16: Hydra's mode-probing compose is skipped only when the command line cannot
+    set hydra.mode (kbframe.cli.speed)."""
+    from kbframe.cli.speed import mode_is_run
+    assert mode_is_run(["+bench=decode_opt2", "bench.S_kv=512", "hardware=cube", "+model=llama3_70b"])
+    for argv in (["-m", "+bench=decode_opt2"], ["--multirun"], ["+sweep=r_sweep"], ["+search=decode_tile"],
+                 ["hydra.mode=MULTIRUN"], ["--config-dir", "x"], ["-cd=x"], ["--config-dir=x"],
+                 ["hydra.searchpath=[file:///x]"], ["hydra/sweeper=optuna"]):
+        assert not mode_is_run(["+bench=decode_opt2", *argv]), argv
+
+
+def test_the_kbframe_script_exits_with_the_runs_status(tmp_path):
+    """The console script ends through the fast exit with the run's status and its files
+    complete."""
+    import shutil
+    from pathlib import Path
+    script = shutil.which("kbframe", path=str(Path(sys.executable).parent))
+    ok = subprocess.run([script, "+bench=decode_opt2", "bench.S_kv=128", f"hydra.run.dir={tmp_path / 'ok'}"],
+                        capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0 and "kbframe decode_opt2" in ok.stdout
+    assert json.loads((tmp_path / "ok" / "metrics.json").read_text())["sim"]["latency_ns"] > 0
+    bad = subprocess.run([script, "+bench=decode_opt2", "bench.tile=0", f"hydra.run.dir={tmp_path / 'bad'}"],
+                         capture_output=True, text=True, timeout=120)
+    assert (bad.returncode, bad.stderr) == (1, "kbframe: error: bench.tile must be ≥ 1, got 0\n")

@@ -24,7 +24,7 @@ def mode_is_run(argv: list[str]) -> bool:
     """True when nothing on the command line can make the run a multirun."""
     for a in argv:
         if a in ("-m", "--multirun", "-cd", "--config-dir", "-cp", "--config-path", "-cn", "--config-name") \
-                or a.startswith(("--config-dir=", "--config-path=", "--config-name=")):
+                or a.startswith(("--config-dir=", "--config-path=", "--config-name=", "-cd", "-cp", "-cn")):
             return False
         key = a.partition("=")[0].lstrip("+~")
         if key in _MODE_GROUPS or key == "hydra.mode" or key.startswith(("hydra.searchpath", "hydra/")):
