@@ -162,3 +162,13 @@ def test_a_two_objective_search_reports_its_pareto_front(tmp_path):
     listed = [line.split()[2] for line in summary.splitlines() if line.startswith("- job ")]
     assert listed == front
     assert (d / "pareto.png").is_file()
+
+
+def test_every_metric_a_search_may_name_is_a_number_in_a_runs_metrics(tmp_path):
+    """report/search.py METRICS is the list checked before any trial: each one is a number
+    in a real metrics.json (decode_opt2, data mode: numerics too)."""
+    from conftest import run
+    from kbframe.report.search import METRICS
+    m = run(tmp_path, "bench.S_kv=512")
+    missing = [name for name in METRICS if not isinstance(Search.from_config({"objectives": [name]}).evaluate(m).values[0], float)]
+    assert missing == []
