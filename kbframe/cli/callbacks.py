@@ -77,10 +77,13 @@ class SweepReport(Callback):
         from ..run import rundir
         sweep_dir = Path(str(config.hydra.sweep.dir))
         try:  # a search's objectives and constraints, before any trial runs or file is written
-            from ..report.search import Search
-            Search.from_config(config.get("search"))
+            from .search_space import check_sweep
+            check_sweep(config)
         except KbframeError as e:
             _fail(str(e))
+        if self.reuse_dir and "optuna" in str(config.hydra.sweeper.get("_target_", "")).lower():
+            _fail("hydra.callbacks.sweep_report.reuse_dir=true is for grid sweeps: a search writes no job plan, "
+                  "so its report could not tell its trials from an earlier sweep's; choose a new hydra.sweep.dir")
         try:
             sweep_dir.mkdir(parents=True, exist_ok=True)
             lk = rundir.lock(sweep_dir)

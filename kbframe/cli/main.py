@@ -111,6 +111,15 @@ def _use_kbframe_joblib_launcher() -> None:
     ConfigStore.instance().store(group="hydra/launcher", name="joblib", node=node, provider="kbframe")
 
 
+def _quiet_libraries() -> None:
+    """The Optuna sweeper's imports log at INFO through Hydra's handler (alembic: "setup
+    plugin ..." lines on every search); warnings still show (optuna's own handler is quieted
+    by kbframe.cli.search_space.check_sweep)."""
+    import logging
+    for name in ("alembic", "optuna"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
 def main() -> None:
     """``python -m kbframe`` / the ``kbframe`` script: Hydra's main, with Hydra's own
     composition errors (unknown bench, wrong type ...) folded into one line
@@ -119,6 +128,7 @@ def main() -> None:
         from .help import text
         print(text())
         return
+    _quiet_libraries()
     _use_kbframe_joblib_launcher()
     sys.argv[1:] = presets_after_bench(sys.argv[1:])
     with speed.one_compose(sys.argv[1:]):

@@ -37,14 +37,14 @@ METRICS = (
     "roofline.hbm_bytes", "roofline.flops",
     "tcm.peak_bytes", "tcm.high_water_bytes", "tcm.capacity_bytes",
     "critical_path.ns_per_unit", "critical_path.period_ns", "critical_path.units_per_period",
-    "numerics.max_abs_err", "numerics.max_rel_err",
     "calibration.FIXED", "calibration.R",
 )
-#: sections whose names depend on the workload and hardware: checked when the run ends
+#: sections whose names depend on the workload, the hardware and the mode (numerics: data
+#: mode only): a name under one is checked when each run ends
 OPEN_SECTIONS = ("shape", "units", "critical_path", "numerics")
 
 _OPS = {"<=": operator.le, ">=": operator.ge, "<": operator.lt, ">": operator.gt, "==": operator.eq}
-_CONSTRAINT = re.compile(r"^\s*([A-Za-z_][\w.]*)\s*(<=|>=|==|<|>)\s*([-+]?(?:\d[\d_]*\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*$")
+_CONSTRAINT = re.compile(r"^\s*([A-Za-z_][\w.]*)\s*(<=|>=|==|<|>)\s*([-+]?(?:\d+(?:_\d+)*(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?)\s*$")
 _DIRECTIONS = ("minimize", "maximize")
 
 
@@ -56,6 +56,18 @@ def _dig(d, path: str):
     return d
 
 
+def _as_list(v, where: str) -> list:
+    """``v`` as a list: None → [], a string → [it], a list as it is; anything else is an
+    error naming ``where``."""
+    if v is None:
+        return []
+    if isinstance(v, str):
+        return [v]
+    if isinstance(v, (list, tuple)) or (hasattr(v, "__iter__") and not hasattr(v, "keys")):
+        return list(v)
+    raise ConfigError(f"{where}: a list (or one text), not {v!r}")
+
+
 def _is_number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
@@ -63,7 +75,8 @@ def _is_number(v) -> bool:
 def _check_name(name, where: str) -> str:
     if not isinstance(name, str) or not name.strip():
         raise ConfigError(f"{where}: {name!r} is not a metric name (a metrics.json path such as sim.latency_ns)")
-    if name not in METRICS and name.split(".", 1)[0] not in OPEN_SECTIONS:
+    section, dot, rest = name.partition(".")
+    if name not in METRICS and not (section in OPEN_SECTIONS and dot and rest):
         raise ConfigError(f"{where}: '{name}' is not a metric of metrics.json (e.g. sim.latency_ns, "
                           f"tcm.peak_bytes, critical_path.period_ns, dispatch.cycles_per_tile; README 'metrics.json')")
     return name
@@ -85,7 +98,10 @@ class Constraint:
         if m is None:
             raise ConfigError(f"{where}: cannot parse {text!r}; write METRIC OP NUMBER with OP one of "
                               f"<=, <, >=, >, == (e.g. 'tcm.peak_bytes <= 1048576')")
-        return cls(_check_name(m[1], where), m[2], float(m[3].replace("_", "")))
+        limit = float(m[3].replace("_", ""))
+        if not math.isfinite(limit):
+            raise ConfigError(f"{where}: the limit in {text!r} is not a finite number")
+        return cls(_check_name(m[1], where), m[2], limit)
 
     def __str__(self) -> str:
         return f"{self.metric} {self.op} {self.limit:.10g}"
@@ -117,22 +133,18 @@ class Search:
         naming the key) for a malformed section."""
         if node is None:
             return None
-        get = node.get if hasattr(node, "get") else (lambda k, d=None: d)
-        objectives = get("objectives", None)
+        if not hasattr(node, "get"):
+            raise ConfigError(f"search: a section with objectives, directions and constraints, not {node!r}")
+        objectives = _as_list(node.get("objectives", None), "search.objectives")
         if not objectives:
             return None
-        if isinstance(objectives, str) or not hasattr(objectives, "__iter__"):
-            objectives = [objectives]
         objectives = tuple(_check_name(o, f"search.objectives[{i}]") for i, o in enumerate(objectives))
-        directions = get("directions", None)
-        directions = ["minimize"] * len(objectives) if directions is None else (
-            [directions] if isinstance(directions, str) else list(directions))
+        directions = node.get("directions", None)
+        directions = ["minimize"] * len(objectives) if directions is None else _as_list(directions, "search.directions")
         if len(directions) != len(objectives) or any(d not in _DIRECTIONS for d in directions):
             raise ConfigError(f"search.directions: {len(objectives)} objective(s) need {len(objectives)} "
                               f"direction(s), each minimize or maximize; got {list(directions)}")
-        constraints = get("constraints", None) or []
-        if isinstance(constraints, str):
-            constraints = [constraints]
+        constraints = _as_list(node.get("constraints", None), "search.constraints")
         return cls(objectives, tuple(directions),
                    tuple(Constraint.parse(c, f"search.constraints[{i}]") for i, c in enumerate(constraints)))
 
