@@ -292,9 +292,32 @@ def check_sweeper(argv: list[str]) -> str | None:
     return None
 
 
+def check_subdirs(argv: list[str]) -> str | None:
+    """``hydra.sweep.subdir`` (a job's folder in the sweep) and ``hydra.output_subdir`` (the
+    run's ``.hydra/``) must stay inside the run or sweep directory: relative, no ``..``."""
+    for a in argv:
+        key, eq, val = a.partition("=")
+        key = key.lstrip("+~")
+        if eq and key in ("hydra.sweep.subdir", "hydra.output_subdir") and val not in ("null", ""):
+            parts = Path(val).parts
+            if Path(val).is_absolute() or ".." in parts:
+                return (f"{key}={val} would write outside the {'sweep' if 'sweep' in key else 'run'} directory; "
+                        f"give a relative path without '..'")
+    return None
+
+
+def check_one_search(argv: list[str]) -> str | None:
+    """``+search=`` names one search config: a comma list would make a grid of searches."""
+    for a in argv:
+        key, eq, val = a.partition("=")
+        if eq and key.lstrip("+~") == "search" and ("," in val or "(" in val):
+            return f"+search={val}: name one search config (available: {', '.join(available('search'))})"
+    return None
+
+
 def precheck(argv: list[str]) -> str | None:
     """The one-line message for a command line Hydra would reject, or None."""
-    msg = check_hydra_code(argv) or check_sweeper(argv)
+    msg = check_hydra_code(argv) or check_sweeper(argv) or check_subdirs(argv) or check_one_search(argv)
     if msg is not None:
         return msg
     try:
