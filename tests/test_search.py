@@ -172,3 +172,18 @@ def test_every_metric_a_search_may_name_is_a_number_in_a_runs_metrics(tmp_path):
     m = run(tmp_path, "bench.S_kv=512")
     missing = [name for name in METRICS if not isinstance(Search.from_config({"objectives": [name]}).evaluate(m).values[0], float)]
     assert missing == []
+
+
+def test_a_search_with_no_feasible_trial_exits_1_and_one_that_stopped_early_lists_its_missing_trials(tmp_path):
+    d = tmp_path / "inf"
+    p = cli("-m", "+search=decode_tile", "++bench.S_kv=512", "hydra.sweeper.n_trials=3",
+            'search.constraints=["tcm.peak_bytes<=1000"]', f"hydra.sweep.dir={d}", timeout=300)
+    assert p.returncode == 1 and p.stderr.strip().endswith("kbframe: no feasible trial in 3: every trial violates a constraint")
+    assert ("no feasible trial: every finished trial violates a constraint; loosen the constraints or widen the search"
+            in (d / "summary.md").read_text())
+    import shutil
+    from kbframe.report import sweep as report
+    shutil.rmtree(d / "1")  # as if the search had stopped before trial 1
+    rep = report.write_report(d, echo=False)
+    assert [(j.num, j.status) for j in rep.jobs] == [(0, "ok"), (1, "missing"), (2, "ok")]
+    assert rep.jobs[1].error == "never ran (the sweep ended before this trial)"

@@ -130,3 +130,6 @@ class SweepReport(Callback):
                 print(f"  job {j.num} [{' '.join(j.overrides)}]: {j.status}"
                       + (f": {j.error}" if j.error else ""), file=sys.stderr)
             raise SystemExit(1)
+        if rep.problem:
+            print(f"kbframe: {rep.problem}", file=sys.stderr)
+            raise SystemExit(1)

@@ -84,7 +84,7 @@ def _hydra_main(cfg: DictConfig) -> dict:
         try:  # the run is done and recorded ok; a closed pipe (`| head`) must not fail it
             print(summary(metrics, out_dir), flush=True)
             if outcome is not None:
-                print(f"  search      {', '.join(f'{o} {v:g}' for o, v in zip(search.objectives, outcome.values))}: "
+                print(f"  search      {', '.join(f'{o} {v:.10g}' for o, v in zip(search.objectives, outcome.values))}: "
                       + ("feasible" if outcome.feasible else "infeasible: " + "; ".join(outcome.violations)),
                       flush=True)
         except BrokenPipeError:

@@ -66,6 +66,11 @@ def _value(metrics: dict, path: str):
     return metrics
 
 
+def no_feasible(search: Search, ts: list[Trial]) -> bool:
+    """No trial is feasible (the search found nothing; the command exits 1)."""
+    return not any(t.verdict == "feasible" for t in ts)
+
+
 def best(search: Search, ts: list[Trial]) -> list[Trial]:
     """The best feasible trial (one objective: every trial holding the best value, first
     one first) or the Pareto front of the feasible trials (several), in job order."""
@@ -94,12 +99,16 @@ def section(search: Search, ts: list[Trial], common: list[str]) -> list[str]:
         return " ".join(o for o in t.job.overrides if o not in common) or "-"
     def vals(t):
         return ", ".join(f"{o} {v:.10g}" for o, v in zip(search.objectives, t.values))
-    if not top:
-        lines.append("no feasible trial: loosen the constraints or widen the search")
+    if not top and not any(t.values is not None for t in ts):
+        lines.append("no feasible trial: no trial finished ok (see the jobs not ok below)")
+    elif not top:
+        lines.append("no feasible trial: every finished trial violates a constraint; "
+                     "loosen the constraints or widen the search")
     elif len(search.objectives) == 1:
         t = top[0]
         lines.append(f"best trial: job {t.job.num} [{params(t)}]: {vals(t)}"
-                     + "".join(f", {c.metric} {v:.10g}" for c, v in zip(search.constraints, t.limits)))
+                     + "".join(f", {c.metric} {v:.10g}" for c, v in zip(search.constraints, t.limits)
+                               if c.metric not in search.objectives))
     else:
         lines.append(f"Pareto front: {len(top)} of {counts.get('feasible', 0)} feasible trials")
         lines += [f"- job {t.job.num} [{params(t)}]: {vals(t)}" for t in top]
@@ -136,8 +145,10 @@ def plot(search: Search, ts: list[Trial], path: Path, title: str) -> None:
         xs = [t.job.num for t in done]
     ys = [t.values[0] for t in done]
     plane = Search((search.objectives[0], x_name), (search.directions[0], x_dir or "minimize"), ())
-    front = plane.front(list(zip(ys, xs))) if x_dir else []
-    top = {id(t) for t in best(search, ts)}
+    # the front among the feasible trials, in the plane drawn
+    ok = [i for i, t in enumerate(done) if t.verdict == "feasible"]
+    front = {ok[j] for j in plane.front([(ys[i], xs[i]) for i in ok])} if x_dir else set()
+    top = {id(t) for t in best(search, ts)} if len(search.objectives) == 1 else set()
     points = [(x, y, t.verdict == "feasible", id(t) in top, i in front, t.job.num)
               for i, (t, x, y) in enumerate(zip(done, xs, ys))]
     plot_pareto(points, x_name, search.objectives[0], limit, title, path)

@@ -271,7 +271,12 @@ def write_report(sweep_dir: Path | str, echo: bool = True, x: str | None = None)
     if echo:
         print(text, end="")
         print(f"files: {sweep_dir}/{{sweep.csv, summary.md, sweep.png{', pareto.png' if search else ''}}}")
-    return Report(sweep_dir, jobs, text)
+    problem = ""
+    if search is not None and not any(j.status != "ok" for j in jobs):
+        ts = search_report.trials(search, jobs)
+        if search_report.no_feasible(search, ts):
+            problem = f"no feasible trial in {len(ts)}: every trial violates a constraint"
+    return Report(sweep_dir, jobs, text, problem)
 
 
 #: the files a report writes at the sweep root (and pareto.png for a search)
@@ -329,6 +334,9 @@ def main(argv=None) -> int:
         if rep.not_ok:
             rc = 1
             print(f"kbframe: {len(rep.not_ok)} of {len(rep.jobs)} jobs not ok", file=sys.stderr)
+        elif rep.problem:
+            rc = 1
+            print(f"kbframe: {rep.problem}", file=sys.stderr)
     return rc
 
 

@@ -62,6 +62,8 @@ class Report:
     sweep_dir: Path
     jobs: list
     text: str
+    #: a search whose trials all ran but none is feasible: what to say (the command exits 1)
+    problem: str = ""
 
     @property
     def not_ok(self) -> list:
@@ -244,7 +246,8 @@ def collect(sweep_dir: Path) -> list[Job]:
     found = [_read_job(d) for d in _job_dirs(sweep_dir)]
     plan = sweep_plan(sweep_dir)
     if plan is None:
-        return _fill_shapes(sorted(found, key=lambda j: (j.num is None, j.num or 0, str(j.dir))))
+        jobs = found + _never_ran(found)
+        return _fill_shapes(sorted(jobs, key=lambda j: (j.num is None, j.num or 0, str(j.dir or ""))))
     by_ov = {}
     for j in found:
         by_ov.setdefault(tuple(j.overrides), []).append(j)
@@ -272,6 +275,24 @@ def collect(sweep_dir: Path) -> list[Job]:
     # a directory the plan does not account for is another sweep's (one run into a sweep
     # directory reused with hydra.callbacks.sweep_report.reuse_dir=true): not this sweep's job
     return _fill_shapes(jobs)
+
+
+def _never_ran(jobs: list[Job]) -> list[Job]:
+    """A sweeper that writes no plan (Hydra's Optuna sweeper) still names how many jobs it
+    meant to run (``hydra.sweeper.n_trials`` in a job's ``.hydra/hydra.yaml``): the job
+    numbers below it that have no directory never ran."""
+    from omegaconf import OmegaConf
+    n = None
+    for j in jobs:
+        hy = _load_yaml(j.dir / ".hydra" / "hydra.yaml") if j.dir is not None else None
+        if hy is not None:
+            n = OmegaConf.select(hy, "hydra.sweeper.n_trials", default=None)
+            break
+    if not isinstance(n, int):
+        return []
+    have = {j.num for j in jobs}
+    return [Job(num=i, overrides=[], error="never ran (the sweep ended before this trial)")
+            for i in range(n) if i not in have]
 
 
 def _num(v: str):

@@ -72,7 +72,8 @@ def plot_pareto(points: list, x_label: str, y_label: str, limit: float | None, t
     Args:
         points: ``[(x, y, feasible, best, on_front, job_number), ...]``: feasible trials as
             blue dots, infeasible ones as grey crosses; the front (``on_front``) joined by a
-            red step line; the best trial(s) as a star, labelled with the job number.
+            red step line, each labelled with its job number; the best trial (one
+            objective) as a star.
         x_label, y_label: the quantities (metrics.json names). limit: a constraint's limit
             on x, drawn as a dashed line (None: none).
         title: the figure title. path: where the PNG goes (written atomically).
@@ -98,6 +99,8 @@ def plot_pareto(points: list, x_label: str, y_label: str, limit: float | None, t
         if p[3]:
             ax.scatter([p[0]], [p[1]], marker="*", c="gold", edgecolors="black", s=220, zorder=4)
             ax.annotate(f"best: job {p[5]}", (p[0], p[1]), textcoords="offset points", xytext=(8, 8), fontsize=9)
+        elif p[4]:
+            ax.annotate(f"job {p[5]}", (p[0], p[1]), textcoords="offset points", xytext=(6, 6), fontsize=8)
     if limit is not None:
         ax.axvline(limit, ls="--", c="0.3", lw=1, label=f"limit {limit:g}")
     xs = [p[0] for p in points]
@@ -110,7 +113,8 @@ def plot_pareto(points: list, x_label: str, y_label: str, limit: float | None, t
         ax.legend(fontsize=8)
     else:
         ax.text(0.5, 0.5, "no finished trials", ha="center", va="center", transform=ax.transAxes)
-    ax.set_title(title, fontsize=10)
+    import textwrap
+    ax.set_title("\n".join(textwrap.wrap(title, 90)), fontsize=9)
     fig.tight_layout()
     atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=100))
     plt.close(fig)
