@@ -320,8 +320,23 @@ def test_report_by_hand_with_a_key_the_sweep_does_not_vary_is_exit_2(sweep, tmp_
     for name in report.REPORT_FILES:
         (d / name).unlink(missing_ok=True)
     assert report.main([str(d), "--x", "bench.S_kv"]) == 2
-    assert capsys.readouterr().err == (f"kbframe: error: '{d}': x=bench.S_kv is not a swept key; the sweep varies: "
+    assert capsys.readouterr().err == (f"kbframe: error: '{d}': --x=bench.S_kv is not a swept key; the sweep varies: "
                                        f"bench, calibration.R, bench.tile\n")
     assert not (d / "sweep.csv").exists()
     assert report.main([str(d), "--x", "calibration.R"]) == 1  # jobs not ok: exit 1, report written
     assert (d / "sweep.png").is_file()
+
+
+def test_report_arguments_are_all_checked_before_any_report_is_written(sweep, tmp_path, capsys):
+    d = tmp_path / "args"
+    shutil.copytree(sweep, d)
+    for name in report.REPORT_FILES:
+        (d / name).unlink(missing_ok=True)
+    assert report.main([str(d), str(tmp_path / "nope")]) == 2
+    assert not (d / "sweep.csv").exists()  # the first directory was not rewritten either
+    assert report.main([str(d), "--y", "foo"]) == 2
+    assert report.main([str(d), "--x=calibration.R"]) == 1 and (d / "sweep.png").is_file()
+    err = capsys.readouterr().err.splitlines()
+    assert err[:2] == [f"kbframe: error: no such sweep directory '{tmp_path / 'nope'}'",
+                       "kbframe: error: unknown option '--y' (python -m kbframe.report [DIR ...] [--x KEY])"]
+    assert report.main([str(d), "--help"]) == 0

@@ -289,7 +289,7 @@ def test_a_sweep_dir_holding_another_sweep_is_refused_unless_reused(tmp_path):
     second = cli("-m", "+bench=decode_opt2", "bench.S_kv=128", "bench.data=false", f"hydra.sweep.dir={d}")
     assert second.returncode == 1 and second.stdout.count("kbframe") == 0
     assert second.stderr.strip() == (
-        f"kbframe: error: the sweep directory '{d}' holds another sweep's jobs (its multirun.yaml or job "
+        f"kbframe: error: the sweep directory '{d}' holds another sweep's jobs (its job "
         f"directories); choose a new hydra.sweep.dir, or reuse it with hydra.callbacks.sweep_report.reuse_dir=true "
         f"(the report then lists this sweep's jobs only)")
     assert (d / "multirun.yaml").read_bytes() == plan

@@ -91,8 +91,10 @@ class SweepReport(Callback):
             _SWEEP_LOCKS[str(sweep_dir)] = lk  # not on self: launchers pickle the callbacks
         except Exception as e:  # another sweep holds it, or it cannot be opened
             _fail(str(e).replace("run directory", "sweep directory").replace("hydra.run.dir", "hydra.sweep.dir"))
-        if not self.reuse_dir and ((sweep_dir / "multirun.yaml").is_file() or _job_dirs(sweep_dir)):
-            _fail(f"the sweep directory '{sweep_dir}' holds another sweep's jobs (its multirun.yaml or job "
+        # a multirun.yaml alone is a sweep Hydra refused before any job (a bad override):
+        # no jobs to mix in, so the directory may be used again
+        if not self.reuse_dir and _job_dirs(sweep_dir):
+            _fail(f"the sweep directory '{sweep_dir}' holds another sweep's jobs (its job "
                   f"directories); choose a new hydra.sweep.dir, or reuse it with "
                   f"hydra.callbacks.sweep_report.reuse_dir=true (the report then lists this sweep's jobs only)")
 

@@ -26,7 +26,7 @@ Files written at the sweep root (each atomically: a temporary file, then rename)
   sweep's order), with the
   dispatch-cost ratio (``dispatch.cycles_per_tile`` bench / baseline) and latency ratio
   (``sim.latency_ns``); then the jobs that did not finish ok;
-- ``sweep.png``: dispatch cycles per unit of progress (KV tile, output tile ...) and latency
+- ``sweep.png``: dispatch cycles per unit of progress (KV tile, output block ...) and latency
   against a swept key (``--x KEY``; by default the numeric swept key with the most values,
   e.g. ``calibration.R`` or ``bench.S_kv``, else a text one such as ``gemm_shape``), one
   line per setting of the other swept keys.
@@ -123,7 +123,7 @@ def _dig_metric(j: Job, path: str):
 
 
 def _unit(jobs: list[Job]) -> str:
-    """The workloads' unit of progress ("KV tile", "output tile"), or "unit" when they differ."""
+    """The workloads' unit of progress ("KV tile", "output block"), or "unit" when they differ."""
     units = {j.get("dispatch.unit") for j in jobs if j.get("dispatch.unit")}
     return units.pop() if len(units) == 1 else "unit"
 
@@ -226,7 +226,9 @@ def write_plot(jobs: list[Job], path: Path, x: str | None = None) -> None:
         if j.status != "ok" or key is None:
             continue
         s = setting_of(j, [key] + others)
-        label = " ".join((str(s[k]) if k == "bench" else f"{k}={s[k]}") for k in others) or str(j.get("bench"))
+        # a key a job does not set (opt3 has no s_buffers) is left out of its label
+        label = " ".join((str(s[k]) if k == "bench" else f"{k}={s[k]}") for k in others
+                         if s[k] is not None) or str(j.get("bench"))
         # lines in the sweep's bench order, then by the other keys' values (numbers as numbers)
         rank[label] = [sort_key(s[k], swept[k]) for k in others]
         series.setdefault(label, []).append(
@@ -291,17 +293,27 @@ def _newest_sweep(root: Path = Path("outputs/sweeps")) -> Path | None:
 def main(argv=None) -> int:
     """``python -m kbframe.report [DIR ...]``: see the module doc."""
     args = sys.argv[1:] if argv is None else list(argv)
-    if args and args[0] in ("-h", "--help"):
+    if any(a in ("-h", "--help") for a in args):
         print(__doc__.strip())
         return 0
-    x = None
-    if "--x" in args:
-        i = args.index("--x")
-        if i + 1 >= len(args):
-            print("kbframe: error: --x needs a swept key, e.g. --x bench.S_kv", file=sys.stderr)
+    x, dirs = None, []
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a == "--x" or a.startswith("--x="):
+            x = a.partition("=")[2] if "=" in a else (args[i + 1] if i + 1 < len(args) else "")
+            i += 1 if "=" in a else 2
+            if not x:
+                print("kbframe: error: --x needs a swept key, e.g. --x bench.S_kv", file=sys.stderr)
+                return 2
+            continue
+        if a.startswith("-"):
+            print(f"kbframe: error: unknown option '{a}' (python -m kbframe.report [DIR ...] [--x KEY])",
+                  file=sys.stderr)
             return 2
-        x = args[i + 1]
-        del args[i:i + 2]
+        dirs.append(a)
+        i += 1
+    args = dirs
     if not args:
         newest = _newest_sweep()
         if newest is None:
@@ -309,8 +321,7 @@ def main(argv=None) -> int:
                   file=sys.stderr)
             return 2
         args = [str(newest)]
-    rc = 0
-    for a in args:
+    for a in args:  # every directory checked before any report is rewritten
         d = Path(a)
         if not d.is_dir():
             print(f"kbframe: error: no such sweep directory '{d}'", file=sys.stderr)
@@ -319,10 +330,13 @@ def main(argv=None) -> int:
             print(f"kbframe: error: '{d}' is not a sweep directory (no multirun.yaml, no job "
                   f"directories with .hydra/)", file=sys.stderr)
             return 2
+    rc = 0
+    for a in args:
+        d = Path(a)
         try:
             rep = write_report(d, x=x)
         except ValueError as e:  # --x names a key the sweep does not vary
-            print(f"kbframe: error: '{d}': {e}", file=sys.stderr)
+            print(f"kbframe: error: '{d}': --{e}", file=sys.stderr)
             return 2
         except OSError as e:  # a read-only sweep, a directory where sweep.csv goes ...
             where = f"'{e.filename}'" if e.filename else f"the report in '{d}'"

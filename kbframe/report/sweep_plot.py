@@ -27,7 +27,7 @@ def plot_sweep(series: dict, x_label: str, xs: list, unit: str, title: str, path
     Args:
         series: label → ``[(x, cycles_per_unit, latency_ns), ...]``, drawn in dict order.
         x_label: the swept key on the x-axis. xs: its values, sorted.
-        unit: the workload's unit of progress ("KV tile", "output tile").
+        unit: the workload's unit of progress ("KV tile", "output block").
         title: the figure title. path: where the PNG goes (written atomically).
     """
     import matplotlib
