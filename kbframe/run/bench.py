@@ -18,23 +18,18 @@ from hydra.utils import to_absolute_path
 from omegaconf import OmegaConf, open_dict
 from threadpoolctl import threadpool_limits
 
-from ..sim.engine import Engine
 from ..sim.targets import resolve_class, resolve_kernel
 from ..files import atomic_write, write_json
 from ..errors import ConfigError, InputsError, NumericsError, OutputError
-from ..sim.numerics import Numerics, NumpyNumerics
-from ..sim.oplog import OpLog
 from ..tl.recipe import load_recipes
 from . import preflight
 from .rundir import OUTPUT_FILES, RunDir
-from ..sim import sanitizer
 from .schema import CalibrationConfig, HardwareConfig, RunConfig
 from ..timebase import ps_to_ns
-from . import progress
 from ..report import critical_path, roofline
 from ..report.trace import tracks_from_metrics, write_trace
 from ..workloads.base import Workload
-from ..tl.context import TL
+from .simulate import simulate
 
 
 def _check_keys(node, schema_cls, where: str) -> None:
@@ -221,29 +216,11 @@ def _run_bench(cfg, out_dir: Path, explicit, rd: RunDir) -> dict:
     preflight.check_resources(cfg, wl, kernel, recipes, inp)
     rd.open()  # nothing in out_dir is touched before this point (kbframe.run.rundir)
     oplog_path = rd.temp("op_log.jsonl", debug=True)  # kept as op_log.jsonl.partial if the run fails
-    oplog = OpLog(oplog_path)
-    numerics = NumpyNumerics(b.data_dtype) if b.data else Numerics()
     check = bool(cfg.run.check) if "run" in cfg else True
-    try:
-        engine = Engine(cfg.hardware, numerics, oplog)
-        if check:
-            sanitizer.enable(engine)
-        for name, shape in wl.tensors().items():
-            value = inp[name] if (b.data and name not in wl.outputs) else None
-            engine.add_hbm_tensor(name, shape, b.dtype, value)
-        programs = wl.programs(kernel, lambda i: TL(engine.pes[i], engine.hbm, recipes, b.dtype), inp)
-        pe = engine.pes[min(programs)]
-        show = bool(cfg.run.progress) if "run" in cfg else False
-        stream, rows = wl.progress_stream()
-        # one BLAS thread: the simulator's matmuls are tile-sized, where threading only adds
-        # hand-off cost (and noise on sim.wall_s)
-        with progress.attach([engine.pes[i].cpu for i in sorted(programs)], show, engine.hbm[stream],
-                             wl.n_units(), rows, unit=wl.unit), \
-                threadpool_limits(1):
-            latency_ps = engine.run(programs)
-    finally:
-        oplog.close()
-    san = sanitizer.check(engine, oplog_path) if check else {"rules_checked": 0}
+    show = bool(cfg.run.progress) if "run" in cfg else False
+    sim = simulate(cfg, wl, kernel, recipes, inp, oplog_path, check, show)
+    engine, pe, oplog, latency_ps, san, numerics = (sim.engine, sim.pe, sim.oplog, sim.latency_ps,
+                                                    sim.sanitizer, sim.numerics)
     cp = critical_path.analyse(oplog.waits, wl.n_units(), wl.unit, critical_path.resources_from_roles(
         {name: u.roles for name, u in pe.stage_units.items()}))
     trace = bool(cfg.run.trace) if "run" in cfg else True

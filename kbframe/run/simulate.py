@@ -1,0 +1,62 @@
+"""One simulation of a bench: the engine built from the hardware config, the workload's
+tensors and programs on its PEs, the run, and the sanitizer (``run.check``).
+
+:func:`kbframe.run.bench.run_bench` runs it and then reports it; kept apart so that a run
+can be simulated more than once (shortened copies of a bench, a run checked against
+another) without the run shell's files.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from threadpoolctl import threadpool_limits
+
+from ..sim import sanitizer
+from ..sim.engine import Engine
+from ..sim.numerics import Numerics, NumpyNumerics
+from ..sim.oplog import OpLog
+from ..tl.context import TL
+from . import progress
+
+
+@dataclass
+class Simulation:
+    """What a simulation leaves: the engine (its PEs), the PE whose units the summary
+    shows, the op_log's totals and wait records, the latency (ps), the sanitizer's
+    verdict and the numerics (the outputs, in data mode)."""
+
+    engine: Engine
+    pe: object
+    oplog: OpLog
+    latency_ps: int
+    sanitizer: dict
+    numerics: Numerics
+
+
+def simulate(cfg, wl, kernel, recipes, inp, oplog_path, check: bool, show: bool) -> Simulation:
+    """Run ``wl`` (validated from ``cfg``) with ``kernel``; op_log records go to
+    ``oplog_path`` (None: nowhere). Raises what the run raises (ValidationError,
+    TcmOverflowError, DeadlockError, SanitizerError)."""
+    b = cfg.bench
+    oplog = OpLog(oplog_path)
+    numerics = NumpyNumerics(b.data_dtype) if b.data else Numerics()
+    try:
+        engine = Engine(cfg.hardware, numerics, oplog)
+        if check:
+            sanitizer.enable(engine)
+        for name, shape in wl.tensors().items():
+            value = inp[name] if (b.data and name not in wl.outputs) else None
+            engine.add_hbm_tensor(name, shape, b.dtype, value)
+        programs = wl.programs(kernel, lambda i: TL(engine.pes[i], engine.hbm, recipes, b.dtype), inp)
+        pe = engine.pes[min(programs)]
+        stream, rows = wl.progress_stream()
+        # one BLAS thread: the simulator's matmuls are tile-sized, where threading only adds
+        # hand-off cost (and noise on sim.wall_s)
+        with progress.attach([engine.pes[i].cpu for i in sorted(programs)], show, engine.hbm[stream],
+                             wl.n_units(), rows, unit=wl.unit), \
+                threadpool_limits(1):
+            latency_ps = engine.run(programs)
+    finally:
+        oplog.close()
+    san = sanitizer.check(engine, oplog_path) if check else {"rules_checked": 0}
+    return Simulation(engine, pe, oplog, latency_ps, san, numerics)
