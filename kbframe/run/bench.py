@@ -29,6 +29,7 @@ from ..timebase import ps_to_ns
 from ..report import critical_path, roofline
 from ..report.trace import tracks_from_metrics, write_trace
 from ..workloads.base import Workload
+from . import fastforward
 from .simulate import simulate
 
 
@@ -218,7 +219,19 @@ def _run_bench(cfg, out_dir: Path, explicit, rd: RunDir) -> dict:
     oplog_path = rd.temp("op_log.jsonl", debug=True)  # kept as op_log.jsonl.partial if the run fails
     check = bool(cfg.run.check) if "run" in cfg else True
     show = bool(cfg.run.progress) if "run" in cfg else False
-    sim = simulate(cfg, wl, kernel, recipes, inp, oplog_path, check, show)
+    ff = str(cfg.run.get("fast_forward", "off")) if "run" in cfg else "off"
+    if ff not in ("off", "on", "verify"):
+        raise ConfigError(f"run.fast_forward must be off, on or verify, got '{ff}'")
+    sim, ff_note = None, "off" if ff == "off" else "data mode: every tile simulated"
+    if ff != "off" and not b.data:  # timing only: a periodic schedule is written, not simulated
+        out = fastforward.run(cfg, wl, kernel, recipes, oplog_path, check, rd.temp)
+        sim, ff_note = out.sim, out.note
+        if sim is not None and ff == "verify":
+            fastforward.verify(cfg, wl, kernel, recipes, oplog_path, check, rd.temp, sim)
+            ff_note += "; verified against the full simulation"
+    applied = sim is not None
+    if sim is None:
+        sim = simulate(cfg, wl, kernel, recipes, inp, oplog_path, check, show)
     engine, pe, oplog, latency_ps, san, numerics = (sim.engine, sim.pe, sim.oplog, sim.latency_ps,
                                                     sim.sanitizer, sim.numerics)
     cp = critical_path.analyse(oplog.waits, wl.n_units(), wl.unit, critical_path.resources_from_roles(
@@ -229,6 +242,8 @@ def _run_bench(cfg, out_dir: Path, explicit, rd: RunDir) -> dict:
     if trace:
         write_trace(oplog_path, trace_tmp, tracks_from_metrics(metrics), critical=cp.records)
     metrics["sanitizer"] = san
+    # how the run was made, not a result (check_identical and verify leave it out, as wall_s)
+    metrics["fast_forward"] = {"mode": ff, "applied": applied, "note": ff_note}
     metrics.update(wl.extra_metrics(inp))
     if unused:
         metrics["inputs"] = {"path": str(b.inputs.path), "unused_keys": unused}
@@ -410,6 +425,9 @@ def summary(metrics: dict, out_dir: Path) -> str:
         lines.append(f"  IPCQ        {len(q['links'])} links, {q['sends']} sends, {q['bytes']:,} B; busiest "
                      f"PE{busiest['src']}→PE{busiest['dst']} {busiest['busy_ns']:.1f} ns "
                      f"({busiest['utilisation']:.1%}), {busiest['max_queued']} of {busiest['credits']} credits")
+    ff = metrics.get("fast_forward")
+    if ff and ff["mode"] != "off" and not n["enabled"]:
+        lines.append(f"  fast-fwd    {ff['note']}")
     lines += roofline.table_lines(metrics, indent="    ")
     if n["enabled"]:
         lines.append(f"  numerics    max_abs_err {n['max_abs_err']:.3g}, max_rel_err {n['max_rel_err']:.3g} "

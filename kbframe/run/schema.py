@@ -40,11 +40,13 @@ class HardwareConfig:
 
 @dataclass
 class RunConfig:
-    """Run options: the sanitizer (``check``), the progress bar and the timeline (``trace``)."""
+    """Run options: the sanitizer (``check``), the progress bar, the timeline (``trace``) and
+    fast-forward of periodic timing-only runs (``fast_forward``, kbframe.run.fastforward)."""
 
     check: bool = True
     progress: bool = True
     trace: bool = True  # write trace.json; python -m kbframe.report.trace RUN_DIR makes it later
+    fast_forward: str = "on"  # off | on | verify: a periodic timing-only schedule is written, not simulated
 
 
 def workload_classes() -> dict:

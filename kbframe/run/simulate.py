@@ -33,15 +33,17 @@ class Simulation:
     numerics: Numerics
 
 
-def simulate(cfg, wl, kernel, recipes, inp, oplog_path, check: bool, show: bool) -> Simulation:
+def simulate(cfg, wl, kernel, recipes, inp, oplog_path, check: bool, show: bool,
+             units: dict | None = None) -> Simulation:
     """Run ``wl`` (validated from ``cfg``) with ``kernel``; op_log records go to
-    ``oplog_path`` (None: nowhere). Raises what the run raises (ValidationError,
-    TcmOverflowError, DeadlockError, SanitizerError)."""
+    ``oplog_path`` (None: nowhere); ``units``: one PE's unbound units (default: built from
+    ``cfg.hardware``). Raises what the run raises (ValidationError, TcmOverflowError,
+    DeadlockError, SanitizerError)."""
     b = cfg.bench
     oplog = OpLog(oplog_path)
     numerics = NumpyNumerics(b.data_dtype) if b.data else Numerics()
     try:
-        engine = Engine(cfg.hardware, numerics, oplog)
+        engine = Engine(cfg.hardware, numerics, oplog, units)
         if check:
             sanitizer.enable(engine)
         for name, shape in wl.tensors().items():

@@ -195,7 +195,7 @@ class Engine:
             check_time_base).
     """
 
-    def __init__(self, hw, numerics, oplog):
+    def __init__(self, hw, numerics, oplog, units: dict | None = None):
         self.env = simpy.Environment()
         self.numerics = numerics
         self.oplog = oplog
@@ -207,7 +207,9 @@ class Engine:
         self.shared_hbm = hw.get("hbm_mode", "partitioned") == "shared"
         self.cube_hbm_gbps = float(hw.get("cube_hbm_gbps", 1638.4))
         self.hbm_ports: dict = {}  # cube -> HbmPort (shared HBM, kbframe.hw.hbm)
-        self.pes = PEs(self, n, build_units(hw), hw)
+        # units: one PE's unit objects, not yet bound (build_units(hw), or a copy of them: a
+        # caller that builds many engines of one hardware instantiates them once)
+        self.pes = PEs(self, n, units if units is not None else build_units(hw), hw)
         self.fabric = Fabric(self.pes, self.ppc, int(hw.get("cubes_x", 1)))
         self.hbm: dict[str, TensorHandle] = {}
         self._hbm_top = 0

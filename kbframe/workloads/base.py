@@ -137,6 +137,13 @@ class Workload:
         """Units of progress in the run (the per-unit metrics' normaliser)."""
         raise NotImplementedError
 
+    def periodic_axis(self) -> tuple[str, int] | None:
+        """``(bench key, step)`` when the work repeats along that key: taking ``k·step`` off
+        it takes ``k`` identical steps out of the middle of the run (decode: ``("S_kv",
+        tile)``); None (the default) when it does not. Fast-forward (kbframe.run.fastforward)
+        uses it, and verifies the repetition before relying on it."""
+        return None
+
     def progress_stream(self) -> tuple[str, int]:
         """``(tensor, rows per unit)``: the progress bar follows the furthest row of this
         HBM tensor a command names."""

@@ -75,6 +75,11 @@ class DecodeHeads(HeadsBatch, Workload):
     def n_units(self) -> int:
         return sum(self.item_tiles(self.lengths()[b]) for b, _ in self.items())
 
+    def periodic_axis(self) -> tuple[str, int] | None:
+        # every sequence of one length: a tile fewer for each item
+        c = self.cfg
+        return ("S_kv", int(c.tile)) if isinstance(c.S_kv, int) and c.inputs.path is None else None
+
     def shape(self) -> dict:
         return {**self.heads_shape(), "mapping": self.cfg.mapping, "pes": len(self.assignment()),
                 "n_tiles": self.n_units()}

@@ -102,6 +102,13 @@ class DecodeSplitk(HeadsBatch, Workload):
         return dict(q=None, k=None, v=None, out=None, S=0, steps=[], pes=[], G=self.G, d=c.d, tile=int(c.tile),
                     scale=self.scale(inputs), inner=c.inner, empty=False)
 
+    def periodic_axis(self) -> tuple[str, int] | None:
+        # even splits: S_kv − splits·tile takes one tile from every split (⌊r·S/P⌋ moves by r·tile)
+        c = self.cfg
+        if not isinstance(c.S_kv, int) or c.inputs.path is not None or c.chunk is not None:
+            return None
+        return "S_kv", int(c.tile) * self.splits
+
     def n_units(self) -> int:
         lengths = self.lengths()
         return sum(self.item_tiles(s1 - s0) for b, _ in self.items() for s0, s1 in self.ranges(lengths[b]))

@@ -154,6 +154,9 @@ class GqaDecode(Workload):
     def progress_stream(self) -> tuple[str, int]:
         return "k", int(self.cfg.tile)
 
+    def periodic_axis(self) -> tuple[str, int] | None:
+        return ("S_kv", int(self.cfg.tile)) if self.cfg.inputs.path is None else None
+
     def shape(self) -> dict:
         c = self.cfg
         return {"G": c.G, "d": c.d, "S_kv": c.S_kv, "tile": int(c.tile), "n_tiles": self.n_units()}

@@ -1,0 +1,416 @@
+"""Fast-forward (issue 16, ``run.fast_forward``): a timing-only run whose schedule becomes
+periodic is not simulated period by period. Its records are the shifted copies of one
+period, and they are written as such.
+
+How, exactly:
+
+1. The workload names the axis its work repeats along
+   (:meth:`~kbframe.workloads.base.Workload.periodic_axis`): decode's ``S_kv`` in steps of one
+   KV tile. Taking ``k`` steps off the axis takes ``k`` periods of work out of the middle of
+   the run and keeps the warm-up, the ragged last tile and the epilogue.
+2. Four short copies of the bench are simulated in full, with ``n``, ``n + p``, ``n + 2p``
+   and ``n + 3p`` steps (``p`` a candidate period, in steps: 1, 2, 3, 4, 6, 8). Each stream
+   of records (one unit of one PE: its dispatches, its stages, its commands) is compared
+   between the first two: the records they share from the start (the prefix), the
+   records the second has in excess (one period's block) and the records that follow,
+   the same in both but shifted (the tail). Every integer of a record (command id, tile,
+   times, what it waited for) moves by its own amount per period, read off the copies;
+   the streams then interleave by completion time, ties in the order the copies show.
+3. A steady state moves every stream by the same time per period. A stream that moves
+   by less (PE_CPU still filling PE_SCHEDULER's queue, dispatching ahead of the units) is
+   settling: the copies are tried again three times as long. The third and fourth copies
+   are predicted from the first two and compared with what was simulated, record by
+   record and total by total (counts, bytes, busy time, FLOPs, TCM peak, link traffic).
+   Any difference: the next candidate period is tried; when none repeats (PEs
+   contending for shared HBM, items of different lengths on one PE), the run is
+   simulated in full, and the summary says so.
+4. The full run's records are the prefix, the block repeated with its shifts, then the
+   tail shifted by all of them (numpy, column by column); its totals are extrapolated the
+   same way. ``op_log.jsonl``, ``metrics.json`` (but ``sim.wall_s`` and the
+   ``fast_forward`` note) and ``trace.json`` are byte-identical to the full simulation's;
+   ``run.fast_forward=verify`` runs both and fails on any difference (the tests run it on
+   every golden case and on many-PE runs; ``benchmarks/check_identical.py`` compares all
+   its timing-only cases with fast-forward on against a tree without it).
+
+Only timing-only runs (``bench.data=false``) fast-forward: in data mode every tile's numbers
+are computed. With ``run.check`` the sanitizer checks the four short copies, and its counts
+are extrapolated like the rest.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import time
+from array import array
+from dataclasses import dataclass
+
+import numpy as np
+from omegaconf import open_dict
+
+from ..sim.oplog import _row
+from ..sim.waits import _FIELDS
+from .simulate import Simulation, simulate
+
+#: steps the first short copies keep before the periods they vary (warm-up reached by
+#: then); tripled while a stream is still settling
+MIN_STEPS = 16
+#: candidate periods, in steps of the periodic axis
+PERIODS = (1, 2, 3, 4, 6, 8)
+#: a run fast-forwards only when this many periods or more would be skipped
+MIN_COPIES = 8
+
+
+class NotPeriodic(Exception):
+    """The short copies do not repeat as a periodic schedule would."""
+
+
+class Settling(NotPeriodic):
+    """A stream's records of one period move by another time than the whole run: that
+    stream is still in a transient (PE_CPU filling PE_SCHEDULER's queue), so the copies are
+    too short to show the steady state."""
+
+
+@dataclass
+class Outcome:
+    """A fast-forwarded run: the simulation object standing for the full run (its engine,
+    op_log totals and wait records extrapolated; its op_log written), and what was done."""
+
+    sim: Simulation
+    note: str
+
+
+def _records(path, waits) -> list[tuple]:
+    """``(names, nums)`` per record: names are what must not change between periods (PE,
+    unit, kind, bytes, peer, wait code and kind, and the stream of the record that readied
+    a stage), nums the integers that shift: command, tile, times, the wait record's command
+    and times, and its reference (for a stage: the index, within its stream, of the record
+    that readied it; stream-local, so that other streams' records do not move it)."""
+    with open(path) as f:
+        text = f.read().rstrip("\n")
+    rows = json.loads("[" + text.replace("\n", ",") + "]") if text else []  # one parse, not one a line
+    d = waits.data
+    if len(rows) != len(waits):
+        raise NotPeriodic("op_log and wait records differ in number")
+    raw, where, seen = [], [], {}
+    for i, r in enumerate(rows):
+        b = i * _FIELDS
+        code, wcmd, wt0, wt1, wtd, why, ref = d[b:b + _FIELDS]
+        t_data = round(r["t_data_ns"] * 1000) if "t_data_ns" in r else -1
+        stream = (r["pe"], r["unit"])
+        where.append((stream, seen.get(stream, 0)))
+        seen[stream] = seen.get(stream, 0) + 1
+        raw.append(([r["pe"], r["unit"], r["op_kind"], r["bytes"], r.get("peer", -1), code, why],
+                    [r["cmd"], r["tile"], round(r["t_start_ns"] * 1000), round(r["t_end_ns"] * 1000), t_data,
+                     wcmd, wt0, wt1, wtd, ref]))
+    out = []
+    for names, nums in raw:
+        ref_stream = None
+        if names[6] == -1 and nums[9] >= 0:  # a stage readied by record nums[9]
+            ref_stream, nums[9] = where[nums[9]]
+        out.append((tuple(names) + (ref_stream,), tuple(nums)))
+    return out
+
+
+def _global_refs(names: list, nums: np.ndarray) -> np.ndarray:
+    """Column 9 back from stream-local to record indices (what the wait records hold)."""
+    pos: dict = {}
+    for i, n in enumerate(names):
+        pos.setdefault((n[0], n[1]), []).append(i)
+    out = nums.copy()
+    for i, n in enumerate(names):
+        if n[7] is not None:
+            out[i, 9] = pos[n[7]][nums[i, 9]]
+    return out
+
+
+def _totals(sim: Simulation) -> dict:
+    """Every integer a metric is made of, by name: they grow by the same amount each period,
+    but peaks (TCM high water, a link's deepest queue), which stay."""
+    e, o = sim.engine, sim.oplog
+    t = {"latency_ps": sim.latency_ps, "n_records": o.n_records, "hbm_bytes": o.hbm_bytes}
+    for key, tot in o._totals.items():
+        for f in ("count", "bytes", "busy_ps", "flops", "end_ps"):
+            t[("oplog", key, f)] = getattr(tot, f)
+    for pe in e.pes.built():
+        t[("cpu", pe.index, "n_commands")] = pe.cpu.n_commands
+        t[("cpu", pe.index, "busy_ps")] = pe.cpu.busy_ps
+        t[("tcm", pe.index)] = pe.tcm.high_water
+    for key, ln in e.fabric.links.items():
+        for f in ("sent", "received", "bytes", "busy_ps"):
+            t[("link", key, f)] = getattr(ln, f)
+        t[("link", key, "max_outstanding")] = ln.max_outstanding
+    for f in ("commands", "stages", "accesses"):
+        if f in sim.sanitizer:
+            t[("sanitizer", f)] = sim.sanitizer[f]
+    return t
+
+
+def _is_constant(name) -> bool:
+    return isinstance(name, tuple) and (name[0] == "tcm" or name[-1] == "max_outstanding")
+
+
+def _arr(rs) -> np.ndarray:
+    return np.array([r[1] for r in rs], dtype=np.int64).reshape(-1, 10)
+
+
+class _Runs:
+    """The four short copies of one candidate period and what they say.
+
+    Each stream of records (one unit of one PE: its dispatches, its stages, its commands)
+    is in the order the unit made them. In the shorter copy ``a`` and the next one ``b`` a
+    stream is the same up to where they part, then ``b`` has one period's records (the
+    block), then both have the same records again (the tail), shifted. Every integer of a
+    record moves by its own amount: a block record by what the third copy shows between
+    its two blocks, a tail record by what ``b`` shows against ``a``. The streams then
+    interleave by completion time, ties in the order ``b`` has them.
+    """
+
+    def __init__(self, sims: list, recs: list):
+        self.sims, self.recs = sims, recs
+        streams = [self._streams(r) for r in recs]
+        keys = set(streams[0])
+        if any(set(st) != keys for st in streams[1:]):
+            raise NotPeriodic("the copies do not have the same streams")
+        self.pre, self.blk, self.step, self.suf, self.tail_step = [], [], [], [], []
+        for key in sorted(keys, key=str):
+            a, b, c, d = (st[key] for st in streams)
+            m = len(b) - len(a)
+            if m < 0 or len(c) != len(a) + 2 * m or len(d) != len(a) + 3 * m:
+                raise NotPeriodic(f"the records of {key[1]} on PE{key[0]} do not grow by a period")
+            # where the stream parts: its own fields (the wait record's index of what readied a
+            # stage counts all streams, so it may move earlier)
+            own = lambda r: (r[1][0], r[1][1][:5])  # noqa: E731
+            x = next((i for i, (ra, rb) in enumerate(zip(a, b)) if own(ra) != own(rb)), len(a))
+            names = lambda rs: [r[1][0] for r in rs]  # noqa: E731
+            if names(a[x:]) != names(b[x + m:]) or names(b[x:x + m]) != names(c[x + m:x + 2 * m]) \
+                    or [own(r) for r in c[:x + m]] != [own(r) for r in b[:x + m]]:
+                raise NotPeriodic(f"the records of {key[1]} on PE{key[0]} are not periodic")
+            self.pre += b[:x]
+            self.blk += b[x:x + m]
+            self.step.append(_arr([r[1] for r in c[x + m:x + 2 * m]]) - _arr([r[1] for r in c[x:x + m]]))
+            self.suf += b[x + m:]
+            self.tail_step.append(_arr([r[1] for r in b[x + m:]]) - _arr([r[1] for r in a[x:]]))
+        self.step = np.concatenate(self.step) if self.step else np.zeros((0, 10), np.int64)
+        delta = sims[1].latency_ps - sims[0].latency_ps
+        moved = self.step[:, 2:4]
+        if moved.size and not (moved == delta).all():  # a steady state moves every stream by Δ
+            i = int(np.nonzero((moved != delta).any(axis=1))[0][0])
+            n = self.blk[i][1][0]
+            raise Settling(f"the records of {n[1]} on PE{n[0]} move {int(moved[i, 0])} ps a period, "
+                           f"the run {delta} ps")
+        self.tail_step = np.concatenate(self.tail_step) if self.tail_step else np.zeros((0, 10), np.int64)
+        self.totals = [_totals(s) for s in sims]
+
+    @staticmethod
+    def _streams(recs: list) -> dict:
+        """``{(pe, unit): [(index, record), ...]}`` in record order."""
+        out: dict = {}
+        for i, r in enumerate(recs):
+            out.setdefault((r[0][0], r[0][1]), []).append((i, r))
+        return out
+
+    def records(self, k: int) -> tuple[list, np.ndarray]:
+        """The records of the copy with ``k`` periods inserted after the shorter one
+        (``k ≥ 1``; the second copy is ``k = 1``): names and an int64 array, in completion
+        order."""
+        pre = _arr([r for _, r in self.pre])
+        blk = _arr([r for _, r in self.blk])
+        blocks = blk[None, :, :] + np.arange(k, dtype=np.int64)[:, None, None] * self.step[None, :, :]
+        suf = _arr([r for _, r in self.suf]) + (k - 1) * self.tail_step
+        nums = np.concatenate([pre, blocks.reshape(-1, 10), suf])
+        names = [r[0] for _, r in self.pre] + [r[0] for _, r in self.blk] * k + [r[0] for _, r in self.suf]
+        # ties in completion time: the order of the representatives in the second copy
+        rank = np.concatenate([np.array([i for i, _ in self.pre], dtype=np.int64),
+                               np.tile(np.array([i for i, _ in self.blk], dtype=np.int64), k),
+                               np.array([i for i, _ in self.suf], dtype=np.int64)])
+        order = np.lexsort((rank, nums[:, 3]))  # by end time, then as in the second copy
+        return [names[i] for i in order.tolist()], nums[order]
+
+    def total(self, k: int) -> dict:
+        ta, tb = self.totals[0], self.totals[1]
+        if ta.keys() != tb.keys():
+            raise NotPeriodic("the copies do not have the same units, links or PEs")
+        return {n: (ta[n] if _is_constant(n) else ta[n] + k * (tb[n] - ta[n])) for n in ta}
+
+    def verify(self) -> None:
+        """The third and fourth copies must be what the first two predict."""
+        for k, (recs, tot) in ((2, (self.recs[2], self.totals[2])), (3, (self.recs[3], self.totals[3]))):
+            names, nums = self.records(k)
+            if names != [r[0] for r in recs] or not np.array_equal(
+                    nums, np.array([r[1] for r in recs], dtype=np.int64).reshape(-1, 10)):
+                raise NotPeriodic(f"the copy with {k} periods is not the predicted one")
+            if tot != self.total(k):
+                bad = next(n for n in tot if tot[n] != self.total(k).get(n))
+                raise NotPeriodic(f"the copy with {k} periods has another total {bad}")
+
+
+def _write_oplog(path, names: list, nums: np.ndarray) -> None:
+    """The op_log text of these records, as :class:`~kbframe.sim.oplog.OpLog` writes it."""
+    heads: dict = {}
+    out = []
+    cols = nums[:, :5].tolist()
+    for (pe, unit, kind, nbytes, peer, *_), (cmd, tile, t0, t1, td) in zip(names, cols):
+        head = heads.get((pe, unit, kind))
+        if head is None:
+            head = heads[(pe, unit, kind)] = f'{{"pe": {pe}, "unit": "{unit}", "op_kind": "{kind}", "cmd": '
+        if peer >= 0:
+            out.append(_row(head, cmd, tile, t0, t1, nbytes, -1)[:-2] + f', "peer": {peer}}}\n')
+        else:
+            out.append(_row(head, cmd, tile, t0, t1, nbytes, td))
+    with open(path, "w", buffering=1 << 20) as f:
+        f.write("".join(out))
+
+
+def _apply(sim: Simulation, tot: dict, names: list, nums: np.ndarray) -> None:
+    """Make ``sim`` (the longest short copy) stand for the full run."""
+    e, o = sim.engine, sim.oplog
+    sim.latency_ps = tot["latency_ps"]
+    o.n_records, o.hbm_bytes = tot["n_records"], tot["hbm_bytes"]
+    for key, t in o._totals.items():
+        for f in ("count", "bytes", "busy_ps", "flops", "end_ps"):
+            setattr(t, f, tot[("oplog", key, f)])
+    w = nums[:, [5, 6, 7, 8, 9]]
+    data = np.empty((len(names), _FIELDS), dtype=np.int64)
+    data[:, 0] = [n[5] for n in names]
+    data[:, 1:5] = w[:, 0:4]
+    data[:, 5] = [n[6] for n in names]
+    data[:, 6] = w[:, 4]
+    o.waits.data = array(o.waits.data.typecode, data.ravel().tobytes())
+    o._wdata = o.waits.data
+    cpu_bytes: dict = {}
+    for n in names:
+        if n[1] == "cpu":  # a dispatch record: its bytes are the command's logical bytes
+            cpu_bytes.setdefault(n[0], []).append(n[3])
+    for pe in e.pes.built():
+        cpu = pe.cpu
+        cpu.n_commands = tot[("cpu", pe.index, "n_commands")]
+        cpu.busy_ps = tot[("cpu", pe.index, "busy_ps")]
+        cycles = 0.0  # summed in dispatch order, as PE_CPU does (the same float)
+        for nb in cpu_bytes.get(pe.index, ()):
+            cycles += cpu._cost_cache[nb][0] if nb in cpu._cost_cache else cpu.cost_cycles(_Bytes(nb))
+        cpu.cycles = cycles
+    for key, ln in e.fabric.links.items():
+        for f in ("sent", "received", "bytes", "busy_ps"):
+            setattr(ln, f, tot[("link", key, f)])
+    for f in ("commands", "stages", "accesses"):
+        if ("sanitizer", f) in tot:
+            sim.sanitizer[f] = tot[("sanitizer", f)]
+
+
+class _Bytes:
+    """A stand-in command for :meth:`PeCpu.cost_cycles`: its logical bytes."""
+
+    def __init__(self, n):
+        self.logical_bytes = n
+
+
+class _Copies:
+    """Short copies of the bench by their number of steps, each simulated once (the
+    candidate periods share them); the hardware's units are instantiated once."""
+
+    def __init__(self, cfg, wl, kernel, recipes, check, temp, key, step, r):
+        from ..sim.engine import build_units
+        self.cfg, self.wl, self.kernel, self.recipes, self.check, self.temp = cfg, wl, kernel, recipes, check, temp
+        self.key, self.step, self.r = key, step, r
+        self.units = build_units(cfg.hardware)
+        self.bench = wl.cfg.copy()  # one copy, its key set per short copy (they run one by one)
+        self.done: dict = {}
+
+    def get(self, n: int) -> tuple:
+        if n not in self.done:
+            with open_dict(self.bench):
+                self.bench[self.key] = n * self.step + self.r
+            w = type(self.wl)(self.bench, n_pes=self.wl.n_pes)
+            w.validate()
+            path = self.temp(f"ff{n}.jsonl")
+            try:
+                sim = simulate(self.cfg, w, self.kernel, self.recipes, None, path, self.check, False,
+                               copy.deepcopy(self.units))
+                self.done[n] = (sim, _records(path, sim.oplog.waits))
+            finally:
+                path.unlink(missing_ok=True)
+        return self.done[n]
+
+    def runs(self, n_a: int, p: int) -> _Runs:
+        got = [self.get(n_a + i * p) for i in range(4)]
+        runs = _Runs([g[0] for g in got], [g[1] for g in got])
+        runs.verify()
+        return runs
+
+
+def run(cfg, wl, kernel, recipes, oplog_path, check: bool, temp) -> Outcome:
+    """Fast-forward the bench; ``Outcome.sim`` is None (simulate it in full, ``note`` says
+    why) when the workload has no periodic axis, too few periods or none that verifies.
+
+    ``temp(name)`` gives a temporary path in the run directory (the short copies'
+    op_logs). The short copies start at :data:`MIN_STEPS` steps and
+    triple while a stream is still settling (:class:`Settling`), as long as they stay
+    short of half the run.
+    """
+    t_start = time.perf_counter()
+    axis = wl.periodic_axis()
+    if axis is None:
+        return Outcome(None, "simulated in full: the workload names no periodic axis")
+    key, step = axis
+    q, r = divmod(int(cfg.bench[key]), step)
+    why = "too few periods to skip"
+    copies = _Copies(cfg, wl, kernel, recipes, check, temp, key, step, r)
+    n_min = MIN_STEPS
+    while True:
+        settling = False
+        for p in PERIODS:
+            n_a = n_min + (q - n_min) % p
+            k_full = (q - n_a) // p
+            if k_full < MIN_COPIES or (n_a + 3 * p) * 2 > q:
+                break
+            try:
+                runs = copies.runs(n_a, p)
+            except Settling as e:
+                why, settling = f"not periodic ({e})", True
+                break
+            except NotPeriodic as e:
+                why = f"not periodic ({e})"
+                continue
+            names, nums = runs.records(k_full)
+            nums = _global_refs(names, nums)
+            tot = runs.total(k_full)
+            _write_oplog(oplog_path, names, nums)
+            sim = runs.sims[3]
+            _apply(sim, tot, names, nums)
+            sim.engine.wall_s = time.perf_counter() - t_start
+            return Outcome(sim, f"fast-forwarded {k_full - 3} of {k_full} periods of {p} {key} step(s) "
+                                f"({len(names) - len(runs.recs[3])} of {len(names)} records by shifting)")
+        if not settling:
+            return Outcome(None, f"simulated in full: {why}")
+        n_min *= 3
+
+
+def verify(cfg, wl, kernel, recipes, oplog_path, check: bool, temp, ff: Simulation) -> None:
+    """``run.fast_forward=verify``: simulate the bench in full as well and compare. Raises
+    SanitizerError (rule ``fast_forward``) naming the first difference: the op_log's first
+    differing line, or the total, the wait record or the dispatch cycles that differ."""
+    from ..errors import SanitizerError
+    path = temp("ff_full.jsonl")
+    try:
+        full = simulate(cfg, wl, kernel, recipes, None, path, check, False)
+        with open(path) as a, open(oplog_path) as b:
+            for i, (la, lb) in enumerate(zip(a, b)):
+                if la != lb:
+                    raise SanitizerError(f"fast-forward: op_log line {i + 1} differs from the full simulation's: "
+                                         f"{lb.strip()} instead of {la.strip()}", "fast_forward")
+        if full.oplog.n_records != ff.oplog.n_records:
+            raise SanitizerError(f"fast-forward: {ff.oplog.n_records} records, the full simulation has "
+                                 f"{full.oplog.n_records}", "fast_forward")
+    finally:
+        path.unlink(missing_ok=True)
+    tf, tg = _totals(full), _totals(ff)
+    bad = [n for n in tf if tf[n] != tg.get(n)]
+    if bad:
+        raise SanitizerError(f"fast-forward: total {bad[0]} is {tg.get(bad[0])}, the full simulation's "
+                             f"{tf[bad[0]]}", "fast_forward")
+    if full.oplog.waits.data != ff.oplog.waits.data:
+        raise SanitizerError("fast-forward: the wait records differ from the full simulation's", "fast_forward")
+    for pe in full.engine.pes.built():
+        if pe.cpu.cycles != ff.engine.pes[pe.index].cpu.cycles:
+            raise SanitizerError(f"fast-forward: PE{pe.index} dispatch cycles {ff.engine.pes[pe.index].cpu.cycles!r}, "
+                                 f"the full simulation's {pe.cpu.cycles!r}", "fast_forward")

@@ -1,0 +1,95 @@
+"""Fast-forward (issue 16, run.fast_forward): a periodic timing-only schedule is written from
+short simulations, byte for byte what the full simulation writes (verify mode checks it);
+a schedule that does not repeat is simulated in full and the run says so."""
+import json
+
+import pytest
+
+from conftest import compose_cfg, run
+from kbframe.errors import SanitizerError
+from kbframe.run import fastforward
+from kbframe.run.bench import run_bench, summary
+
+from regen_goldens import CASES
+
+
+def _ff(tmp_path, *overrides, bench="decode_opt2", mode="verify"):
+    return run(tmp_path, *overrides, "bench.data=false", f"run.fast_forward={mode}", bench=bench)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_verify_on_every_golden_case(tmp_path, case):
+    """Timing only, each golden shape: fast-forward either applies and equals the full
+    simulation (verify raises otherwise) or says why it simulated in full."""
+    bench, overrides = CASES[case]
+    m = _ff(tmp_path, *[o for o in overrides if not o.startswith("bench.data")], bench=bench)
+    ff = m["fast_forward"]
+    assert ff["mode"] == "verify"
+    if ff["applied"]:
+        assert ff["note"].startswith("fast-forwarded ") and ff["note"].endswith("; verified against the full simulation")
+    else:
+        assert ff["note"].startswith("simulated in full: ")
+
+
+@pytest.mark.parametrize("bench, overrides", [
+    ("decode_opt2", ("bench.S_kv=16384",)),                        # PE_CPU settles after ~48 tiles
+    ("decode_opt3", ("bench.S_kv=8192",)),
+    ("decode_opt2", ("bench.S_kv=51200", "bench.tile=128", "++bench.s_buffers=3", "++bench.v_staging=prefetch")),
+    ("decode_heads", ("+model=llama3_70b", "hardware=cube", "bench.S_kv=8192")),          # 8 PEs, one system
+    ("decode_splitk", ("hardware=cube", "bench.splits=8", "bench.merge=tree", "bench.S_kv=131072")),  # IPCQ merge
+])
+def test_periodic_schedules_fast_forward_exactly(tmp_path, bench, overrides):
+    """verify: op_log, wait records, totals and dispatch cycles equal the full simulation's."""
+    m = _ff(tmp_path, *overrides, bench=bench)
+    assert m["fast_forward"]["applied"], m["fast_forward"]["note"]
+    assert "verified against the full simulation" in m["fast_forward"]["note"]
+
+
+def test_on_writes_the_files_off_writes(tmp_path):
+    """The run's own files, on against off: op_log, trace and metrics.json but wall time and
+    the fast_forward note."""
+    overrides = ("bench.S_kv=8192",)
+    on = _ff(tmp_path / "on", *overrides, bench="decode_opt3", mode="on")
+    off = _ff(tmp_path / "off", *overrides, bench="decode_opt3", mode="off")
+    assert on["fast_forward"]["applied"] and not off["fast_forward"]["applied"]
+    assert (tmp_path / "on" / "op_log.jsonl").read_bytes() == (tmp_path / "off" / "op_log.jsonl").read_bytes()
+    assert (tmp_path / "on" / "trace.json").read_bytes() == (tmp_path / "off" / "trace.json").read_bytes()
+    for m_ in (on, off):
+        m_["sim"].pop("wall_s")
+        m_.pop("fast_forward")
+    assert on == off
+
+
+def test_a_schedule_with_contention_falls_back_and_says_so(tmp_path):
+    """Shared HBM: the PEs contend for the cube's port and the short copies do not repeat."""
+    m = _ff(tmp_path, "+model=llama3_70b", "hardware=cube", "hardware.hbm_mode=shared", "bench.S_kv=8192",
+            bench="decode_heads")
+    ff = m["fast_forward"]
+    assert not ff["applied"] and ff["note"].startswith("simulated in full: not periodic (")
+    assert f"  fast-fwd    {ff['note']}" in summary(m, tmp_path)
+
+
+def test_verify_catches_a_wrong_shift(tmp_path, monkeypatch):
+    """A record shifted 1 ps too far when written: verify names the op_log line."""
+    real = fastforward._write_oplog
+
+    def wrong(path, names, nums):
+        nums = nums.copy()
+        nums[len(nums) // 2, 3] += 1  # one record's end, mid-run
+        real(path, names, nums)
+    monkeypatch.setattr(fastforward, "_write_oplog", wrong)
+    cfg = compose_cfg("bench.S_kv=8192", "bench.data=false", "run.fast_forward=verify", "run.progress=false",
+                      bench="decode_opt3")
+    with pytest.raises(SanitizerError, match=r"^fast-forward: op_log line \d+ differs from the full simulation's: "):
+        run_bench(cfg, tmp_path)
+
+
+def test_data_mode_and_off_simulate_every_tile(tmp_path):
+    m = run(tmp_path, "bench.S_kv=8192", bench="decode_opt3")
+    assert m["fast_forward"] == {"mode": "on", "applied": False, "note": "data mode: every tile simulated"}
+    m = _ff(tmp_path / "off", "bench.S_kv=8192", bench="decode_opt3", mode="off")
+    assert m["fast_forward"] == {"mode": "off", "applied": False, "note": "off"}
+    bad = compose_cfg("run.fast_forward=maybe", "run.progress=false", bench="decode_opt3")
+    from kbframe.errors import ConfigError
+    with pytest.raises(ConfigError, match=r"^run.fast_forward must be off, on or verify, got 'maybe'$"):
+        run_bench(bad, tmp_path / "bad")
