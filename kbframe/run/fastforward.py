@@ -47,7 +47,7 @@ from dataclasses import dataclass
 import numpy as np
 from omegaconf import open_dict
 
-from ..sim.oplog import _row
+from ..sim.oplog import _row, format_rows
 from ..sim.waits import _FIELDS
 from .simulate import Simulation, simulate
 
@@ -247,16 +247,18 @@ class _Runs:
 def _write_oplog(path, names: list, nums: np.ndarray) -> None:
     """The op_log text of these records, as :class:`~kbframe.sim.oplog.OpLog` writes it."""
     heads: dict = {}
-    out = []
-    cols = nums[:, :5].tolist()
-    for (pe, unit, kind, nbytes, peer, *_), (cmd, tile, t0, t1, td) in zip(names, cols):
+    rows, out = [], []
+    for (pe, unit, kind, nbytes, peer, *_), (cmd, tile, t0, t1, td) in zip(names, nums[:, :5].tolist()):
         head = heads.get((pe, unit, kind))
         if head is None:
             head = heads[(pe, unit, kind)] = f'{{"pe": {pe}, "unit": "{unit}", "op_kind": "{kind}", "cmd": '
-        if peer >= 0:
+        if peer >= 0:  # an IPCQ record also names the other PE (OpLog.stage)
+            out.append(format_rows(rows))
+            rows = []
             out.append(_row(head, cmd, tile, t0, t1, nbytes, -1)[:-2] + f', "peer": {peer}}}\n')
         else:
-            out.append(_row(head, cmd, tile, t0, t1, nbytes, td))
+            rows.append((head, cmd, tile, t0, t1, nbytes, td))
+    out.append(format_rows(rows))
     with open(path, "w", buffering=1 << 20) as f:
         f.write("".join(out))
 

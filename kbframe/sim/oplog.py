@@ -41,6 +41,23 @@ def _row(head: str, cmd_id, tile, t0, t1, nbytes, t_data) -> str:
     return f'{head}{cmd_id}, "tile": {tile}, "t_start_ns": {_ns(t0)}, "t_end_ns": {_ns(t1)}, "bytes": {nbytes}{tail}'
 
 
+def format_rows(rows) -> str:
+    """The op_log text of ``rows``: ``(head, cmd, tile, t_start, t_end, bytes, t_data or
+    -1)`` each, times in integer ps (also used by kbframe.run.fastforward)."""
+    frac = _FRAC
+    # a record's times are integer ps (kbframe.timebase); below _EXACT_PS the ns text is
+    # ps // 1000 and _FRAC[ps % 1000] (_ns, inlined: formatting is the op_log's main
+    # cost); any other time takes _row, the general path
+    return "".join([
+        f'{head}{cmd_id}, "tile": {tile}, "t_start_ns": {t0 // 1000}{frac[t0 % 1000]}, '
+        f'"t_end_ns": {t1 // 1000}{frac[t1 % 1000]}, "bytes": {nbytes}' +
+        ("}\n" if t_data < 0 else f', "t_data_ns": {t_data // 1000}{frac[t_data % 1000]}}}\n')
+        if t0.__class__ is int and t1.__class__ is int and t_data.__class__ is int
+        and 0 <= t0 < _EXACT_PS and 0 <= t1 < _EXACT_PS and t_data < _EXACT_PS
+        else _row(head, cmd_id, tile, t0, t1, nbytes, t_data)
+        for head, cmd_id, tile, t0, t1, nbytes, t_data in rows])
+
+
 class _Totals:
     """Running totals of one ``(pe, unit)``; ``full`` is False for PE_SCHEDULER, whose
     records count commands but carry no bytes or busy time."""
@@ -124,18 +141,7 @@ class OpLog:
             self._flush()
 
     def _flush(self) -> None:
-        frac = _FRAC
-        # a record's times are integer ps (kbframe.timebase); below _EXACT_PS the ns text is
-        # ps // 1000 and _FRAC[ps % 1000] (_ns, inlined: formatting is the op_log's main
-        # cost); any other time takes _row, the general path
-        self._f.write("".join([
-            f'{head}{cmd_id}, "tile": {tile}, "t_start_ns": {t0 // 1000}{frac[t0 % 1000]}, '
-            f'"t_end_ns": {t1 // 1000}{frac[t1 % 1000]}, "bytes": {nbytes}' +
-            ("}\n" if t_data < 0 else f', "t_data_ns": {t_data // 1000}{frac[t_data % 1000]}}}\n')
-            if t0.__class__ is int and t1.__class__ is int and t_data.__class__ is int
-            and 0 <= t0 < _EXACT_PS and 0 <= t1 < _EXACT_PS and t_data < _EXACT_PS
-            else _row(head, cmd_id, tile, t0, t1, nbytes, t_data)
-            for head, cmd_id, tile, t0, t1, nbytes, t_data in self._rows]))
+        self._f.write(format_rows(self._rows))
         self._rows.clear()
 
     def stage(self, pe: int, st) -> None:
