@@ -70,9 +70,10 @@ class SweepReport(Callback):
         self.x = x
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        """Before Hydra writes the sweep's ``multirun.yaml``: lock the sweep directory for
-        the sweep, and refuse one that holds another sweep's jobs (its report would mix
-        them in) unless ``hydra.callbacks.sweep_report.reuse_dir=true``."""
+        """Before Hydra writes the sweep's ``multirun.yaml``: check a design-space search
+        whole (kbframe.cli.search_space.check_sweep), lock the sweep directory for the
+        sweep, and refuse one that holds another sweep's jobs (its report would mix them
+        in) unless ``hydra.callbacks.sweep_report.reuse_dir=true`` (a grid sweep only)."""
         from ..report.sweep_jobs import _job_dirs
         from ..run import rundir
         sweep_dir = Path(str(config.hydra.sweep.dir))
