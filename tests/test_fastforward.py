@@ -13,6 +13,14 @@ from kbframe.run.bench import run_bench, summary
 from regen_goldens import CASES
 
 
+@pytest.fixture(autouse=True)
+def any_cost(monkeypatch, request):
+    """Exactness is tested on runs short enough for the suite: the short copies may cost
+    any share of them (the budget has a test of its own)."""
+    if "budget" not in request.node.name:
+        monkeypatch.setattr(fastforward, "BUDGET", float("inf"))
+
+
 def _ff(tmp_path, *overrides, bench="decode_opt2", mode="verify"):
     return run(tmp_path, *overrides, "bench.data=false", f"run.fast_forward={mode}", bench=bench)
 
@@ -93,3 +101,13 @@ def test_data_mode_and_off_simulate_every_tile(tmp_path):
     from kbframe.errors import ConfigError
     with pytest.raises(ConfigError, match=r"^run.fast_forward must be off, on or verify, got 'maybe'$"):
         run_bench(bad, tmp_path / "bad")
+
+
+def test_a_run_whose_copies_would_cost_too_much_is_simulated_in_full_budget(tmp_path):
+    """opt2 at 16384 keys: PE_CPU settles only after ~48 tiles, so its copies would cost
+    more than a tenth of the 256-tile run; it says so and simulates every tile."""
+    m = _ff(tmp_path, "bench.S_kv=16384", mode="on")
+    ff = m["fast_forward"]
+    assert not ff["applied"]
+    assert ff["note"].startswith("simulated in full: ") and ff["note"].endswith(
+        "; more short copies would cost over 10% of the run")

@@ -22,8 +22,9 @@ How, exactly:
    are predicted from the first two and compared with what was simulated, record by
    record and total by total (counts, bytes, busy time, FLOPs, TCM peak, link traffic).
    Any difference: the next candidate period is tried; when none repeats (PEs
-   contending for shared HBM, items of different lengths on one PE), the run is
-   simulated in full, and the summary says so.
+   contending for shared HBM, items of different lengths on one PE), or the copies would
+   simulate more than :data:`BUDGET` of the run's steps, the run is simulated in full,
+   and the summary says so.
 4. The full run's records are the prefix, the block repeated with its shifts, then the
    tail shifted by all of them (numpy, column by column); its totals are extrapolated the
    same way. ``op_log.jsonl``, ``metrics.json`` (but ``sim.wall_s`` and the
@@ -58,6 +59,9 @@ MIN_STEPS = 16
 PERIODS = (1, 2, 3, 4, 6, 8)
 #: a run fast-forwards only when this many periods or more would be skipped
 MIN_COPIES = 8
+#: the short copies may simulate at most this share of the run's steps (else it is cheaper
+#: to simulate the run)
+BUDGET = 0.1
 
 
 class NotPeriodic(Exception):
@@ -333,6 +337,14 @@ class _Copies:
                 path.unlink(missing_ok=True)
         return self.done[n]
 
+    def cost(self, n_a: int, p: int) -> int:
+        """Steps the copies for ``(n_a, p)`` would add to those simulated so far."""
+        return sum(n for n in {n_a + i * p for i in range(4)} if n not in self.done)
+
+    @property
+    def steps(self) -> int:
+        return sum(self.done)
+
     def runs(self, n_a: int, p: int) -> _Runs:
         got = [self.get(n_a + i * p) for i in range(4)]
         runs = _Runs([g[0] for g in got], [g[1] for g in got])
@@ -365,6 +377,9 @@ def run(cfg, wl, kernel, recipes, oplog_path, check: bool, temp) -> Outcome:
             k_full = (q - n_a) // p
             if k_full < MIN_COPIES or (n_a + 3 * p) * 2 > q:
                 break
+            if copies.steps + copies.cost(n_a, p) > BUDGET * q:
+                return Outcome(None, f"simulated in full: {why}; more short copies would cost "
+                                     f"over {BUDGET:.0%} of the run")
             try:
                 runs = copies.runs(n_a, p)
             except Settling as e:
