@@ -40,7 +40,6 @@ are extrapolated like the rest.
 from __future__ import annotations
 
 import copy
-import json
 import time
 from array import array
 from dataclasses import dataclass
@@ -49,6 +48,7 @@ import numpy as np
 from omegaconf import open_dict
 
 from ..sim.oplog import _row, format_rows
+from ..sim.sanitizer import read_oplog
 from ..sim.waits import _FIELDS
 from .simulate import Simulation, simulate
 
@@ -89,9 +89,7 @@ def _records(path, waits) -> list[tuple]:
     a stage), nums the integers that shift: command, tile, times, the wait record's command
     and times, and its reference (for a stage: the index, within its stream, of the record
     that readied it; stream-local, so that other streams' records do not move it)."""
-    with open(path) as f:
-        text = f.read().rstrip("\n")
-    rows = json.loads("[" + text.replace("\n", ",") + "]") if text else []  # one parse, not one a line
+    rows = read_oplog(path)
     d = waits.data
     if len(rows) != len(waits):
         raise NotPeriodic("op_log and wait records differ in number")
