@@ -47,6 +47,7 @@ from dataclasses import dataclass
 import numpy as np
 from omegaconf import open_dict
 
+from ..sim.engine import build_units
 from ..sim.oplog import _row, format_rows
 from ..sim.sanitizer import read_oplog
 from ..sim.waits import _FIELDS
@@ -313,7 +314,6 @@ class _Copies:
     candidate periods share them); the hardware's units are instantiated once."""
 
     def __init__(self, cfg, wl, kernel, recipes, check, temp, key, step, r):
-        from ..sim.engine import build_units
         self.cfg, self.wl, self.kernel, self.recipes, self.check, self.temp = cfg, wl, kernel, recipes, check, temp
         self.key, self.step, self.r = key, step, r
         self.units = build_units(cfg.hardware)
