@@ -60,7 +60,7 @@ class SweepReport(Callback):
         enabled: set ``hydra.callbacks.sweep_report.enabled=false`` to skip the report.
         reuse_dir: allow a ``hydra.sweep.dir`` that holds an earlier sweep's jobs (the
             report lists the jobs of this sweep's plan only); refused by default.
-        x: the swept key on sweep.png's x-axis (``hydra.callbacks.sweep_report.x=bench.S_kv``);
+        x: the swept key on sweep.png's x-axis (``hydra.callbacks.sweep_report.x=bench.tile``);
             default: :func:`kbframe.report.sweep.x_key`'s choice.
     """
 

@@ -78,7 +78,7 @@ def text() -> str:
         "  run.fast_forward: on, off or verify, a repeating timing-only schedule written from short copies)",
         "",
         "Examples:",
-        "  python -m kbframe +bench=decode_opt2 bench.S_kv=32768 bench.data=false",
+        "  python -m kbframe +bench=decode_opt2 bench.tile=128 bench.data=false",
         "  python -m kbframe +bench=gemm_load_ref bench.M=1024 'bench.epilogue=[{op: bias}, {op: gelu}]'",
         "  python -m kbframe -m +bench=decode_opt2 bench.tile=32,64,128,256",
         "  python -m kbframe -m +search=decode_tile hydra.sweeper.n_trials=24   # Optuna (extra [optuna])",

@@ -5,7 +5,7 @@ and by hand on any sweep directory, also an interrupted one::
 
     python -m kbframe.report outputs/sweeps/2025-01-01_12-00-00_123456
     python -m kbframe.report            # the newest sweep under outputs/sweeps/
-    python -m kbframe.report DIR --x bench.S_kv   # sweep.png against this swept key
+    python -m kbframe.report DIR --x bench.tile   # sweep.png against this swept key
 
 Jobs are collected by :mod:`kbframe.report.sweep_jobs`. Each job's ``status`` is read from its ``status.json``:
 ``ok``, ``failed`` (with the error), ``interrupted`` (Ctrl-C), ``running`` (started, never
@@ -28,7 +28,7 @@ Files written at the sweep root (each atomically: a temporary file, then rename)
   (``sim.latency_ns``); then the jobs that did not finish ok;
 - ``sweep.png``: dispatch cycles per unit of progress (KV tile, output block ...) and latency
   against a swept key (``--x KEY``; by default the numeric swept key with the most values,
-  e.g. ``calibration.R`` or ``bench.S_kv``, else a text one such as ``gemm_shape``), one
+  e.g. ``calibration.R`` or ``bench.tile``, else a text one such as ``gemm_shape``), one
   line per setting of the other swept keys.
 
 Exit status of the command: 0 when every job is ok, 1 when any failed, was interrupted or
@@ -304,7 +304,7 @@ def main(argv=None) -> int:
             x = a.partition("=")[2] if "=" in a else (args[i + 1] if i + 1 < len(args) else "")
             i += 1 if "=" in a else 2
             if not x:
-                print("kbframe: error: --x needs a swept key, e.g. --x bench.S_kv", file=sys.stderr)
+                print("kbframe: error: --x needs a swept key, e.g. --x bench.tile", file=sys.stderr)
                 return 2
             continue
         if a.startswith("-"):

@@ -20,7 +20,7 @@ def plot_sweep(series: dict, x_label: str, xs: list, unit: str, title: str, path
     simulated latency (ns), one line per label.
 
     The x-axis is numeric when every swept value is a number (log₂ when they are all
-    powers of two, e.g. R 0.03125..0.25 or S_kv 64..131072; log₁₀ when positive and
+    powers of two, e.g. R 0.03125..0.25 or a context length 64..131072; log₁₀ when positive and
     spanning ≥ 100×; else linear), ticks at the swept values; otherwise categorical, in the
     order of ``xs``.
 

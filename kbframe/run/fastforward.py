@@ -5,7 +5,7 @@ period, and they are written as such.
 How, exactly:
 
 1. The workload names the axis its work repeats along
-   (:meth:`~kbframe.workloads.base.Workload.periodic_axis`): decode's ``S_kv`` in steps of one
+   (:meth:`~kbframe.workloads.base.Workload.periodic_axis`): decode's context length in steps of one
    KV tile. Taking ``k`` steps off the axis takes ``k`` periods of work out of the middle of
    the run and keeps the warm-up, the ragged last tile and the epilogue.
 2. Four short copies of the bench are simulated in full, with ``n``, ``n + p``, ``n + 2p``

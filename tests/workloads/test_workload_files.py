@@ -63,3 +63,14 @@ def test_the_run_shell_reports_and_cli_name_no_workload_tensor(folder):
     naming = sorted(f"{p.relative_to(PKG)}: {sorted(tensors & strings(p))}"
                     for p in (PKG / folder).rglob("*.py") if tensors & strings(p))
     assert naming == []
+
+
+def test_no_module_outside_workloads_and_kernels_names_s_kv_or_g():
+    """DESIGN decision 7: the decode shape names (S_kv, G) live in the workloads and their
+    kernels only, docstrings and messages included."""
+    import re
+    word = re.compile(r"\b(S_kv|G)\b")
+    naming = sorted(f"{p.relative_to(PKG)}:{i}" for p in PKG.rglob("*.py")
+                    if p.relative_to(PKG).parts[0] not in ("workloads", "kernels")
+                    for i, line in enumerate(p.read_text().splitlines(), 1) if word.search(line))
+    assert naming == []
