@@ -1,14 +1,14 @@
 """Fast-forward (issue 16, run.fast_forward): a periodic timing-only schedule is written from
 short simulations, byte for byte what the full simulation writes (verify mode checks it);
 a schedule that does not repeat is simulated in full and the run says so."""
-import json
 
 import pytest
 
 from conftest import compose_cfg, run
 from kbframe.errors import SanitizerError
 from kbframe.run import fastforward
-from kbframe.run.bench import run_bench, summary
+from kbframe.run.bench import run_bench
+from kbframe.run.metrics import summary
 
 from regen_goldens import CASES
 

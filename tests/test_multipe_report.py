@@ -7,7 +7,7 @@ import json
 import pytest
 
 from conftest import read_oplog, run
-from kbframe.run.bench import summary
+from kbframe.run.metrics import summary
 
 SMALL = ("hardware=cube", "bench.H_q=4", "bench.H_kv=1", "bench.d=16", "bench.tile=16", "bench.S_kv=200",
          "bench.splits=8", "bench.data=false")

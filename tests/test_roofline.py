@@ -3,7 +3,7 @@ per-unit busy/utilisation against hand computation at the default shape, and the
 the console summary."""
 import pytest
 
-from kbframe.run.bench import summary
+from kbframe.run.metrics import summary
 
 from conftest import run
 

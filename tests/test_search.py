@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from kbframe.cli import hydra_errors
+from kbframe.cli import checks
 from kbframe.errors import ConfigError
 from kbframe.report.search import Search
 
@@ -78,7 +78,7 @@ def test_search_without_the_sweeper_installed_is_one_line(monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name == "hydra_plugins.hydra_optuna_sweeper" else real(name, *a))
-    assert hydra_errors.precheck(["-m", "+search=decode_tile"]) == (
+    assert checks.precheck(["-m", "+search=decode_tile"]) == (
         "+search=decode_tile needs Hydra's Optuna sweeper, which is not installed: "
         "pip install -e '.[optuna]' (make installs it)")
 

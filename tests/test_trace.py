@@ -7,7 +7,7 @@ from collections import Counter, defaultdict
 import numpy as np
 import pytest
 
-from kbframe.run.bench import summary
+from kbframe.run.metrics import summary
 from kbframe.errors import NumericsError
 from kbframe.report.trace import _OPLOG_LINE, tracks_from_units, write_trace
 from kbframe.report.trace import main as trace_main

@@ -17,10 +17,11 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from . import hydra_errors, speed
+from . import checks, hydra_errors, speed
 
 from ..run import schema
-from ..run.bench import run_bench, summary
+from ..run.bench import run_bench
+from ..run.metrics import summary
 from ..errors import ConfigError
 from ..run.jobstatus import JobStatus
 from ..report.search import Search
@@ -34,7 +35,7 @@ def _available_benches() -> list[str]:
 
 
 def _explicit_keys(overrides) -> set:
-    """Config keys the user set on the command line (``bench.G=8``, ``++bench.G=8``)."""
+    """Config keys the user set on the command line (``bench.tile=128``, ``++bench.tile=128``)."""
     keys = set()
     for ov in overrides:
         key = str(ov).split("=", 1)[0].lstrip("+~")
@@ -70,11 +71,11 @@ def _hydra_main(cfg: DictConfig) -> dict:
     with JobStatus.from_hydra() as job:
         job.proceed()  # a locked or unwritable run directory: one line, nothing touched
         search = Search.from_config(cfg.get("search"))
-        hydra_errors.check_composed_recipes()
+        checks.check_composed_recipes()
         if "bench" not in cfg:
             raise ConfigError(f"no bench selected; add +bench=NAME "
                               f"(available: {', '.join(_available_benches())})")
-        hydra_errors.check_config(cfg)
+        checks.check_config(cfg)
         # the override text as typed: resolving it here (outside the config) could fail
         typed = OmegaConf.to_container(HydraConfig.get().overrides.task, resolve=False)
         metrics = run_bench(cfg, out_dir, _explicit_keys(typed))
