@@ -25,6 +25,7 @@ import re
 from dataclasses import dataclass
 
 from ..errors import ConfigError
+from .sweep_jobs import dig
 
 #: metrics.json names every run has (README "metrics.json"); a search may name these or any
 #: other number a run's metrics.json holds (shape.*, units.*, critical_path.*), which is
@@ -46,14 +47,6 @@ OPEN_SECTIONS = ("shape", "units", "critical_path", "numerics")
 _OPS = {"<=": operator.le, ">=": operator.ge, "<": operator.lt, ">": operator.gt, "==": operator.eq}
 _CONSTRAINT = re.compile(r"^\s*([A-Za-z_][\w.]*)\s*(<=|>=|==|<|>)\s*([-+]?(?:\d+(?:_\d+)*(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?)\s*$")
 _DIRECTIONS = ("minimize", "maximize")
-
-
-def _dig(d, path: str):
-    for part in path.split("."):
-        if not isinstance(d, dict) or part not in d:
-            return None
-        d = d[part]
-    return d
 
 
 def _as_list(v, where: str) -> list:
@@ -112,11 +105,13 @@ class Constraint:
 
 @dataclass(frozen=True)
 class Outcome:
-    """A run's objective values and whether it met every constraint."""
+    """A run's objective values, its constrained metrics' values (one per constraint) and
+    whether it met every constraint."""
 
     values: tuple
     feasible: bool
-    violations: tuple  # "tcm.peak_bytes 2097152 > 1048576 (limit: <= 1048576)"
+    violations: tuple  # "tcm.peak_bytes 307584 violates tcm.peak_bytes <= 262144"
+    constrained: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -156,18 +151,16 @@ class Search:
         """The objectives' values in ``metrics`` and the constraints' verdict. Raises
         ConfigError naming the key when an objective or constraint names no number there."""
         def value(name, where):
-            v = _dig(metrics, name)
+            v = dig(metrics, name)
             if not _is_number(v):
                 raise ConfigError(f"{where}: '{name}' is not a number in this run's metrics.json "
                                   f"({'it holds ' + repr(v) if v is not None else 'no such key'})")
             return float(v)
         values = tuple(value(o, f"search.objectives[{i}]") for i, o in enumerate(self.objectives))
-        bad = []
-        for i, c in enumerate(self.constraints):
-            v = value(c.metric, f"search.constraints[{i}]")
-            if not c.holds(v):
-                bad.append(f"{c.metric} {v:.10g} violates {c}")
-        return Outcome(values, not bad, tuple(bad))
+        constrained = tuple(value(c.metric, f"search.constraints[{i}]") for i, c in enumerate(self.constraints))
+        bad = tuple(f"{c.metric} {v:.10g} violates {c}" for c, v in zip(self.constraints, constrained)
+                    if not c.holds(v))
+        return Outcome(values, not bad, bad, constrained)
 
     def sweeper_value(self, outcome: Outcome | None):
         """The job's return value for Hydra's Optuna sweeper: a float for one objective, a

@@ -52,18 +52,12 @@ def trials(search: Search, jobs: list[Job]) -> list[Trial]:
             continue
         try:
             o = search.evaluate(j.metrics)
-            limits = tuple(float(_value(j.metrics, c.metric)) for c in search.constraints)
         except KbframeError as e:
             out.append(Trial(j, "failed", str(e)))
             continue
-        out.append(Trial(j, "feasible" if o.feasible else "infeasible", "; ".join(o.violations), o.values, limits))
+        out.append(Trial(j, "feasible" if o.feasible else "infeasible", "; ".join(o.violations), o.values,
+                         o.constrained))
     return out
-
-
-def _value(metrics: dict, path: str):
-    for part in path.split("."):
-        metrics = metrics[part]
-    return metrics
 
 
 def no_feasible(search: Search, ts: list[Trial]) -> bool:

@@ -44,7 +44,7 @@ import sys
 from pathlib import Path
 
 from ..files import atomic_write
-from .sweep_jobs import (CONFIG_FALLBACK, HEAD_COLUMNS, RESULT_COLUMNS, Job, Report, _job_dirs, collect,
+from .sweep_jobs import (CONFIG_FALLBACK, HEAD_COLUMNS, RESULT_COLUMNS, Job, Report, _job_dirs, collect, dig,
                          setting_of, shape_columns, sort_key, swept_keys)
 from . import search_report
 from .markdown import fmt as _fmt, table as _md_table
@@ -73,7 +73,7 @@ def csv_rows(jobs: list[Job]) -> tuple[list[str], list[dict]]:
     rows = []
     for j in jobs:
         row = {"job": j.num, "status": j.status,
-               **{c: j.get(c) if c in j.values else _dig_metric(j, c) for c in metric}}
+               **{c: j.get(c) if c in j.values else _scalar(dig(j.metrics or {}, c)) for c in metric}}
         row.update(setting_of(j, extra))
         row.update(found.get(id(j), {}))
         row.update(overrides=" ".join(j.overrides), error=j.error or "", dir=str(j.dir or ""))
@@ -113,12 +113,7 @@ def comparisons(jobs: list[Job]) -> list[dict]:
     return out
 
 
-def _dig_metric(j: Job, path: str):
-    v = j.metrics
-    for part in path.split("."):
-        if not isinstance(v, dict):
-            return None
-        v = v.get(part)
+def _scalar(v):
     return v if isinstance(v, (int, float, str)) else None
 
 

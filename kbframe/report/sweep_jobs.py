@@ -74,7 +74,8 @@ def _key(override: str) -> str:
     return override.split("=", 1)[0]
 
 
-def _dig(d: dict, path: str):
+def dig(d: dict, path: str):
+    """The value at a dotted ``metrics.json`` path (``sim.latency_ns``), None when absent."""
     for part in path.split("."):
         if not isinstance(d, dict) or part not in d:
             return None
@@ -160,7 +161,7 @@ def _read_job(d: Path) -> Job:
         job.status, job.error, metrics = "failed", "metrics.json is not a JSON object", None
     job.metrics = metrics
     if metrics is not None:
-        job.values = {c: _dig(metrics, c) for c in HEAD_COLUMNS + RESULT_COLUMNS}
+        job.values = {c: dig(metrics, c) for c in HEAD_COLUMNS + RESULT_COLUMNS}
         shape = metrics.get("shape")
         for k, v in (shape.items() if isinstance(shape, dict) else ()):
             job.values[f"shape.{k}"] = v if isinstance(v, (int, float, str)) or v is None else json.dumps(v)
@@ -189,32 +190,36 @@ def shape_columns(jobs: list[Job]) -> list[str]:
 def _fill_shapes(jobs: list[Job]) -> list[Job]:
     """A job without metrics takes its shape columns from its config (``bench.<key>``) or,
     never run, from its overrides."""
+    from omegaconf import OmegaConf
     cols = shape_columns(jobs)
     for j in jobs:
         if j.metrics is not None:
             continue
-        ovs = {_key(o).lstrip("+~"): o.split("=", 1)[1] for o in j.overrides if "=" in o}
+        ovs = _override_values(j)
         for c in cols:
             key = "bench." + c[len("shape."):]
             v = None
             if j.config is not None:
-                from omegaconf import OmegaConf
                 try:
                     v = OmegaConf.select(j.config, key, default=None)
                 except Exception:
                     v = None
-            elif key in ovs:
-                v = _num(ovs[key])
+            else:
+                v = ovs.get(key)
             j.values[c] = v if isinstance(v, (int, float, str)) or v is None else str(v)
     return jobs
+
+
+def _override_values(job: Job) -> dict:
+    """The job's overrides as key (``+``/``~`` stripped) → value (numbers parsed)."""
+    return {_key(o).lstrip("+~"): _num(o.split("=", 1)[1]) if "=" in o else "" for o in job.overrides}
 
 
 def swept_keys(jobs: list[Job]) -> dict[str, list]:
     """Override keys whose value differs between jobs (``+``/``~`` stripped; ``bench`` for
     the bench choice; ``hydra.*`` left out) → their values in first-seen order, numbers
     parsed (so that 128 sorts before 1024)."""
-    per_job = [{_key(o).lstrip("+~"): _num(o.split("=", 1)[1]) if "=" in o else "" for o in j.overrides}
-               for j in jobs]
+    per_job = [_override_values(j) for j in jobs]
     keys = list(dict.fromkeys(k for seen in per_job for k in seen))
     out = {}
     for k in keys:
@@ -226,7 +231,7 @@ def swept_keys(jobs: list[Job]) -> dict[str, list]:
 
 def setting_of(job: Job, keys) -> dict:
     """The job's value of each of ``keys`` (override keys as :func:`swept_keys` names them)."""
-    ovs = {_key(o).lstrip("+~"): _num(o.split("=", 1)[1]) if "=" in o else "" for o in job.overrides}
+    ovs = _override_values(job)
     return {k: ovs.get(k) for k in keys}
 
 
