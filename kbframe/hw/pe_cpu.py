@@ -52,7 +52,11 @@ class PeCpu(PeUnit):
 
     def cost_cycles(self, cmd) -> float:
         """Dispatch cost of ``cmd`` in PE_CPU cycles: ``FIXED + R × logical_bytes``."""
-        return self.fixed_cycles + self.r_cycles_per_byte * cmd.logical_bytes
+        return self.cycles_for(cmd.logical_bytes)
+
+    def cycles_for(self, logical_bytes: int) -> float:
+        """Dispatch cost of a command of ``logical_bytes`` in PE_CPU cycles (ADR-0064 D1)."""
+        return self.fixed_cycles + self.r_cycles_per_byte * logical_bytes
 
     def check_cap(self, cmd) -> None:
         """Raise :class:`ValidationError` if a composite exceeds the cap (ADR-0064 D7)."""

@@ -132,7 +132,7 @@ def _totals(sim: Simulation) -> dict:
     e, o = sim.engine, sim.oplog
     t = {"latency_ps": sim.latency_ps, "n_records": o.n_records, "hbm_bytes": o.hbm_bytes}
     for key, tot in o._totals.items():
-        for f in ("count", "bytes", "busy_ps", "flops", "end_ps"):
+        for f in ("count", "bytes", "busy_ps", "flops"):
             t[("oplog", key, f)] = getattr(tot, f)
     for pe in e.pes.built():
         t[("cpu", pe.index, "n_commands")] = pe.cpu.n_commands
@@ -272,7 +272,7 @@ def _apply(sim: Simulation, tot: dict, names: list, nums: np.ndarray) -> None:
     sim.latency_ps = tot["latency_ps"]
     o.n_records, o.hbm_bytes = tot["n_records"], tot["hbm_bytes"]
     for key, t in o._totals.items():
-        for f in ("count", "bytes", "busy_ps", "flops", "end_ps"):
+        for f in ("count", "bytes", "busy_ps", "flops"):
             setattr(t, f, tot[("oplog", key, f)])
     w = nums[:, [5, 6, 7, 8, 9]]
     data = np.empty((len(names), _FIELDS), dtype=np.int64)
@@ -292,7 +292,7 @@ def _apply(sim: Simulation, tot: dict, names: list, nums: np.ndarray) -> None:
         cpu.busy_ps = tot[("cpu", pe.index, "busy_ps")]
         cycles = 0.0  # summed in dispatch order, as PE_CPU does (the same float)
         for nb in cpu_bytes.get(pe.index, ()):
-            cycles += cpu._cost_cache[nb][0] if nb in cpu._cost_cache else cpu.cost_cycles(_Bytes(nb))
+            cycles += cpu.cycles_for(nb)
         cpu.cycles = cycles
     for key, ln in e.fabric.links.items():
         for f in ("sent", "received", "bytes", "busy_ps"):
@@ -300,13 +300,6 @@ def _apply(sim: Simulation, tot: dict, names: list, nums: np.ndarray) -> None:
     for f in ("commands", "stages", "accesses"):
         if ("sanitizer", f) in tot:
             sim.sanitizer[f] = tot[("sanitizer", f)]
-
-
-class _Bytes:
-    """A stand-in command for :meth:`PeCpu.cost_cycles`: its logical bytes."""
-
-    def __init__(self, n):
-        self.logical_bytes = n
 
 
 class _Copies:

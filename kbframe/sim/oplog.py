@@ -17,8 +17,10 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+import numpy as np
+
 from ..ir.commands import command_kind
-from .waits import WAIT_CODE, WaitLog
+from .waits import _FIELDS, WAIT_CODE, WaitLog
 
 #: ``_FRAC[r]``: how Python prints the fraction of ``r / 1000`` (``".5"``, ``".001"``, ``".0"``).
 _FRAC = tuple(repr(r / 1000)[1:] for r in range(1000))
@@ -62,10 +64,10 @@ class _Totals:
     """Running totals of one ``(pe, unit)``; ``full`` is False for PE_SCHEDULER, whose
     records count commands but carry no bytes or busy time."""
 
-    __slots__ = ("count", "bytes", "busy_ps", "flops", "end_ps", "full", "heads", "codes")
+    __slots__ = ("count", "bytes", "busy_ps", "flops", "full", "heads", "codes")
 
     def __init__(self, full: bool):
-        self.count = self.bytes = self.busy_ps = self.flops = self.end_ps = 0
+        self.count = self.bytes = self.busy_ps = self.flops = 0
         self.full = full
         self.heads: dict = {}  # op_kind -> the record's fixed leading text
         self.codes: dict = {}  # op_kind -> the record name's code in the WaitLog
@@ -114,12 +116,18 @@ class OpLog:
         return sum(t.flops for t in self._totals.values())
 
     def pe_totals(self) -> dict:
-        """Per PE that has records: ``{pe: {"end_ps": its last record's end, "flops": ...}}``."""
+        """Per PE that has records: ``{pe: {"end_ps": its last record's end, "flops": ...}}``
+        (the ends from the wait records, after the run: nothing on the hot path)."""
         out: dict = {}
         for (pe, _), t in sorted(self._totals.items()):
-            d = out.setdefault(pe, {"end_ps": 0, "flops": 0})
-            d["end_ps"] = max(d["end_ps"], t.end_ps)
-            d["flops"] += t.flops
+            out.setdefault(pe, {"end_ps": 0, "flops": 0})["flops"] += t.flops
+        rows = np.frombuffer(self.waits.data, dtype=np.int64).reshape(-1, _FIELDS)
+        if len(rows):
+            pe_of = np.array([pe for pe, _, _ in self.waits.names()], dtype=np.int64)[rows[:, 0]]
+            ends = np.zeros(int(pe_of.max()) + 1, dtype=np.int64)
+            np.maximum.at(ends, pe_of, rows[:, 3])
+            for pe in out:
+                out[pe]["end_ps"] = int(ends[pe])
         return out
 
     def _entry(self, pe: int, unit: str, full: bool = True) -> _Totals:
@@ -159,8 +167,6 @@ class OpLog:
         else:
             t.busy_ps += t1 - t0
         t.flops += st.flops
-        if t1 > t.end_ps:
-            t.end_ps = t1
         st.seq = idx = self.n_records
         self.n_records = idx + 1
         code = t.codes.get(st.op_kind)
@@ -188,8 +194,6 @@ class OpLog:
         t.count += 1
         t.busy_ps += t1 - t0
         t.bytes += nbytes
-        if t1 > t.end_ps:
-            t.end_ps = t1
         code = t.codes.get(kind)  # the WaitLog fields, inline (once per record)
         if code is None:
             code = t.codes[kind] = self.waits.code(pe, "cpu", kind)
@@ -204,8 +208,6 @@ class OpLog:
         t = self._entry(pe, "scheduler", full=False)
         kind = command_kind(cmd)
         t.count += 1
-        if t_done > t.end_ps:
-            t.end_ps = t_done
         code = t.codes.get(kind)
         if code is None:
             code = t.codes[kind] = self.waits.code(pe, "scheduler", kind)

@@ -70,6 +70,10 @@ class WaitLog:
             self._name_list.append(key)
         return c
 
+    def names(self) -> list:
+        """``(pe, unit, op_kind)`` of each code, by code."""
+        return list(self._name_list)
+
     def __len__(self) -> int:
         return len(self.data) // _FIELDS
 
