@@ -112,13 +112,12 @@ def _use_kbframe_joblib_launcher() -> None:
     ConfigStore.instance().store(group="hydra/launcher", name="joblib", node=node, provider="kbframe")
 
 
-def _quiet_libraries() -> None:
-    """The Optuna sweeper's imports log at INFO through Hydra's handler (alembic: "setup
-    plugin ..." lines on every search); warnings still show (optuna's own handler is quieted
-    by kbframe.cli.search_space.check_sweep)."""
+def _quiet_alembic() -> None:
+    """The Optuna sweeper's imports log at INFO through Hydra's handler (alembic's "setup
+    plugin ..." lines, on every command, when Hydra scans its plugins); warnings still show.
+    Optuna's own logger is quieted where a search starts (kbframe.cli.search_space)."""
     import logging
-    for name in ("alembic", "optuna"):
-        logging.getLogger(name).setLevel(logging.WARNING)
+    logging.getLogger("alembic").setLevel(logging.WARNING)
 
 
 def main() -> None:
@@ -129,7 +128,7 @@ def main() -> None:
         from .help import text
         print(text())
         return
-    _quiet_libraries()
+    _quiet_alembic()
     _use_kbframe_joblib_launcher()
     sys.argv[1:] = presets_after_bench(sys.argv[1:])
     with speed.one_compose(sys.argv[1:]):
