@@ -6,7 +6,7 @@ Reads only ``metrics.json`` fields (``roofline.*``, ``units.*``, ``sim.latency_n
   bandwidth (read and write channels overlap),
   ``compute`` = GEMM FLOPs / GEMM peak, ``dispatch`` = PE_CPU dispatch cycles / clock;
   on many PEs, each the largest PE's (they work in parallel), and with shared HBM at least
-  each cube's bytes / the cube's bandwidth (kbframe.run.bench);
+  each cube's bytes / the cube's bandwidth (kbframe.run.metrics);
   ``largest_bound`` names the largest, ``bound_ns`` is it and ``fraction`` = bound /
   simulated latency. A bound is only a bound: ``binding`` is the critical path's kind
   (:mod:`kbframe.report.critical_path`: ``hbm``, ``compute``, ``dispatch`` or ``chain``),

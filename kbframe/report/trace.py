@@ -147,9 +147,8 @@ def _link_flow(fid: int, send: tuple, recv: tuple) -> str:
             + event % ("f", fid, recv[2], recv[0], recv[1], ',"bp":"e"'))
 
 
-def _link_unit(unit: str, kind: str, peer: int) -> str:
-    """The track of a record that names a peer PE: one per link and direction."""
-    return f"{unit}→PE{peer}" if kind == "send" else f"{unit}←PE{peer}" if kind == "recv" else f"{unit}·PE{peer}"
+#: how a track of a record that names a peer PE points at it, by the record's kind
+_LINK_ARROW = {"send": "→", "recv": "←"}
 
 
 def _flow(fid: int, steps: list) -> str:
@@ -191,7 +190,7 @@ def write_trace(op_log: Path | str, out: Path | str, tracks: dict | None = None,
     kinds: dict[tuple, _Kind] = {}       # (pe, unit, op_kind) → its _Kind
     heads: dict[str, _Kind] = {}         # a fast-path line's text up to its op_kind → its _Kind
     pending: dict[tuple, list] = {}      # (pe, cmd text) → [(ps, tid, flow text)]: dispatch, then stages
-    linked: dict[str, tuple] = {}        # a link's track → (op_log unit, peer): its name
+    linked: dict[str, tuple] = {}        # a link's track → (op_log unit, arrow, peer): its name
     sends: dict[tuple, deque] = {}       # (src, dst) → sends not yet received: (pe, tid, ts)
     n_links = 0
     durs: dict[int, str] = {}            # duration (ps) → its µs text (few distinct values)
@@ -238,9 +237,10 @@ def write_trace(op_log: Path | str, out: Path | str, tracks: dict | None = None,
                     if rec is None:
                         continue
                     pe, unit, kind, cmd, tile, p0, p1, nbytes, p_data, peer = rec
-                    if peer is not None:
-                        base, unit = unit, _link_unit(unit, kind, peer)
-                        linked[unit] = (base, peer)
+                    if peer is not None:  # one track per link and direction
+                        arrow = _LINK_ARROW.get(kind, "·")
+                        base, unit = unit, f"{unit}{arrow}PE{peer}"
+                        linked[unit] = (base, arrow, peer)
                     k = kind_of(pe, unit, kind)
                     cmd = str(cmd)  # as the fast path has it
                     ts = _us(p0)
@@ -295,8 +295,7 @@ def write_trace(op_log: Path | str, out: Path | str, tracks: dict | None = None,
                              "args": {"sort_index": pe}})
             for (pe, unit), ends in sorted(lanes.items()):
                 if unit in linked:
-                    u0, peer = linked[unit]
-                    arrow = unit[len(u0):len(u0) + 1]
+                    u0, arrow, peer = linked[unit]
                     base = f"{tracks.get(u0, str(u0))} {arrow} PE{peer}"
                 else:
                     base = tracks.get(unit, str(unit))
