@@ -7,8 +7,10 @@ import pytest
 from conftest import compose_cfg, run
 from kbframe.errors import SanitizerError
 from kbframe.run import fastforward
-from kbframe.run.bench import run_bench
+from kbframe.run.bench import run_bench, validate
 from kbframe.run.metrics import summary
+from kbframe.sim.targets import resolve_kernel
+from kbframe.tl.recipe import load_recipes
 
 from regen_goldens import CASES
 
@@ -111,3 +113,19 @@ def test_a_run_whose_copies_would_cost_too_much_is_simulated_in_full_budget(tmp_
     assert not ff["applied"]
     assert ff["note"].startswith("simulated in full: ") and ff["note"].endswith(
         "; more short copies would cost over 10% of the run")
+
+
+def test_a_short_copy_that_fails_leaves_the_error_to_the_pre_flight_check(tmp_path):
+    """A TCM too small: the first short copy overflows; the run is then checked as one
+    that does not fast-forward, so the error is the dry run's, and nothing is written."""
+    from kbframe.errors import TcmOverflowError
+    cfg = compose_cfg("bench.S_kv=8192", "bench.data=false", "hardware.tcm_bytes=1024", "run.progress=false",
+                      bench="decode_opt2")
+    with pytest.raises(TcmOverflowError) as e:
+        run_bench(cfg, tmp_path / "run")
+    assert str(e.value) == ("TCM overflow on PE0: request 'q@tcm' needs 2048 B, 1024 B free of 1024 B capacity "
+                            "(hardware.tcm_bytes); decode_opt2 needs 8320 B of TCM in all at G=8 d=128 S_kv=8192 "
+                            "tile=64 (float16), found by a dry run before the simulation")
+    assert not (tmp_path / "run").exists()
+    out = fastforward.run(cfg, validate(cfg), resolve_kernel(cfg.bench.kernel), load_recipes(cfg.recipes), True)
+    assert out.sim is None and out.note.startswith("simulated in full: a short copy failed (TCM overflow on PE0: ")

@@ -9,12 +9,21 @@ more than its simulation).
 - :func:`exit_now`: a run that made numpy arrays of a long context spends about a second
   freeing them at interpreter exit. After the streams are flushed, logging shut down and
   the atexit handlers run (launcher pools, submitit), the process ends without that.
+- :func:`tune_gc`: the cyclic garbage collector runs a young collection every 700 new
+  container objects; a run makes millions (simulation events, parsed op_log records) and
+  each collection that reaches the old generation walks all of them again: 15–25 % of a
+  long run's time. Nothing a run keeps is freed later for it (reference counting frees
+  what is not in a cycle); the collector runs less often.
 """
 from __future__ import annotations
 
+import gc
 import os
 import sys
 from contextlib import contextmanager
+
+#: young-generation threshold of :func:`tune_gc` (Python's default: 700 allocations)
+GC_YOUNG = 100_000
 
 #: config groups whose configs set hydra.mode (conf/sweep/, conf/search/)
 _MODE_GROUPS = ("sweep", "search")
@@ -69,9 +78,19 @@ def exit_now(code) -> None:
         os._exit(code)
 
 
+def tune_gc() -> None:
+    """Collect cycles every :data:`GC_YOUNG` allocations instead of 700, and leave the
+    objects that exist now (modules, classes: everything imported) out of every later
+    collection (``gc.freeze``)."""
+    gc.freeze()
+    _, mid, old = gc.get_threshold()
+    gc.set_threshold(GC_YOUNG, mid, old)
+
+
 def main_then_exit(main) -> None:
-    """``main()``, then :func:`exit_now` with its exit status (an exception other than
-    SystemExit, e.g. Ctrl-C, propagates as usual)."""
+    """:func:`tune_gc`, ``main()``, then :func:`exit_now` with its exit status (an
+    exception other than SystemExit, e.g. Ctrl-C, propagates as usual)."""
+    tune_gc()
     try:
         main()
         code = 0

@@ -214,9 +214,6 @@ def _run_bench(cfg, out_dir: Path, explicit, rd: RunDir) -> dict:
     if b.data:
         preflight.check_inputs_fit(b.data_dtype, {n: inp[n] for n in wl.input_names()})
         wl.check_inputs(b.data_dtype, inp)
-    preflight.check_resources(cfg, wl, kernel, recipes, inp)
-    rd.open()  # nothing in out_dir is touched before this point (kbframe.run.rundir)
-    oplog_path = rd.temp("op_log.jsonl", debug=True)  # kept as op_log.jsonl.partial if the run fails
     check = bool(cfg.run.check) if "run" in cfg else True
     show = bool(cfg.run.progress) if "run" in cfg else False
     ff = str(cfg.run.get("fast_forward", "off")) if "run" in cfg else "off"
@@ -224,13 +221,20 @@ def _run_bench(cfg, out_dir: Path, explicit, rd: RunDir) -> dict:
         raise ConfigError(f"run.fast_forward must be off, on or verify, got '{ff}'")
     sim, ff_note = None, "off" if ff == "off" else "data mode: every tile simulated"
     if ff != "off" and not b.data:  # timing only: a periodic schedule is written, not simulated
-        out = fastforward.run(cfg, wl, kernel, recipes, oplog_path, check, rd.temp)
+        preflight.check_hbm(cfg, wl)
+        out = fastforward.run(cfg, wl, kernel, recipes, check)  # writes nothing
         sim, ff_note = out.sim, out.note
-        if sim is not None and ff == "verify":
+    applied = sim is not None
+    if not applied:
+        preflight.check_resources(cfg, wl, kernel, recipes, inp)
+    rd.open()  # nothing in out_dir is touched before this point (kbframe.run.rundir)
+    oplog_path = rd.temp("op_log.jsonl", debug=True)  # kept as op_log.jsonl.partial if the run fails
+    if applied:
+        out.write_oplog(oplog_path)
+        if ff == "verify":
             fastforward.verify(cfg, wl, kernel, recipes, oplog_path, check, rd.temp, sim)
             ff_note += "; verified against the full simulation"
-    applied = sim is not None
-    if sim is None:
+    else:
         sim = simulate(cfg, wl, kernel, recipes, inp, oplog_path, check, show)
     engine, pe, oplog, latency_ps, san, numerics = (sim.engine, sim.pe, sim.oplog, sim.latency_ps,
                                                     sim.sanitizer, sim.numerics)

@@ -40,6 +40,7 @@ are extrapolated like the rest.
 from __future__ import annotations
 
 import copy
+import io
 import time
 from array import array
 from dataclasses import dataclass
@@ -47,10 +48,12 @@ from dataclasses import dataclass
 import numpy as np
 from omegaconf import open_dict
 
+from ..errors import KbframeError
 from ..sim.engine import build_units
 from ..sim.oplog import _row, format_rows
 from ..sim.sanitizer import read_oplog
 from ..sim.waits import _FIELDS
+from ..timebase import MAX_PS
 from .simulate import Simulation, simulate
 
 #: steps the first short copies keep before the periods they vary (warm-up reached by
@@ -78,19 +81,28 @@ class Settling(NotPeriodic):
 @dataclass
 class Outcome:
     """A fast-forwarded run: the simulation object standing for the full run (its engine,
-    op_log totals and wait records extrapolated; its op_log written), and what was done."""
+    op_log totals and wait records extrapolated), its records (``names``, ``nums``: what
+    :meth:`write_oplog` writes) and what was done. ``sim`` None: simulate in full."""
 
-    sim: Simulation
+    sim: Simulation | None
     note: str
+    names: list | None = None
+    nums: np.ndarray | None = None
+
+    def write_oplog(self, path) -> None:
+        """The full run's ``op_log.jsonl`` text, written to ``path`` (its time counts in
+        ``sim.wall_s``, as a simulation's streamed op_log does)."""
+        t = time.perf_counter()
+        _write_oplog(path, self.names, self.nums)
+        self.sim.engine.wall_s += time.perf_counter() - t
 
 
-def _records(path, waits) -> list[tuple]:
-    """``(names, nums)`` per record: names are what must not change between periods (PE,
+def _records(rows: list, waits) -> list[tuple]:
+    """``(names, nums)`` per op_log record (``rows``, parsed): names are what must not change between periods (PE,
     unit, kind, bytes, peer, wait code and kind, and the stream of the record that readied
     a stage), nums the integers that shift: command, tile, times, the wait record's command
     and times, and its reference (for a stage: the index, within its stream, of the record
     that readied it; stream-local, so that other streams' records do not move it)."""
-    rows = read_oplog(path)
     d = waits.data
     if len(rows) != len(waits):
         raise NotPeriodic("op_log and wait records differ in number")
@@ -304,10 +316,11 @@ def _apply(sim: Simulation, tot: dict, names: list, nums: np.ndarray) -> None:
 
 class _Copies:
     """Short copies of the bench by their number of steps, each simulated once (the
-    candidate periods share them); the hardware's units are instantiated once."""
+    candidate periods share them); the hardware's units are instantiated once. Their
+    op_logs are kept in memory: nothing is written before the run directory is opened."""
 
-    def __init__(self, cfg, wl, kernel, recipes, check, temp, key, step, r):
-        self.cfg, self.wl, self.kernel, self.recipes, self.check, self.temp = cfg, wl, kernel, recipes, check, temp
+    def __init__(self, cfg, wl, kernel, recipes, check, key, step, r):
+        self.cfg, self.wl, self.kernel, self.recipes, self.check = cfg, wl, kernel, recipes, check
         self.key, self.step, self.r = key, step, r
         self.units = build_units(cfg.hardware)
         self.bench = wl.cfg.copy()  # one copy, its key set per short copy (they run one by one)
@@ -319,13 +332,10 @@ class _Copies:
                 self.bench[self.key] = n * self.step + self.r
             w = type(self.wl)(self.bench, n_pes=self.wl.n_pes)
             w.validate()
-            path = self.temp(f"ff{n}.jsonl")
-            try:
-                sim = simulate(self.cfg, w, self.kernel, self.recipes, None, path, self.check, False,
-                               copy.deepcopy(self.units))
-                self.done[n] = (sim, _records(path, sim.oplog.waits))
-            finally:
-                path.unlink(missing_ok=True)
+            text = io.StringIO()
+            sim = simulate(self.cfg, w, self.kernel, self.recipes, None, text, self.check, False,
+                           copy.deepcopy(self.units))
+            self.done[n] = (sim, _records(read_oplog(text), sim.oplog.waits))
         return self.done[n]
 
     def cost(self, n_a: int, p: int) -> int:
@@ -343,14 +353,15 @@ class _Copies:
         return runs
 
 
-def run(cfg, wl, kernel, recipes, oplog_path, check: bool, temp) -> Outcome:
+def run(cfg, wl, kernel, recipes, check: bool) -> Outcome:
     """Fast-forward the bench; ``Outcome.sim`` is None (simulate it in full, ``note`` says
-    why) when the workload has no periodic axis, too few periods or none that verifies.
+    why) when the workload has no periodic axis, too few periods or none that verifies,
+    when a short copy fails (the full run's pre-flight checks and simulation then report
+    the error as they would) or when the extrapolated run ends beyond the time base.
 
-    ``temp(name)`` gives a temporary path in the run directory (the short copies'
-    op_logs). The short copies start at :data:`MIN_STEPS` steps and
-    triple while a stream is still settling (:class:`Settling`), as long as they stay
-    short of half the run.
+    Writes nothing: :meth:`Outcome.write_oplog` writes the op_log. The short copies start
+    at :data:`MIN_STEPS` steps and triple while a stream is still settling
+    (:class:`Settling`), as long as they stay short of half the run.
     """
     t_start = time.perf_counter()
     axis = wl.periodic_axis()
@@ -359,7 +370,7 @@ def run(cfg, wl, kernel, recipes, oplog_path, check: bool, temp) -> Outcome:
     key, step = axis
     q, r = divmod(int(cfg.bench[key]), step)
     why = "too few periods to skip"
-    copies = _Copies(cfg, wl, kernel, recipes, check, temp, key, step, r)
+    copies = _Copies(cfg, wl, kernel, recipes, check, key, step, r)
     n_min = MIN_STEPS
     while True:
         settling = False
@@ -379,15 +390,20 @@ def run(cfg, wl, kernel, recipes, oplog_path, check: bool, temp) -> Outcome:
             except NotPeriodic as e:
                 why = f"not periodic ({e})"
                 continue
+            except KbframeError as e:
+                return Outcome(None, f"simulated in full: a short copy failed ({e})")
+            tot = runs.total(k_full)
+            late = [n for n in tot if n == "latency_ps" or (isinstance(n, tuple) and n[-1] == "busy_ps")]
+            if any(tot[n] >= MAX_PS for n in late):
+                return Outcome(None, "simulated in full: the run ends beyond the time base")
             names, nums = runs.records(k_full)
             nums = _global_refs(names, nums)
-            tot = runs.total(k_full)
-            _write_oplog(oplog_path, names, nums)
             sim = runs.sims[3]
             _apply(sim, tot, names, nums)
             sim.engine.wall_s = time.perf_counter() - t_start
             return Outcome(sim, f"fast-forwarded {k_full - 3} of {k_full} periods of {p} {key} step(s) "
-                                f"({len(names) - len(runs.recs[3])} of {len(names)} records by shifting)")
+                                f"({len(names) - len(runs.recs[3])} of {len(names)} records by shifting)",
+                           names, nums)
         if not settling:
             return Outcome(None, f"simulated in full: {why}")
         n_min *= 3

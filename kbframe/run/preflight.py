@@ -192,9 +192,32 @@ def dry_run(hardware, wl, kernel, recipes: dict, dtype: str, inputs: dict | None
             "dispatch_ps": dispatch_ps, "stages": stages, "records": 2 * n + stages if count_stages else 0}
 
 
+def _shape_text(wl) -> str:
+    return " ".join(f"{k}={v}" for k, v in wl.shape().items() if not k.startswith("n_"))
+
+
+def check_hbm(cfg, wl) -> None:
+    """The bench's HBM tensors against ``hardware.hbm_bytes`` (no dry run needed).
+
+    Raises:
+        ConfigError: the HBM tensors exceed ``hardware.hbm_bytes``.
+    """
+    b, hw = cfg.bench, cfg.hardware
+    tensors = wl.tensors()
+    hbm_cap = hw.get("hbm_bytes")
+    isz = itemsize(b.dtype)
+    # Python integers: numpy's prod wraps at 2^63 (a 2^62-row tensor would need 0 B)
+    hbm_need = sum(-(-math.prod(int(x) for x in s) * isz // 4096) * 4096 for s in tensors.values())
+    if hbm_cap is not None and hbm_need > hbm_cap:
+        raise ConfigError(f"HBM too small: {', '.join(tensors)} need {hbm_need} B ({_gib(hbm_need)}) at "
+                          f"{_shape_text(wl)} ({b.dtype}), hardware.hbm_bytes is {hbm_cap} B ({_gib(hbm_cap)})")
+
+
 def check_resources(cfg, wl, kernel, recipes: dict, inputs: dict | None) -> dict:
     """HBM and TCM needs of the bench's workload against ``cfg.hardware``, before any
-    simulation.
+    simulation (:func:`check_hbm`, then a :func:`dry_run`). A fast-forwarded run
+    (kbframe.run.fastforward) needs no dry run: its short copies are simulated against
+    the real TCM, and a copy that fails sends the run here.
 
     Returns:
         The :func:`dry_run` figures.
@@ -203,16 +226,9 @@ def check_resources(cfg, wl, kernel, recipes: dict, inputs: dict | None) -> dict
         TcmOverflowError: the kernel's TCM high water exceeds the PE's TCM (names both).
         KbframeError: an emit-time error of the kernel.
     """
+    check_hbm(cfg, wl)
     b, hw = cfg.bench, cfg.hardware
-    tensors = wl.tensors()
-    hbm_cap = hw.get("hbm_bytes")
-    isz = itemsize(b.dtype)
-    # Python integers: numpy's prod wraps at 2^63 (a 2^62-row tensor would need 0 B)
-    hbm_need = sum(-(-math.prod(int(x) for x in s) * isz // 4096) * 4096 for s in tensors.values())
-    shape = " ".join(f"{k}={v}" for k, v in wl.shape().items() if not k.startswith("n_"))
-    if hbm_cap is not None and hbm_need > hbm_cap:
-        raise ConfigError(f"HBM too small: {', '.join(tensors)} need {hbm_need} B ({_gib(hbm_need)}) at {shape} "
-                          f"({b.dtype}), hardware.hbm_bytes is {hbm_cap} B ({_gib(hbm_cap)})")
+    shape = _shape_text(wl)
     check = bool(cfg.run.check) if "run" in cfg else True
     fig = dry_run(hw, wl, kernel, recipes, b.dtype, inputs, count_stages=check)
     check_sanitizer_memory(cfg, fig)

@@ -74,7 +74,8 @@ class _Totals:
 
 
 class OpLog:
-    """Streams op_log records to ``path`` (or nowhere if None) and keeps totals.
+    """Streams op_log records to ``path`` (a file path or a text stream; None: nowhere) and
+    keeps totals.
 
     Totals (per ``(pe, unit)``): ``busy_ps``, ``count``, ``bytes``; plus ``flops`` and
     ``hbm_bytes`` overall and, per PE, :meth:`pe_totals` (its last record's end, its FLOPs). Records are formatted and written in batches of ``batch``;
@@ -82,7 +83,10 @@ class OpLog:
     """
 
     def __init__(self, path=None, batch: int = 4096):
-        self._f = open(path, "w", buffering=1 << 20) if path is not None else None
+        # a path (opened and closed here), a text stream the caller keeps (io.StringIO:
+        # a record that is not a file), or None (totals and wait records only)
+        self._own = path is not None and not hasattr(path, "write")
+        self._f = open(path, "w", buffering=1 << 20) if self._own else path
         self._batch = batch
         self._rows: list = []  # pending records: (head, cmd, tile, t_start, t_end, bytes, t_data or -1)
         self._totals: dict = {}  # (pe, unit name) -> _Totals
@@ -221,5 +225,6 @@ class OpLog:
         if self._f is not None:
             if self._rows:
                 self._flush()
-            self._f.close()
+            if self._own:
+                self._f.close()
             self._f = None

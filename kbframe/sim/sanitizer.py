@@ -69,10 +69,18 @@ def enable(engine) -> None:
 
 
 def read_oplog(path) -> list[dict]:
-    """The records of an ``op_log.jsonl`` file (one JSON parse of the whole file: half the
-    time of one a line)."""
+    """The records of an ``op_log.jsonl`` file, or of a text stream holding one
+    (``io.StringIO``)."""
+    if hasattr(path, "getvalue"):
+        return parse_oplog(path.getvalue())
     with open(path) as f:
-        lines = [line for line in f.read().split("\n") if line.strip()]
+        return parse_oplog(f.read())
+
+
+def parse_oplog(text: str) -> list[dict]:
+    """The records of op_log text (one JSON parse of the whole text: half the time of one
+    a line)."""
+    lines = [line for line in text.split("\n") if line.strip()]
     return json.loads("[" + ",".join(lines) + "]") if lines else []
 
 
@@ -83,13 +91,14 @@ def check(engine, records) -> dict:
         engine: the :class:`~kbframe.sim.engine.Engine` after ``run`` (with :func:`enable`
             called before the run; without it the stage-level rules 1 (stage counts),
             5 and 6 cannot run and raise).
-        records: the op_log records (dicts) or a path to ``op_log.jsonl``.
+        records: the op_log records (dicts), a path to ``op_log.jsonl`` or a text stream
+            holding its text.
     Returns:
         ``{"rules_checked", "rules", "commands", "stages", "accesses"}``.
     Raises:
         SanitizerError: the first violation, naming the rule, commands and times.
     """
-    if isinstance(records, (str, Path)):
+    if isinstance(records, (str, Path)) or hasattr(records, "getvalue"):
         records = read_oplog(records)
     by_pe = defaultdict(list)
     for r in records:
