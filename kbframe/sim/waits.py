@@ -35,6 +35,8 @@ from __future__ import annotations
 
 from array import array
 
+import numpy as np
+
 #: wait kind names, by the code stored per record
 KINDS = ("start", "cpu", "room", "wait", "dispatch", "hazard", "fifo", "dep", "admit", "unit")
 #: wait kind name → its code (what OpLog stores)
@@ -83,56 +85,100 @@ class WaitLog:
 
         Worked out here: a stage was ready at its predecessor's end (``dep``) or at its
         command's admission (``admit``), and if it started later, the unit's stage that
-        ended at its start held it (``unit``); a DMA data phase that began as the
-        channel's previous transfer ended waited for that one (``end_ref``); a dispatch
-        that waited for ``cpu`` waited for the PE's previous dispatch; a command's
-        ``end_ref`` is the stage just before its record, if that stage is its own."""
-        d, names = self.data, self._name_list
-        n = len(d) // _FIELDS
-        admit_ps = {}
-        for b in range(0, n * _FIELDS, _FIELDS):
-            if d[b + 5] != _RAW_STAGE:
-                pe, unit, _ = names[d[b]]
-                if unit == "scheduler":
-                    admit_ps[(pe, d[b + 1])] = d[b + 2]
-        ended_at: dict = {}        # (pe, unit) -> {t_end: record}, records so far
-        last: dict = {}            # (pe, unit) -> (t_end, record) of its latest
-        last_dispatch: dict = {}   # pe -> record of its latest dispatch
-        kinds, cpu_code = KINDS, WAIT_CODE["cpu"]
-        out = []
-        for i in range(n):
-            b = i * _FIELDS
-            code, cmd, t0, t1, t_data, kind, ref = d[b:b + _FIELDS]
-            pe, unit, op_kind = names[code]
-            end_ref = -1
-            if kind == _RAW_STAGE:
-                key = (pe, unit)
-                if ref >= 0:
-                    ready, why = d[ref * _FIELDS + 3], "dep"
-                else:
-                    ready, why, ref = admit_ps.get((pe, cmd), t0), "admit", cmd
-                ends = ended_at.get(key)
-                if ends is None:
-                    ends = ended_at[key] = {}
-                if t0 != ready:
-                    why, ref = "unit", ends.get(t0, -1)
-                prev = last.get(key)
-                if t_data >= 0 and prev is not None and prev[0] == t_data:
-                    end_ref = prev[1]
-                ends[t1] = i
-                last[key] = (t1, i)
-            elif unit == "cpu":
-                why = kinds[kind]
-                if kind == cpu_code:
-                    ref = last_dispatch.get(pe, -1)
-                    if ref < 0:
-                        why = "start"
-                last_dispatch[pe] = i
-            else:
-                why = kinds[kind]
-                if i > 0:
-                    p = out[i - 1]
-                    if p[0] == pe and p[3] == cmd and p[1] not in ("cpu", "scheduler"):
-                        end_ref = i - 1
-            out.append((pe, unit, op_kind, cmd, t0, t1, t_data, why, ref, end_ref))
-        return out
+        ended at its start held it (``unit``: the latest such record before it); a DMA
+        data phase that began as the channel's previous transfer ended waited for that
+        one (``end_ref``); a dispatch that waited for ``cpu`` waited for the PE's previous
+        dispatch; a command's ``end_ref`` is the stage just before its record, if that
+        stage is its own. Column by column (numpy): one Python step per record would be
+        most of the critical path's cost on a long run."""
+        names = self._name_list
+        d = np.frombuffer(self.data, dtype=np.int64).reshape(-1, _FIELDS)
+        n = len(d)
+        if n == 0:
+            return []
+        code, cmd, t0, t1, t_data, kind, ref = (d[:, j] for j in range(_FIELDS))
+        units = sorted({u for _, u, _ in names})
+        pe_of = np.array([pe for pe, _, _ in names], dtype=np.int64)[code]
+        unit_of = np.array([units.index(u) for _, u, _ in names], dtype=np.int64)[code]
+        cpu_u = units.index("cpu") if "cpu" in units else -1
+        sched_u = units.index("scheduler") if "scheduler" in units else -1
+        stage = kind == _RAW_STAGE
+        why = np.where(stage, 0, kind)  # a code into KINDS
+        ref = ref.copy()
+        end_ref = np.full(n, -1, dtype=np.int64)
+        cmd_key = (pe_of << 40) | cmd  # (pe, command): commands below 2^40
+
+        # stages: ready at the predecessor's end, else at the command's admission (the
+        # latest admission record of the command anywhere in the log), else at their start
+        st = np.nonzero(stage)[0]
+        s_ref, s_t0 = ref[st], t0[st]
+        dep = s_ref >= 0
+        ready = np.where(dep, t1[np.where(dep, s_ref, 0)], s_t0)
+        adm = np.nonzero(~stage & (unit_of == sched_u))[0]
+        a_keys = cmd_key[adm]
+        order = np.argsort(a_keys, kind="stable")
+        a_keys, a_t0 = a_keys[order], t0[adm][order]
+        q = st[~dep]
+        pos = np.searchsorted(a_keys, cmd_key[q], side="right") - 1
+        found = (pos >= 0) & (a_keys[np.maximum(pos, 0)] == cmd_key[q])
+        ready[~dep] = np.where(found, a_t0[np.maximum(pos, 0)], s_t0[~dep])
+        s_why = np.where(dep, WAIT_CODE["dep"], WAIT_CODE["admit"])
+        s_ref = np.where(dep, s_ref, cmd[st])
+        # held by its unit: the latest stage of the same (pe, unit) before it that ended
+        # at its start (-1: none)
+        stream = (pe_of[st] << 16) | unit_of[st]
+        late = np.nonzero(s_t0 != ready)[0]
+        if len(late):
+            s_why[late] = WAIT_CODE["unit"]
+            s_ref[late] = _latest_before(stream, t1[st], st, stream[late], s_t0[late], st[late])
+        # a data phase that began as the previous transfer of its stream ended
+        order = np.lexsort((st, stream))
+        prev = np.full(len(st), -1, dtype=np.int64)
+        same = stream[order][1:] == stream[order][:-1]
+        prev[order[1:][same]] = st[order[:-1][same]]
+        td = t_data[st]
+        chained = (td >= 0) & (prev >= 0) & (t1[np.maximum(prev, 0)] == td)
+        end_ref[st[chained]] = prev[chained]
+        why[st], ref[st] = s_why, s_ref
+
+        # dispatches that waited for PE_CPU: the PE's previous dispatch (none: the start)
+        cpu = np.nonzero(~stage & (unit_of == cpu_u))[0]
+        if len(cpu):
+            order = np.lexsort((cpu, pe_of[cpu]))
+            prev = np.full(len(cpu), -1, dtype=np.int64)
+            same = pe_of[cpu][order][1:] == pe_of[cpu][order][:-1]
+            prev[order[1:][same]] = cpu[order[:-1][same]]
+            waited = kind[cpu] == WAIT_CODE["cpu"]
+            ref[cpu[waited]] = prev[waited]
+            why[cpu[waited & (prev < 0)]] = WAIT_CODE["start"]
+        # a command: completed by the stage just before its record, if that stage is its own
+        other = np.nonzero(~stage & (unit_of != cpu_u))[0]
+        other = other[other > 0]
+        b = other - 1
+        own = ((pe_of[b] == pe_of[other]) & (cmd[b] == cmd[other]) & (unit_of[b] != cpu_u)
+               & (unit_of[b] != sched_u))
+        end_ref[other[own]] = b[own]
+
+        text = lambda col: np.array([x[col] for x in names], dtype=object)  # noqa: E731
+        return list(zip(pe_of.tolist(), text(1)[code].tolist(), text(2)[code].tolist(), cmd.tolist(), t0.tolist(),
+                        t1.tolist(), t_data.tolist(), np.array(KINDS, dtype=object)[why].tolist(), ref.tolist(),
+                        end_ref.tolist()))
+
+
+def _latest_before(keys, times, at, q_keys, q_times, q_at) -> np.ndarray:
+    """For each query ``(q_keys, q_times, q_at)``: the largest ``at`` of an entry with the
+    same key and time and ``at < q_at`` (-1: none). Entries ``(keys, times, at)``; ``at``
+    and times ≥ 0."""
+    pairs = np.stack([np.concatenate([keys, q_keys]), np.concatenate([times, q_times])], axis=1)
+    _, key = np.unique(pairs[:, 0], return_inverse=True)
+    if key.max(initial=0) < 1 << 13:  # one int64 per pair (times below 2^50 ps: MAX_PS)
+        _, group = np.unique((key.astype(np.int64) << 50) | pairs[:, 1], return_inverse=True)
+    else:
+        _, group = np.unique(pairs, axis=0, return_inverse=True)
+    group = group.reshape(-1).astype(np.int64)
+    n = len(keys)
+    span = int(max(at.max(initial=0), q_at.max(initial=0))) + 1
+    entries = np.sort(group[:n] * span + at)
+    pos = np.searchsorted(entries, group[n:] * span + q_at, side="left") - 1
+    hit = (pos >= 0) & (entries[np.maximum(pos, 0)] // span == group[n:])
+    return np.where(hit, entries[np.maximum(pos, 0)] % span, -1)
