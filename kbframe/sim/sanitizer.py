@@ -49,6 +49,8 @@ from bisect import bisect_left, bisect_right
 from collections import Counter, defaultdict
 from pathlib import Path
 
+import numpy as np
+
 from ..errors import SanitizerError
 from .footprint import FootprintNumerics, Space, footprint
 from ..hw.tiling import plan_stages
@@ -100,21 +102,27 @@ def check(engine, records) -> dict:
     """
     if isinstance(records, (str, Path)) or hasattr(records, "getvalue"):
         records = read_oplog(records)
+    cols = _Columns.of(records)
     by_pe = defaultdict(list)
-    for r in records:
-        by_pe[r["pe"]].append(r)
+    if cols is None:  # a record with a missing or odd field: the record-by-record rules say which
+        for r in records:
+            by_pe[r["pe"]].append(r)
     n_cmds = n_stages = n_acc = 0
     hbm_writes: list = []
     for pe in engine.pes.built():
-        recs = by_pe.get(pe.index, [])
         if pe.scheduler.record is None:
             raise SanitizerError("sanitizer: PE_SCHEDULER kept no stage record; call "
                                  "kbframe.sim.sanitizer.enable(engine) before the run")
         plan = sorted(pe.scheduler.record, key=lambda cs: cs[0].id)
-        spans = check_commands_once(pe, recs, plan)
-        check_cpu_dispatch_serial(pe.index, recs)
-        check_unit_capacity(pe, recs)
-        dispatches = sorted((_ps(r["t_start_ns"]), r["cmd"]) for r in recs if r["unit"] == "cpu")
+        held = _rules_1_to_3_hold(pe, cols.of_pe(pe.index), plan) if cols is not None else None
+        if held is None:  # a violation (or no columns): the rules below name it
+            recs = by_pe.get(pe.index, []) if cols is None else [records[i] for i in cols.rows_of(pe.index)]
+            spans = check_commands_once(pe, recs, plan)
+            check_cpu_dispatch_serial(pe.index, recs)
+            check_unit_capacity(pe, recs)
+            dispatches = sorted((_ps(r["t_start_ns"]), r["cmd"]) for r in recs if r["unit"] == "cpu")
+        else:
+            spans, dispatches = held
         check_tcm_no_overlap(pe.index, pe.tcm.allocations, pe.tcm.capacity_bytes, dispatches)
         check_rw_no_interleave(pe.index, plan, spans)
         n_acc += check_data_dependencies(pe, plan, hbm_writes)
@@ -129,6 +137,101 @@ def check(engine, records) -> dict:
         rules += MULTI_PE_RULES
     return {"rules_checked": len(rules), "rules": rules, "commands": n_cmds,
             "stages": n_stages, "accesses": n_acc}
+
+
+# ---- rules 1-3 on op_log columns ------------------------------------------------------------
+class _Columns:
+    """The op_log's records as numpy columns (times in integer ps, ``td`` -1: no data
+    phase; ``unit`` a code into ``units``), so rules 1-3 cost a few array operations per
+    PE rather than Python steps per record."""
+
+    def __init__(self, pe, unit, units, cmd, t0, t1, td):
+        self.pe, self.unit, self.units, self.cmd, self.t0, self.t1, self.td = pe, unit, units, cmd, t0, t1, td
+
+    @classmethod
+    def of(cls, records: list) -> "_Columns | None":
+        """None when a record lacks a field or holds an odd value (the record-by-record
+        rules then run, and their errors name it)."""
+        try:
+            pe = np.array([r["pe"] for r in records], dtype=np.int64)
+            units, unit = np.unique(np.array([r["unit"] for r in records], dtype=object).astype(str),
+                                    return_inverse=True)
+            cmd = np.array([r["cmd"] for r in records], dtype=np.int64)
+            ns = np.array([[r["t_start_ns"], r["t_end_ns"], r.get("t_data_ns", -1.0)] for r in records],
+                          dtype=np.float64).reshape(-1, 3)
+        except (KeyError, TypeError, ValueError, OverflowError):
+            return None
+        if not np.isfinite(ns).all() or (np.abs(ns) >= 2.0 ** 52 / 1000).any():  # not exact ps
+            return None
+        t0, t1, td = (np.rint(ns[:, j] * 1000).astype(np.int64) for j in range(3))
+        td[ns[:, 2] < 0] = -1
+        return cls(pe, unit.reshape(-1).astype(np.int64), [str(u) for u in units], cmd, t0, t1, td)
+
+    def rows_of(self, p: int) -> np.ndarray:
+        return np.nonzero(self.pe == p)[0]
+
+    def of_pe(self, p: int) -> "_Columns":
+        i = self.rows_of(p)
+        return _Columns(self.pe[i], self.unit[i], self.units, self.cmd[i], self.t0[i], self.t1[i], self.td[i])
+
+    def code(self, unit: str) -> int:
+        return self.units.index(unit) if unit in self.units else -1
+
+
+def _most_at_once(t0, t1) -> int:
+    """The most intervals ``[t0, t1)`` open at one instant (one ending as another starts:
+    not at once; zero-length intervals occupy nothing)."""
+    keep = t1 > t0
+    t0, t1 = t0[keep], t1[keep]
+    if not len(t0):
+        return 0
+    t = np.concatenate([t1, t0])
+    step = np.concatenate([np.full(len(t1), -1), np.ones(len(t0), dtype=np.int64)])
+    order = np.lexsort((step, t))  # at one time, ends before starts
+    return int(np.cumsum(step[order]).max())
+
+
+def _rules_1_to_3_hold(pe, c: _Columns, plan):
+    """Rules ``commands_once``, ``cpu_dispatch_serial`` and ``unit_capacity`` on one PE's
+    columns: ``(spans, dispatches)`` as :func:`check_commands_once` and :func:`check` make
+    them when every rule holds, else None (the record-by-record rules then name the
+    first violation)."""
+    cpu, sched = c.unit == c.code("cpu"), c.unit == c.code("scheduler")
+    d_cmd, s_cmd = c.cmd[cpu], c.cmd[sched]
+    d_ids, d_n = np.unique(d_cmd, return_counts=True)
+    s_ids, s_n = np.unique(s_cmd, return_counts=True)
+    planned = [cmd.id for cmd, _ in plan]
+    if (d_n != 1).any() or (s_n != 1).any() or not np.array_equal(d_ids, s_ids) \
+            or pe.cpu.n_commands != len(d_ids) or planned != d_ids.tolist():
+        return None
+    d_end = c.t1[cpu][np.argsort(d_cmd)]
+    s_order = np.argsort(s_cmd)
+    s_t0, s_t1 = c.t0[sched][s_order], c.t1[sched][s_order]
+    if (s_t0 < d_end).any():
+        return None
+    stage = ~cpu & ~sched
+    ran = dict(zip(*(x.tolist() for x in np.unique(c.cmd[stage], return_counts=True))))
+    spans = dict(zip(d_ids.tolist(), zip(s_t0.tolist(), s_t1.tolist())))
+    for cmd, stages in plan:
+        t0, t1 = spans[cmd.id]
+        if not cmd.completion.done or cmd.completion.t_done_ps != t1 or ran.get(cmd.id, 0) != len(stages) \
+                or any(st.t_start < t0 or st.t_end > t1 for st in stages):
+            return None
+    # rule 2: in dispatch order, each dispatch starts after the last ended, ids increasing
+    order = np.lexsort((d_cmd, c.t0[cpu]))
+    a0, a1, ac = c.t0[cpu][order], c.t1[cpu][order], d_cmd[order]
+    if (a0[1:] < a1[:-1]).any() or (ac[1:] < ac[:-1]).any():
+        return None
+    # rule 3: per unit, stages in flight within its channels, DMA data phases one at a time
+    for u in np.unique(c.unit[stage]).tolist():
+        unit = pe.stage_units.get(c.units[u])
+        on = c.unit == u
+        if unit is None or _most_at_once(c.t0[on], c.t1[on]) > int(getattr(unit, "channels", 1)):
+            return None
+        data = on & (c.td >= 0)
+        if _most_at_once(c.td[data], c.t1[data]) > 1:
+            return None
+    return spans, list(zip(a0.tolist(), ac.tolist()))
 
 
 # ---- helpers ----------------------------------------------------------------------------
