@@ -21,6 +21,7 @@ def any_cost(monkeypatch, request):
     any share of them (the budget has a test of its own)."""
     if "budget" not in request.node.name:
         monkeypatch.setattr(fastforward, "BUDGET", float("inf"))
+        monkeypatch.setattr(fastforward, "SETTLING_BUDGET", float("inf"))
 
 
 def _ff(tmp_path, *overrides, bench="decode_opt2", mode="verify"):
@@ -106,13 +107,21 @@ def test_data_mode_and_off_simulate_every_tile(tmp_path):
 
 
 def test_a_run_whose_copies_would_cost_too_much_is_simulated_in_full_budget(tmp_path):
-    """opt2 at 16384 keys: PE_CPU settles only after ~48 tiles, so its copies would cost
-    more than a tenth of the 256-tile run; it says so and simulates every tile."""
-    m = _ff(tmp_path, "bench.S_kv=16384", mode="on")
-    ff = m["fast_forward"]
-    assert not ff["applied"]
-    assert ff["note"].startswith("simulated in full: ") and ff["note"].endswith(
-        "; more short copies would cost over 10% of the run")
+    """opt2 at 16384 keys (256 tiles): its first copies already cost more than a tenth of
+    the run. At 65536 keys (1024 tiles) PE_CPU is seen settling, and the copies that would
+    show its steady state (~50 tiles each, period 3) cost more than 30 %. Both say so and
+    simulate every tile; at 131072 keys the copies fit (17 % of the run's tiles)."""
+    m = _ff(tmp_path / "a", "bench.S_kv=16384", mode="on")
+    assert not m["fast_forward"]["applied"]
+    assert m["fast_forward"]["note"] == "simulated in full: its short copies would cost over 10% of the run"
+    m = _ff(tmp_path / "b", "bench.S_kv=65536", "run.check=false", "run.trace=false", mode="on")
+    assert not m["fast_forward"]["applied"]
+    assert m["fast_forward"]["note"] == (
+        "simulated in full: not periodic (the records of cpu on PE0 are not periodic); more short copies "
+        "would cost over 30% of the run")
+    m = _ff(tmp_path / "c", "bench.S_kv=131072", "run.check=false", "run.trace=false", mode="on")
+    assert m["fast_forward"]["note"] == ("fast-forwarded 663 of 666 periods of 3 S_kv step(s) (35802 of 36882 "
+                                         "records by shifting)")
 
 
 def test_a_short_copy_that_fails_leaves_the_error_to_the_pre_flight_check(tmp_path):

@@ -23,7 +23,8 @@ How, exactly:
    record and total by total (counts, bytes, busy time, FLOPs, TCM peak, link traffic).
    Any difference: the next candidate period is tried; when none repeats (PEs
    contending for shared HBM, items of different lengths on one PE), or the copies would
-   simulate more than :data:`BUDGET` of the run's steps, the run is simulated in full,
+   simulate more than :data:`BUDGET` of the run's steps (:data:`SETTLING_BUDGET` once a
+   stream was seen settling), the run is simulated in full,
    and the summary says so.
 4. The full run's records are the prefix, the block repeated with its shifts, then the
    tail shifted by all of them (numpy, column by column); its totals are extrapolated the
@@ -64,8 +65,12 @@ PERIODS = (1, 2, 3, 4, 6, 8)
 #: a run fast-forwards only when this many periods or more would be skipped
 MIN_COPIES = 8
 #: the short copies may simulate at most this share of the run's steps (else it is cheaper
-#: to simulate the run)
+#: to simulate the run) ...
 BUDGET = 0.1
+#: ... or this share once a stream was seen settling: the schedule repeats and only its
+#: warm-up is longer than the copies (decode_opt2's PE_CPU needs ~50 KV tiles, copies of
+#: ~26 % of a 2048-tile run; with the sanitizer on, that still halves the run's time)
+SETTLING_BUDGET = 0.3
 
 
 class NotPeriodic(Exception):
@@ -168,6 +173,55 @@ def _arr(rs) -> np.ndarray:
     return np.array([r[1] for r in rs], dtype=np.int64).reshape(-1, 10)
 
 
+def _streams(recs: list) -> dict:
+    """``{(pe, unit): [(index, record), ...]}`` in record order."""
+    out: dict = {}
+    for i, r in enumerate(recs):
+        out.setdefault((r[0][0], r[0][1]), []).append((i, r))
+    return out
+
+
+def _own(r) -> tuple:
+    """A stream record's own fields: its names and command, tile and times (the wait
+    record's index of what readied a stage counts all streams, so it may move earlier)."""
+    return r[1][0], r[1][1][:5]
+
+
+def _names(rs) -> list:
+    return [r[1][0] for r in rs]
+
+
+def _parting(a: list, b: list) -> int:
+    """Where stream ``b`` (one more period) parts from ``a``: the first record whose own
+    fields differ."""
+    return next((i for i, (ra, rb) in enumerate(zip(a, b)) if _own(ra) != _own(rb)), len(a))
+
+
+def _precheck(a: tuple, b: tuple) -> None:
+    """What the first two copies alone rule out, before the next two are simulated: a
+    stream that does not grow by a period, or whose records after the block are not the
+    same as the shorter copy's (NotPeriodic); a stream whose block moved by another time
+    than the run against the period before it (Settling). ``a``, ``b``: ``(simulation,
+    records)``."""
+    delta = b[0].latency_ps - a[0].latency_ps
+    sa, sb = _streams(a[1]), _streams(b[1])
+    if set(sa) != set(sb):
+        raise NotPeriodic("the copies do not have the same streams")
+    for key in sorted(sa, key=str):
+        ra, rb = sa[key], sb[key]
+        m = len(rb) - len(ra)
+        if m < 0:
+            raise NotPeriodic(f"the records of {key[1]} on PE{key[0]} do not grow by a period")
+        x = _parting(ra, rb)
+        if _names(ra[x:]) != _names(rb[x + m:]):
+            raise NotPeriodic(f"the records of {key[1]} on PE{key[0]} are not periodic")
+        if 0 < m <= x and _names(rb[x - m:x]) == _names(rb[x:x + m]):
+            moved = _arr([r[1] for r in rb[x:x + m]])[:, 2:4] - _arr([r[1] for r in rb[x - m:x]])[:, 2:4]
+            if (moved != delta).any():
+                raise Settling(f"the records of {key[1]} on PE{key[0]} move {int(moved.min())} ps a period, "
+                               f"the run {delta} ps")
+
+
 class _Runs:
     """The four short copies of one candidate period and what they say.
 
@@ -182,7 +236,7 @@ class _Runs:
 
     def __init__(self, sims: list, recs: list):
         self.sims, self.recs = sims, recs
-        streams = [self._streams(r) for r in recs]
+        streams = [_streams(r) for r in recs]
         keys = set(streams[0])
         if any(set(st) != keys for st in streams[1:]):
             raise NotPeriodic("the copies do not have the same streams")
@@ -192,13 +246,9 @@ class _Runs:
             m = len(b) - len(a)
             if m < 0 or len(c) != len(a) + 2 * m or len(d) != len(a) + 3 * m:
                 raise NotPeriodic(f"the records of {key[1]} on PE{key[0]} do not grow by a period")
-            # where the stream parts: its own fields (the wait record's index of what readied a
-            # stage counts all streams, so it may move earlier)
-            own = lambda r: (r[1][0], r[1][1][:5])  # noqa: E731
-            x = next((i for i, (ra, rb) in enumerate(zip(a, b)) if own(ra) != own(rb)), len(a))
-            names = lambda rs: [r[1][0] for r in rs]  # noqa: E731
-            if names(a[x:]) != names(b[x + m:]) or names(b[x:x + m]) != names(c[x + m:x + 2 * m]) \
-                    or [own(r) for r in c[:x + m]] != [own(r) for r in b[:x + m]]:
+            x = _parting(a, b)
+            if _names(a[x:]) != _names(b[x + m:]) or _names(b[x:x + m]) != _names(c[x + m:x + 2 * m]) \
+                    or [_own(r) for r in c[:x + m]] != [_own(r) for r in b[:x + m]]:
                 raise NotPeriodic(f"the records of {key[1]} on PE{key[0]} are not periodic")
             self.pre += b[:x]
             self.blk += b[x:x + m]
@@ -215,14 +265,6 @@ class _Runs:
                            f"the run {delta} ps")
         self.tail_step = np.concatenate(self.tail_step) if self.tail_step else np.zeros((0, 10), np.int64)
         self.totals = [_totals(s) for s in sims]
-
-    @staticmethod
-    def _streams(recs: list) -> dict:
-        """``{(pe, unit): [(index, record), ...]}`` in record order."""
-        out: dict = {}
-        for i, r in enumerate(recs):
-            out.setdefault((r[0][0], r[0][1]), []).append((i, r))
-        return out
 
     def records(self, k: int) -> tuple[list, np.ndarray]:
         """The records of the copy with ``k`` periods inserted after the shorter one
@@ -327,6 +369,7 @@ class _Copies:
         self.done: dict = {}
 
     def get(self, n: int) -> tuple:
+        """The copy with ``n`` steps: ``(simulation, records)``."""
         if n not in self.done:
             with open_dict(self.bench):
                 self.bench[self.key] = n * self.step + self.r
@@ -339,7 +382,8 @@ class _Copies:
         return self.done[n]
 
     def cost(self, n_a: int, p: int) -> int:
-        """Steps the copies for ``(n_a, p)`` would add to those simulated so far."""
+        """Steps the copies for ``(n_a, p)`` would add to those simulated so far (at most:
+        :func:`_precheck` may rule the candidate out after two)."""
         return sum(n for n in {n_a + i * p for i in range(4)} if n not in self.done)
 
     @property
@@ -347,6 +391,7 @@ class _Copies:
         return sum(self.done)
 
     def runs(self, n_a: int, p: int) -> _Runs:
+        _precheck(self.get(n_a), self.get(n_a + p))
         got = [self.get(n_a + i * p) for i in range(4)]
         runs = _Runs([g[0] for g in got], [g[1] for g in got])
         runs.verify()
@@ -369,7 +414,7 @@ def run(cfg, wl, kernel, recipes, check: bool) -> Outcome:
         return Outcome(None, "simulated in full: the workload names no periodic axis")
     key, step = axis
     q, r = divmod(int(cfg.bench[key]), step)
-    why = "too few periods to skip"
+    why = None
     copies = _Copies(cfg, wl, kernel, recipes, check, key, step, r)
     n_min = MIN_STEPS
     while True:
@@ -379,9 +424,10 @@ def run(cfg, wl, kernel, recipes, check: bool) -> Outcome:
             k_full = (q - n_a) // p
             if k_full < MIN_COPIES or (n_a + 3 * p) * 2 > q:
                 break
-            if copies.steps + copies.cost(n_a, p) > BUDGET * q:
-                return Outcome(None, f"simulated in full: {why}; more short copies would cost "
-                                     f"over {BUDGET:.0%} of the run")
+            budget = SETTLING_BUDGET if n_min > MIN_STEPS else BUDGET
+            if copies.steps + copies.cost(n_a, p) > budget * q:
+                return Outcome(None, f"simulated in full: {why + '; more' if why else 'its'} short copies would "
+                                     f"cost over {budget:.0%} of the run")
             try:
                 runs = copies.runs(n_a, p)
             except Settling as e:
@@ -405,7 +451,7 @@ def run(cfg, wl, kernel, recipes, check: bool) -> Outcome:
                                 f"({len(names) - len(runs.recs[3])} of {len(names)} records by shifting)",
                            names, nums)
         if not settling:
-            return Outcome(None, f"simulated in full: {why}")
+            return Outcome(None, f"simulated in full: {why or 'too few periods to skip'}")
         n_min *= 3
 
 
