@@ -84,10 +84,10 @@ def test_verify_catches_a_wrong_shift(tmp_path, monkeypatch):
     """A record shifted 1 ps too far when written: verify names the op_log line."""
     real = fastforward._write_oplog
 
-    def wrong(path, names, nums):
+    def wrong(path, table, codes, nums):
         nums = nums.copy()
         nums[len(nums) // 2, 3] += 1  # one record's end, mid-run
-        real(path, names, nums)
+        real(path, table, codes, nums)
     monkeypatch.setattr(fastforward, "_write_oplog", wrong)
     cfg = compose_cfg("bench.S_kv=8192", "bench.data=false", "run.fast_forward=verify", "run.progress=false",
                       bench="decode_opt3")

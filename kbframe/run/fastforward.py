@@ -86,19 +86,18 @@ class Settling(NotPeriodic):
 @dataclass
 class Outcome:
     """A fast-forwarded run: the simulation object standing for the full run (its engine,
-    op_log totals and wait records extrapolated), its records (``names``, ``nums``: what
-    :meth:`write_oplog` writes) and what was done. ``sim`` None: simulate in full."""
+    op_log totals and wait records extrapolated), its records (what :meth:`write_oplog`
+    writes) and what was done. ``sim`` None: simulate in full."""
 
     sim: Simulation | None
     note: str
-    names: list | None = None
-    nums: np.ndarray | None = None
+    records: tuple | None = None  # (table, codes, nums), as _Runs.records gives them
 
     def write_oplog(self, path) -> None:
         """The full run's ``op_log.jsonl`` text, written to ``path`` (its time counts in
         ``sim.wall_s``, as a simulation's streamed op_log does)."""
         t = time.perf_counter()
-        _write_oplog(path, self.names, self.nums)
+        _write_oplog(path, *self.records)
         self.sim.engine.wall_s += time.perf_counter() - t
 
 
@@ -131,15 +130,21 @@ def _records(rows: list, waits) -> list[tuple]:
     return out
 
 
-def _global_refs(names: list, nums: np.ndarray) -> np.ndarray:
-    """Column 9 back from stream-local to record indices (what the wait records hold)."""
-    pos: dict = {}
-    for i, n in enumerate(names):
-        pos.setdefault((n[0], n[1]), []).append(i)
+def _global_refs(table: list, codes: np.ndarray, nums: np.ndarray) -> np.ndarray:
+    """Column 9 back from stream-local to record indices (what the wait records hold).
+    Raises NotPeriodic if a reference leaves its stream (then the copies misled us)."""
+    streams: dict = {}
+    sid = np.array([streams.setdefault((n[0], n[1]), len(streams)) for n in table], dtype=np.int64)[codes]
+    ref_sid = np.array([streams.get(n[7], -1) if n[7] is not None else -1 for n in table], dtype=np.int64)[codes]
+    order = np.argsort(sid, kind="stable")  # each stream's records, in record order, stream after stream
+    start = np.searchsorted(sid[order], np.arange(len(streams)))
+    count = np.bincount(sid, minlength=len(streams))
     out = nums.copy()
-    for i, n in enumerate(names):
-        if n[7] is not None:
-            out[i, 9] = pos[n[7]][nums[i, 9]]
+    at = np.nonzero(ref_sid >= 0)[0]
+    local = nums[at, 9]
+    if (local < 0).any() or (local >= count[ref_sid[at]]).any():
+        raise NotPeriodic("a stage's reference leaves its stream")
+    out[at, 9] = order[start[ref_sid[at]] + local]
     return out
 
 
@@ -266,22 +271,28 @@ class _Runs:
         self.tail_step = np.concatenate(self.tail_step) if self.tail_step else np.zeros((0, 10), np.int64)
         self.totals = [_totals(s) for s in sims]
 
-    def records(self, k: int) -> tuple[list, np.ndarray]:
+    def records(self, k: int) -> tuple[list, np.ndarray, np.ndarray]:
         """The records of the copy with ``k`` periods inserted after the shorter one
-        (``k ≥ 1``; the second copy is ``k = 1``): names and an int64 array, in completion
-        order."""
+        (``k ≥ 1``; the second copy is ``k = 1``), in completion order: ``(table, codes,
+        nums)``, each record's names ``table[code]`` and its integers a row of ``nums``."""
+        table, code = [], {}
+        for _, r in self.pre + self.blk + self.suf:
+            if r[0] not in code:
+                code[r[0]] = len(table)
+                table.append(r[0])
+        codes_of = lambda rs: np.array([code[r[0]] for _, r in rs], dtype=np.int64)  # noqa: E731
         pre = _arr([r for _, r in self.pre])
         blk = _arr([r for _, r in self.blk])
         blocks = blk[None, :, :] + np.arange(k, dtype=np.int64)[:, None, None] * self.step[None, :, :]
         suf = _arr([r for _, r in self.suf]) + (k - 1) * self.tail_step
         nums = np.concatenate([pre, blocks.reshape(-1, 10), suf])
-        names = [r[0] for _, r in self.pre] + [r[0] for _, r in self.blk] * k + [r[0] for _, r in self.suf]
+        codes = np.concatenate([codes_of(self.pre), np.tile(codes_of(self.blk), k), codes_of(self.suf)])
         # ties in completion time: the order of the representatives in the second copy
         rank = np.concatenate([np.array([i for i, _ in self.pre], dtype=np.int64),
                                np.tile(np.array([i for i, _ in self.blk], dtype=np.int64), k),
                                np.array([i for i, _ in self.suf], dtype=np.int64)])
         order = np.lexsort((rank, nums[:, 3]))  # by end time, then as in the second copy
-        return [names[i] for i in order.tolist()], nums[order]
+        return table, codes[order], nums[order]
 
     def total(self, k: int) -> dict:
         ta, tb = self.totals[0], self.totals[1]
@@ -292,8 +303,8 @@ class _Runs:
     def verify(self) -> None:
         """The third and fourth copies must be what the first two predict."""
         for k, (recs, tot) in ((2, (self.recs[2], self.totals[2])), (3, (self.recs[3], self.totals[3]))):
-            names, nums = self.records(k)
-            if names != [r[0] for r in recs] or not np.array_equal(
+            table, codes, nums = self.records(k)
+            if [table[c] for c in codes.tolist()] != [r[0] for r in recs] or not np.array_equal(
                     nums, np.array([r[1] for r in recs], dtype=np.int64).reshape(-1, 10)):
                 raise NotPeriodic(f"the copy with {k} periods is not the predicted one")
             if tot != self.total(k):
@@ -301,26 +312,31 @@ class _Runs:
                 raise NotPeriodic(f"the copy with {k} periods has another total {bad}")
 
 
-def _write_oplog(path, names: list, nums: np.ndarray) -> None:
+def _write_oplog(path, table: list, codes: np.ndarray, nums: np.ndarray) -> None:
     """The op_log text of these records, as :class:`~kbframe.sim.oplog.OpLog` writes it."""
-    heads: dict = {}
-    rows, out = [], []
-    for (pe, unit, kind, nbytes, peer, *_), (cmd, tile, t0, t1, td) in zip(names, nums[:, :5].tolist()):
-        head = heads.get((pe, unit, kind))
-        if head is None:
-            head = heads[(pe, unit, kind)] = f'{{"pe": {pe}, "unit": "{unit}", "op_kind": "{kind}", "cmd": '
-        if peer >= 0:  # an IPCQ record also names the other PE (OpLog.stage)
-            out.append(format_rows(rows))
-            rows = []
-            out.append(_row(head, cmd, tile, t0, t1, nbytes, -1)[:-2] + f', "peer": {peer}}}\n')
-        else:
-            rows.append((head, cmd, tile, t0, t1, nbytes, td))
-    out.append(format_rows(rows))
+    heads = np.array([f'{{"pe": {pe}, "unit": "{unit}", "op_kind": "{kind}", "cmd": '
+                      for pe, unit, kind, *_ in table], dtype=object)
+    col = nums[:, :5].T.tolist()
+    head, nbytes = heads[codes].tolist(), np.array([n[3] for n in table], dtype=np.int64)[codes].tolist()
+    peer = np.array([n[4] for n in table], dtype=np.int64)[codes]
+    if not (peer >= 0).any():
+        text = format_rows(zip(head, col[0], col[1], col[2], col[3], nbytes, col[4]))
+    else:  # an IPCQ record also names the other PE (OpLog.stage)
+        rows, out = [], []
+        for i, (h, cmd, tile, t0, t1, nb, td, pr) in enumerate(zip(head, *col[:4], nbytes, col[4], peer.tolist())):
+            if pr >= 0:
+                out.append(format_rows(rows))
+                rows = []
+                out.append(_row(h, cmd, tile, t0, t1, nb, -1)[:-2] + f', "peer": {pr}}}\n')
+            else:
+                rows.append((h, cmd, tile, t0, t1, nb, td))
+        out.append(format_rows(rows))
+        text = "".join(out)
     with open(path, "w", buffering=1 << 20) as f:
-        f.write("".join(out))
+        f.write(text)
 
 
-def _apply(sim: Simulation, tot: dict, names: list, nums: np.ndarray) -> None:
+def _apply(sim: Simulation, tot: dict, table: list, codes: np.ndarray, nums: np.ndarray) -> None:
     """Make ``sim`` (the longest short copy) stand for the full run."""
     e, o = sim.engine, sim.oplog
     sim.latency_ps = tot["latency_ps"]
@@ -328,26 +344,25 @@ def _apply(sim: Simulation, tot: dict, names: list, nums: np.ndarray) -> None:
     for key, t in o._totals.items():
         for f in ("count", "bytes", "busy_ps", "flops"):
             setattr(t, f, tot[("oplog", key, f)])
-    w = nums[:, [5, 6, 7, 8, 9]]
-    data = np.empty((len(names), _FIELDS), dtype=np.int64)
-    data[:, 0] = [n[5] for n in names]
-    data[:, 1:5] = w[:, 0:4]
-    data[:, 5] = [n[6] for n in names]
-    data[:, 6] = w[:, 4]
+    column = lambda j: np.array([n[j] for n in table], dtype=np.int64)[codes]  # noqa: E731
+    data = np.empty((len(codes), _FIELDS), dtype=np.int64)
+    data[:, 0] = column(5)
+    data[:, 1:5] = nums[:, 5:9]
+    data[:, 5] = column(6)
+    data[:, 6] = nums[:, 9]
     o.waits.data = array(o.waits.data.typecode, data.ravel().tobytes())
     o._wdata = o.waits.data
-    cpu_bytes: dict = {}
-    for n in names:
-        if n[1] == "cpu":  # a dispatch record: its bytes are the command's logical bytes
-            cpu_bytes.setdefault(n[0], []).append(n[3])
+    is_cpu = np.array([n[1] == "cpu" for n in table], dtype=bool)[codes]  # dispatches: bytes = logical bytes
+    pe_of, nbytes = column(0), column(3)
     for pe in e.pes.built():
         cpu = pe.cpu
         cpu.n_commands = tot[("cpu", pe.index, "n_commands")]
         cpu.busy_ps = tot[("cpu", pe.index, "busy_ps")]
-        cycles = 0.0  # summed in dispatch order, as PE_CPU does (the same float)
-        for nb in cpu_bytes.get(pe.index, ()):
-            cycles += cpu.cycles_for(nb)
-        cpu.cycles = cycles
+        sizes = nbytes[is_cpu & (pe_of == pe.index)]
+        cost = {nb: cpu.cycles_for(nb) for nb in np.unique(sizes).tolist()}
+        # summed in dispatch order, as PE_CPU does: cumsum adds one after another (the same float)
+        cpu.cycles = float(np.cumsum(np.array([cost[nb] for nb in sizes.tolist()], dtype=np.float64))[-1]) \
+            if len(sizes) else 0.0
     for key, ln in e.fabric.links.items():
         for f in ("sent", "received", "bytes", "busy_ps"):
             setattr(ln, f, tot[("link", key, f)])
@@ -442,14 +457,17 @@ def run(cfg, wl, kernel, recipes, check: bool) -> Outcome:
             late = [n for n in tot if n == "latency_ps" or (isinstance(n, tuple) and n[-1] == "busy_ps")]
             if any(tot[n] >= MAX_PS for n in late):
                 return Outcome(None, "simulated in full: the run ends beyond the time base")
-            names, nums = runs.records(k_full)
-            nums = _global_refs(names, nums)
+            table, codes, nums = runs.records(k_full)
+            try:
+                nums = _global_refs(table, codes, nums)
+            except NotPeriodic as e:
+                return Outcome(None, f"simulated in full: not periodic ({e})")
             sim = runs.sims[3]
-            _apply(sim, tot, names, nums)
+            _apply(sim, tot, table, codes, nums)
             sim.engine.wall_s = time.perf_counter() - t_start
             return Outcome(sim, f"fast-forwarded {k_full - 3} of {k_full} periods of {p} {key} step(s) "
-                                f"({len(names) - len(runs.recs[3])} of {len(names)} records by shifting)",
-                           names, nums)
+                                f"({len(codes) - len(runs.recs[3])} of {len(codes)} records by shifting)",
+                           (table, codes, nums))
         if not settling:
             return Outcome(None, f"simulated in full: {why or 'too few periods to skip'}")
         n_min *= 3
