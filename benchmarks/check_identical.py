@@ -5,7 +5,8 @@
 (``/tmp/speed_check/<case>``) and compares, case by case:
 
 * ``op_log.jsonl`` byte for byte;
-* ``metrics.json`` value for value, apart from ``sim.wall_s`` (keys that only the new run
+* ``metrics.json`` value for value, apart from ``sim.wall_s`` and ``fast_forward.note``
+  (how the run was made, not a result; keys that only the new run
   has, e.g. ones another feature adds, are listed but do not fail the check);
 * ``tensors.npz`` array for array, bit for bit.
 
@@ -34,7 +35,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 BASE = Path("/tmp/speed_baseline")
 NEW = Path("/tmp/speed_check")
-IGNORED = {("sim", "wall_s")}
+#: not results: wall time, and how a timing-only run was made (fast-forward's note says why
+#: it did or did not apply; the files it made are compared like any other)
+IGNORED = {("sim", "wall_s"), ("fast_forward", "note")}
 
 
 def cases() -> dict[str, list[str]]:
@@ -142,7 +145,7 @@ def main() -> int:
     if NEW_KEYS:
         print(f"metrics keys only in the new runs (not compared): {', '.join(sorted(NEW_KEYS))}")
     print(f"{len(todo) - n_bad} of {len(todo)} cases identical"
-          f" (op_log.jsonl bytes, metrics.json except sim.wall_s, tensors.npz)")
+          f" (op_log.jsonl bytes, metrics.json except sim.wall_s and fast_forward.note, tensors.npz)")
     return 1 if n_bad else 0
 
 
