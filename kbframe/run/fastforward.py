@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import copy
 import io
+import json
 import time
 from array import array
 from dataclasses import dataclass
@@ -51,7 +52,7 @@ from omegaconf import open_dict
 
 from ..errors import KbframeError
 from ..sim.engine import build_units
-from ..sim.oplog import _row, format_rows
+from ..sim.oplog import RowSink, _row, format_rows
 from ..sim.sanitizer import read_oplog
 from ..sim.waits import _FIELDS
 from ..timebase import MAX_PS
@@ -101,32 +102,48 @@ class Outcome:
         self.sim.engine.wall_s += time.perf_counter() - t
 
 
-def _records(rows: list, waits) -> list[tuple]:
-    """``(names, nums)`` per op_log record (``rows``, parsed): names are what must not change between periods (PE,
-    unit, kind, bytes, peer, wait code and kind, and the stream of the record that readied
-    a stage), nums the integers that shift: command, tile, times, the wait record's command
-    and times, and its reference (for a stage: the index, within its stream, of the record
-    that readied it; stream-local, so that other streams' records do not move it)."""
+def _fields(rows: list, heads: dict | None):
+    """Each op_log record as ``(pe, unit, op_kind, bytes, peer, cmd, tile, t_start, t_end,
+    t_data)``, times in integer ps (-1: none): from parsed records (dicts), or from a
+    :class:`~kbframe.sim.oplog.RowSink`'s rows with ``heads`` (``OpLog.head_names``)."""
+    for r in rows:
+        if heads is not None and type(r) is tuple:
+            head, cmd, tile, t0, t1, nbytes, td = r
+            pe, unit, kind = heads[head]
+            yield pe, unit, kind, nbytes, -1, cmd, tile, t0, t1, td
+            continue
+        if type(r) is str:  # a RowSink's text row (it names a peer)
+            r = json.loads(r)
+        yield (r["pe"], r["unit"], r["op_kind"], r["bytes"], r.get("peer", -1), r["cmd"], r["tile"],
+               round(r["t_start_ns"] * 1000), round(r["t_end_ns"] * 1000),
+               round(r["t_data_ns"] * 1000) if "t_data_ns" in r else -1)
+
+
+def _records(rows: list, waits, heads: dict | None = None) -> list[tuple]:
+    """``(names, nums)`` per op_log record (``rows`` as :func:`_fields` reads them): names
+    are what must not change between periods (PE, unit, kind, bytes, peer, wait code and
+    kind, and the stream of the record that readied a stage), nums the integers that
+    shift: command, tile, times, the wait record's command and times, and its reference
+    (for a stage: the index, within its stream, of the record that readied it;
+    stream-local, so that other streams' records do not move it)."""
     d = waits.data
     if len(rows) != len(waits):
         raise NotPeriodic("op_log and wait records differ in number")
     raw, where, seen = [], [], {}
-    for i, r in enumerate(rows):
+    for i, (pe, unit, kind, nbytes, peer, cmd, tile, t0, t1, td) in enumerate(_fields(rows, heads)):
         b = i * _FIELDS
         code, wcmd, wt0, wt1, wtd, why, ref = d[b:b + _FIELDS]
-        t_data = round(r["t_data_ns"] * 1000) if "t_data_ns" in r else -1
-        stream = (r["pe"], r["unit"])
-        where.append((stream, seen.get(stream, 0)))
-        seen[stream] = seen.get(stream, 0) + 1
-        raw.append(([r["pe"], r["unit"], r["op_kind"], r["bytes"], r.get("peer", -1), code, why],
-                    [r["cmd"], r["tile"], round(r["t_start_ns"] * 1000), round(r["t_end_ns"] * 1000), t_data,
-                     wcmd, wt0, wt1, wtd, ref]))
+        stream = (pe, unit)
+        k = seen.get(stream, 0)
+        where.append((stream, k))
+        seen[stream] = k + 1
+        raw.append(((pe, unit, kind, nbytes, peer, code, why), [cmd, tile, t0, t1, td, wcmd, wt0, wt1, wtd, ref]))
     out = []
     for names, nums in raw:
         ref_stream = None
         if names[6] == -1 and nums[9] >= 0:  # a stage readied by record nums[9]
             ref_stream, nums[9] = where[nums[9]]
-        out.append((tuple(names) + (ref_stream,), tuple(nums)))
+        out.append((names + (ref_stream,), tuple(nums)))
     return out
 
 
@@ -390,10 +407,16 @@ class _Copies:
                 self.bench[self.key] = n * self.step + self.r
             w = type(self.wl)(self.bench, n_pes=self.wl.n_pes)
             w.validate()
-            text = io.StringIO()
-            sim = simulate(self.cfg, w, self.kernel, self.recipes, None, text, self.check, False,
-                           copy.deepcopy(self.units))
-            self.done[n] = (sim, _records(read_oplog(text), sim.oplog.waits))
+            if self.check:  # the sanitizer reads the op_log's text
+                text = io.StringIO()
+                sim = simulate(self.cfg, w, self.kernel, self.recipes, None, text, True, False,
+                               copy.deepcopy(self.units))
+                self.done[n] = (sim, _records(read_oplog(text), sim.oplog.waits))
+            else:  # only compared: the records stay unformatted
+                sink = RowSink()
+                sim = simulate(self.cfg, w, self.kernel, self.recipes, None, sink, False, False,
+                               copy.deepcopy(self.units))
+                self.done[n] = (sim, _records(sink.rows, sim.oplog.waits, sim.oplog.head_names()))
         return self.done[n]
 
     def cost(self, n_a: int, p: int) -> int:

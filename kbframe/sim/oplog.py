@@ -60,6 +60,19 @@ def format_rows(rows) -> str:
         for head, cmd_id, tile, t0, t1, nbytes, t_data in rows])
 
 
+class RowSink:
+    """An op_log kept in memory unformatted (a short simulation that is only compared, not
+    written): ``rows`` holds each record as OpLog batches it, ``(head, cmd, tile, t_start,
+    t_end, bytes, t_data or -1)``, times in integer ps, or as the text of a record that
+    names a ``peer`` (IPCQ)."""
+
+    def __init__(self):
+        self.rows: list = []
+
+    def write(self, text: str) -> None:
+        self.rows.append(text)
+
+
 class _Totals:
     """Running totals of one ``(pe, unit)``; ``full`` is False for PE_SCHEDULER, whose
     records count commands but carry no bytes or busy time."""
@@ -74,8 +87,8 @@ class _Totals:
 
 
 class OpLog:
-    """Streams op_log records to ``path`` (a file path or a text stream; None: nowhere) and
-    keeps totals.
+    """Streams op_log records to ``path`` (a file path, a text stream or a
+    :class:`RowSink`; None: nowhere) and keeps totals.
 
     Totals (per ``(pe, unit)``): ``busy_ps``, ``count``, ``bytes``; plus ``flops`` and
     ``hbm_bytes`` overall and, per PE, :meth:`pe_totals` (its last record's end, its FLOPs). Records are formatted and written in batches of ``batch``;
@@ -87,6 +100,7 @@ class OpLog:
         # a record that is not a file), or None (totals and wait records only)
         self._own = path is not None and not hasattr(path, "write")
         self._f = open(path, "w", buffering=1 << 20) if self._own else path
+        self._kept = path.rows if isinstance(path, RowSink) else None  # rows not formatted
         self._batch = batch
         self._rows: list = []  # pending records: (head, cmd, tile, t_start, t_end, bytes, t_data or -1)
         self._totals: dict = {}  # (pe, unit name) -> _Totals
@@ -118,6 +132,11 @@ class OpLog:
     def flops(self) -> int:
         """FLOPs of every stage recorded."""
         return sum(t.flops for t in self._totals.values())
+
+    def head_names(self) -> dict:
+        """``{head: (pe, unit, op_kind)}``: the record each head text (a :class:`RowSink`
+        row's first field) stands for."""
+        return {h: (pe, unit, kind) for (pe, unit), t in self._totals.items() for kind, h in t.heads.items()}
 
     def pe_totals(self) -> dict:
         """Per PE that has records: ``{pe: {"end_ps": its last record's end, "flops": ...}}``
@@ -153,7 +172,10 @@ class OpLog:
             self._flush()
 
     def _flush(self) -> None:
-        self._f.write(format_rows(self._rows))
+        if self._kept is not None:
+            self._kept.extend(self._rows)
+        else:
+            self._f.write(format_rows(self._rows))
         self._rows.clear()
 
     def stage(self, pe: int, st) -> None:
