@@ -126,25 +126,29 @@ def _records(rows: list, waits, heads: dict | None = None) -> list[tuple]:
     shift: command, tile, times, the wait record's command and times, and its reference
     (for a stage: the index, within its stream, of the record that readied it;
     stream-local, so that other streams' records do not move it)."""
-    d = waits.data
     if len(rows) != len(waits):
         raise NotPeriodic("op_log and wait records differ in number")
-    raw, where, seen = [], [], {}
-    for i, (pe, unit, kind, nbytes, peer, cmd, tile, t0, t1, td) in enumerate(_fields(rows, heads)):
-        b = i * _FIELDS
-        code, wcmd, wt0, wt1, wtd, why, ref = d[b:b + _FIELDS]
-        stream = (pe, unit)
-        k = seen.get(stream, 0)
-        where.append((stream, k))
-        seen[stream] = k + 1
-        raw.append(((pe, unit, kind, nbytes, peer, code, why), [cmd, tile, t0, t1, td, wcmd, wt0, wt1, wtd, ref]))
-    out = []
-    for names, nums in raw:
-        ref_stream = None
-        if names[6] == -1 and nums[9] >= 0:  # a stage readied by record nums[9]
-            ref_stream, nums[9] = where[nums[9]]
-        out.append((names + (ref_stream,), tuple(nums)))
-    return out
+    if not rows:
+        return []
+    pe, unit, kind, nbytes, peer, cmd, tile, t0, t1, td = zip(*_fields(rows, heads))
+    w = np.frombuffer(waits.data, dtype=np.int64).reshape(-1, _FIELDS)
+    streams: dict = {}
+    sid = np.array([streams.setdefault(k, len(streams)) for k in zip(pe, unit)], dtype=np.int64)
+    order = np.argsort(sid, kind="stable")
+    first = np.searchsorted(sid[order], sid[order])  # where each record's stream starts, in order
+    local = np.empty(len(sid), dtype=np.int64)
+    local[order] = np.arange(len(sid)) - first       # its place within its stream
+    why, ref = w[:, 5], w[:, 6].copy()
+    readied = np.nonzero((why == -1) & (ref >= 0))[0]  # stages readied by record ref
+    ref_sid = np.full(len(sid), -1, dtype=np.int64)
+    ref_sid[readied] = sid[ref[readied]]
+    ref[readied] = local[ref[readied]]
+    stream_of = list(streams)
+    ref_stream = [stream_of[s] if s >= 0 else None for s in ref_sid.tolist()]
+    names = zip(pe, unit, kind, nbytes, peer, w[:, 0].tolist(), why.tolist(), ref_stream)
+    nums = zip(cmd, tile, t0, t1, td, w[:, 1].tolist(), w[:, 2].tolist(), w[:, 3].tolist(), w[:, 4].tolist(),
+               ref.tolist())
+    return list(zip(names, nums))
 
 
 def _global_refs(table: list, codes: np.ndarray, nums: np.ndarray) -> np.ndarray:
