@@ -228,9 +228,9 @@ def _precheck(a: tuple, b: tuple) -> None:
     stream that does not grow by a period, or whose records after the block are not the
     same as the shorter copy's (NotPeriodic); a stream whose block moved by another time
     than the run against the period before it (Settling). ``a``, ``b``: ``(simulation,
-    records)``."""
+    records, streams)``, as :meth:`_Copies.get` gives them."""
     delta = b[0].latency_ps - a[0].latency_ps
-    sa, sb = _streams(a[1]), _streams(b[1])
+    sa, sb = a[2], b[2]
     if set(sa) != set(sb):
         raise NotPeriodic("the copies do not have the same streams")
     for key in sorted(sa, key=str):
@@ -260,9 +260,8 @@ class _Runs:
     interleave by completion time, ties in the order ``b`` has them.
     """
 
-    def __init__(self, sims: list, recs: list):
+    def __init__(self, sims: list, recs: list, streams: list):
         self.sims, self.recs = sims, recs
-        streams = [_streams(r) for r in recs]
         keys = set(streams[0])
         if any(set(st) != keys for st in streams[1:]):
             raise NotPeriodic("the copies do not have the same streams")
@@ -405,7 +404,8 @@ class _Copies:
         self.done: dict = {}
 
     def get(self, n: int) -> tuple:
-        """The copy with ``n`` steps: ``(simulation, records)``."""
+        """The copy with ``n`` steps: ``(simulation, records, streams)`` (:func:`_records`,
+        :func:`_streams`)."""
         if n not in self.done:
             with open_dict(self.bench):
                 self.bench[self.key] = n * self.step + self.r
@@ -415,12 +415,13 @@ class _Copies:
                 text = io.StringIO()
                 sim = simulate(self.cfg, w, self.kernel, self.recipes, None, text, True, False,
                                copy.deepcopy(self.units))
-                self.done[n] = (sim, _records(read_oplog(text), sim.oplog.waits))
+                recs = _records(read_oplog(text), sim.oplog.waits)
             else:  # only compared: the records stay unformatted
                 sink = RowSink()
                 sim = simulate(self.cfg, w, self.kernel, self.recipes, None, sink, False, False,
                                copy.deepcopy(self.units))
-                self.done[n] = (sim, _records(sink.rows, sim.oplog.waits, sim.oplog.head_names()))
+                recs = _records(sink.rows, sim.oplog.waits, sim.oplog.head_names())
+            self.done[n] = (sim, recs, _streams(recs))
         return self.done[n]
 
     def cost(self, n_a: int, p: int) -> int:
@@ -435,7 +436,7 @@ class _Copies:
     def runs(self, n_a: int, p: int) -> _Runs:
         _precheck(self.get(n_a), self.get(n_a + p))
         got = [self.get(n_a + i * p) for i in range(4)]
-        runs = _Runs([g[0] for g in got], [g[1] for g in got])
+        runs = _Runs(*([g[i] for g in got] for i in range(3)))
         runs.verify()
         return runs
 
