@@ -7,6 +7,7 @@ earlier run's files together, all or none (kbframe.run.rundir).
 """
 from __future__ import annotations
 
+import copy
 import math
 import zipfile
 from pathlib import Path
@@ -18,6 +19,7 @@ from hydra.utils import to_absolute_path
 from omegaconf import OmegaConf, open_dict
 from threadpoolctl import threadpool_limits
 
+from ..sim.engine import build_units
 from ..sim.targets import resolve_class, resolve_kernel
 from ..files import atomic_write, write_json
 from ..errors import ConfigError, InputsError, NumericsError, OutputError
@@ -220,13 +222,14 @@ def _run_bench(cfg, out_dir: Path, explicit, rd: RunDir) -> dict:
     if ff not in ("off", "on", "verify"):
         raise ConfigError(f"run.fast_forward must be off, on or verify, got '{ff}'")
     sim, ff_note = None, "off" if ff == "off" else "data mode: every tile simulated"
+    units = build_units(cfg.hardware)  # one PE's units, instantiated once and copied for each engine
     if ff != "off" and not b.data:  # timing only: a periodic schedule is written, not simulated
         preflight.check_hbm(cfg, wl)
-        out = fastforward.run(cfg, wl, kernel, recipes, check)  # writes nothing
+        out = fastforward.run(cfg, wl, kernel, recipes, check, units)  # writes nothing
         sim, ff_note = out.sim, out.note
     applied = sim is not None
     if not applied:
-        preflight.check_resources(cfg, wl, kernel, recipes, inp)
+        preflight.check_resources(cfg, wl, kernel, recipes, inp, copy.deepcopy(units))
     rd.open()  # nothing in out_dir is touched before this point (kbframe.run.rundir)
     oplog_path = rd.temp("op_log.jsonl", debug=True)  # kept as op_log.jsonl.partial if the run fails
     if applied:
@@ -235,7 +238,7 @@ def _run_bench(cfg, out_dir: Path, explicit, rd: RunDir) -> dict:
             fastforward.verify(cfg, wl, kernel, recipes, oplog_path, check, rd.temp, sim)
             ff_note += "; verified against the full simulation"
     else:
-        sim = simulate(cfg, wl, kernel, recipes, inp, oplog_path, check, show)
+        sim = simulate(cfg, wl, kernel, recipes, inp, oplog_path, check, show, units)
     engine, pe, oplog, latency_ps, san, numerics = (sim.engine, sim.pe, sim.oplog, sim.latency_ps,
                                                     sim.sanitizer, sim.numerics)
     cp = critical_path.analyse(oplog.waits, wl.n_units(), wl.unit, critical_path.resources_from_roles(

@@ -396,10 +396,10 @@ class _Copies:
     candidate periods share them); the hardware's units are instantiated once. Their
     op_logs are kept in memory: nothing is written before the run directory is opened."""
 
-    def __init__(self, cfg, wl, kernel, recipes, check, key, step, r):
+    def __init__(self, cfg, wl, kernel, recipes, check, key, step, r, units):
         self.cfg, self.wl, self.kernel, self.recipes, self.check = cfg, wl, kernel, recipes, check
         self.key, self.step, self.r = key, step, r
-        self.units = build_units(cfg.hardware)
+        self.units = units
         self.bench = wl.cfg.copy()  # one copy, its key set per short copy (they run one by one)
         self.done: dict = {}
 
@@ -441,13 +441,14 @@ class _Copies:
         return runs
 
 
-def run(cfg, wl, kernel, recipes, check: bool) -> Outcome:
+def run(cfg, wl, kernel, recipes, check: bool, units: dict | None = None) -> Outcome:
     """Fast-forward the bench; ``Outcome.sim`` is None (simulate it in full, ``note`` says
     why) when the workload has no periodic axis, too few periods or none that verifies,
     when a short copy fails (the full run's pre-flight checks and simulation then report
     the error as they would) or when the extrapolated run ends beyond the time base.
 
-    Writes nothing: :meth:`Outcome.write_oplog` writes the op_log. The short copies start
+    Writes nothing: :meth:`Outcome.write_oplog` writes the op_log. ``units``: one PE's
+    unbound units (kbframe.sim.engine.build_units), copied for each short copy. The short copies start
     at :data:`MIN_STEPS` steps and triple while a stream is still settling
     (:class:`Settling`), as long as they stay short of half the run.
     """
@@ -458,7 +459,8 @@ def run(cfg, wl, kernel, recipes, check: bool) -> Outcome:
     key, step = axis
     q, r = divmod(int(cfg.bench[key]), step)
     why = None
-    copies = _Copies(cfg, wl, kernel, recipes, check, key, step, r)
+    copies = _Copies(cfg, wl, kernel, recipes, check, key, step, r,
+                     units if units is not None else build_units(cfg.hardware))
     n_min = MIN_STEPS
     while True:
         settling = False

@@ -134,7 +134,7 @@ def check_inputs_fit(data_dtype: str, arrays: dict) -> None:
 
 
 def dry_run(hardware, wl, kernel, recipes: dict, dtype: str, inputs: dict | None,
-            count_stages: bool = False) -> dict:
+            count_stages: bool = False, units: dict | None = None) -> dict:
     """Run the workload's programs through the tl layer only, on unbounded TCMs; nothing is
     simulated. Each dispatch is timed (PE_CPU's cost); with ``count_stages`` each command
     shape is also planned once, to count the stages (and so the op_log records) the run
@@ -148,8 +148,10 @@ def dry_run(hardware, wl, kernel, recipes: dict, dtype: str, inputs: dict | None
         guards the TCM).
     Raises:
         KbframeError: whatever the tl layer raises at emit (ValidationError ...).
+    ``units``: one PE's unbound units to use (default: built from ``hardware``; they are
+    bound to this dry run's PEs).
     """
-    engine = Engine(hardware, Numerics(), OpLog(None))
+    engine = Engine(hardware, Numerics(), OpLog(None), units)
     for name, shape in wl.tensors().items():
         engine.add_hbm_tensor(name, shape, dtype, None)
     capacity = engine.pes[0].tcm.capacity_bytes
@@ -213,7 +215,7 @@ def check_hbm(cfg, wl) -> None:
                           f"{_shape_text(wl)} ({b.dtype}), hardware.hbm_bytes is {hbm_cap} B ({_gib(hbm_cap)})")
 
 
-def check_resources(cfg, wl, kernel, recipes: dict, inputs: dict | None) -> dict:
+def check_resources(cfg, wl, kernel, recipes: dict, inputs: dict | None, units: dict | None = None) -> dict:
     """HBM and TCM needs of the bench's workload against ``cfg.hardware``, before any
     simulation (:func:`check_hbm`, then a :func:`dry_run`). A fast-forwarded run
     (kbframe.run.fastforward) needs no dry run: its short copies are simulated against
@@ -230,7 +232,7 @@ def check_resources(cfg, wl, kernel, recipes: dict, inputs: dict | None) -> dict
     b, hw = cfg.bench, cfg.hardware
     shape = _shape_text(wl)
     check = bool(cfg.run.check) if "run" in cfg else True
-    fig = dry_run(hw, wl, kernel, recipes, b.dtype, inputs, count_stages=check)
+    fig = dry_run(hw, wl, kernel, recipes, b.dtype, inputs, count_stages=check, units=units)
     check_sanitizer_memory(cfg, fig)
     if fig and fig["dispatch_ps"] >= MAX_PS:  # PE_CPU dispatches one command at a time
         c = cfg.calibration
