@@ -59,12 +59,15 @@ def test_periodic_schedules_fast_forward_exactly(tmp_path, bench, overrides):
     assert "verified against the full simulation" in m["fast_forward"]["note"]
 
 
-def test_on_writes_the_files_off_writes(tmp_path):
-    """The run's own files, on against off: op_log, trace and metrics.json but wall time and
-    the fast_forward note."""
-    overrides = ("bench.S_kv=8192",)
-    on = _ff(tmp_path / "on", *overrides, bench="decode_opt3", mode="on")
-    off = _ff(tmp_path / "off", *overrides, bench="decode_opt3", mode="off")
+@pytest.mark.parametrize("bench, overrides", [
+    ("decode_opt3", ("bench.S_kv=8192",)),
+    ("decode_splitk", ("hardware=cube", "bench.splits=8", "bench.merge=tree", "bench.S_kv=131072")),  # IPCQ tracks
+])
+def test_on_writes_the_files_off_writes(tmp_path, bench, overrides):
+    """The run's own files, on against off: op_log, trace (written from the shifted
+    records, not re-read) and metrics.json but wall time and the fast_forward note."""
+    on = _ff(tmp_path / "on", *overrides, bench=bench, mode="on")
+    off = _ff(tmp_path / "off", *overrides, bench=bench, mode="off")
     assert on["fast_forward"]["applied"] and not off["fast_forward"]["applied"]
     assert (tmp_path / "on" / "op_log.jsonl").read_bytes() == (tmp_path / "off" / "op_log.jsonl").read_bytes()
     assert (tmp_path / "on" / "trace.json").read_bytes() == (tmp_path / "off" / "trace.json").read_bytes()

@@ -28,6 +28,7 @@ fast path (see ``_OPLOG_LINE``); any other JSON layout gives the same trace, onl
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -160,7 +161,8 @@ def _flow(fid: int, steps: list) -> str:
     return event % "s" + first + (t + t.join(middle) if middle else "") + event % "f" + last
 
 
-def write_trace(op_log: Path | str, out: Path | str, tracks: dict | None = None, critical=None) -> dict:
+def write_trace(op_log: Path | str, out: Path | str, tracks: dict | None = None, critical=None,
+                records: tuple | None = None) -> dict:
     """Convert ``op_log`` (op_log.jsonl) into ``out`` (trace.json), atomically (a temporary
     file, then rename). ``tracks`` (op_log unit → track name, in track order; the units'
     declared labels, :func:`tracks_from_units`) names the tracks; a unit it does not list
@@ -172,6 +174,10 @@ def write_trace(op_log: Path | str, out: Path | str, tracks: dict | None = None,
     ``args.critical``). The flag comes from the run, which knows what each record
     waited for; a trace rebuilt from an op_log alone (``python -m kbframe.report.trace``)
     has none, and is byte-identical to the run's trace without it.
+
+    ``records``: the op_log's records as ``(table, codes, nums)`` (a fast-forwarded run's,
+    kbframe.run.fastforward), read instead of parsing the op_log's text; the trace is the
+    same.
 
     Returns:
         ``{"slices": {unit: count}, "flows": n_commands, "link_flows": n_sends_received,
@@ -211,39 +217,62 @@ def write_trace(op_log: Path | str, out: Path | str, tracks: dict | None = None,
                                                 lanes.setdefault((pe, unit), []), slots[unit])
         return k
 
+    def from_lines(src):
+        """Each record of the op_log's text: ``(its _Kind, t_start, t_end, t_data or None,
+        ts text, cmd text, tile text, bytes text, (peer, op_kind) or None)``."""
+        for lineno, line in enumerate(src, 1):
+            m = fast(line)
+            if m is not None:
+                head, pe, unit, kind, cmd, tile, s_int, s_frac, e_int, e_frac, nbytes, d_int, d_frac = m.groups()
+                k = heads.get(head)
+                if k is None:
+                    k = heads[head] = kind_of(int(pe), unit, kind)
+                p0 = int(s_int) * 1000 + frac_ps[s_frac]
+                # ts: µs is ns with the point 3 digits left (exactly _us(p0) when ≥ 1 µs with
+                # no trailing zero, a decimal of ≤ 15 digits; the rest go through _us)
+                yield (k, p0, int(e_int) * 1000 + frac_ps[e_frac],
+                       None if d_int is None else int(d_int) * 1000 + frac_ps[d_frac],
+                       f"{s_int[:-3]}.{s_int[-3:]}{s_frac}" if len(s_int) > 3 and s_frac[-1] != "0" else _us(p0),
+                       cmd, tile, nbytes, None)
+                continue
+            try:
+                rec = _parse_json(line)
+            except (ValueError, KeyError, TypeError, OverflowError) as e:
+                raise ValueError(f"{op_log}:{lineno}: malformed op_log record ({e!r})") from None
+            if rec is None:
+                continue
+            pe, unit, kind, cmd, tile, p0, p1, nbytes, p_data, peer = rec
+            yield from_fields(pe, unit, kind, cmd, tile, p0, p1, nbytes, p_data, peer)
+
+    def from_fields(pe, unit, kind, cmd, tile, p0, p1, nbytes, p_data, peer) -> tuple:
+        if peer is not None:  # one track per link and direction
+            arrow = _LINK_ARROW.get(kind, "·")
+            base, unit = unit, f"{unit}{arrow}PE{peer}"
+            linked[unit] = (base, arrow, peer)
+        return (kind_of(pe, unit, kind), p0, p1, p_data, _us(p0), str(cmd), str(tile), str(nbytes),
+                None if peer is None else (peer, kind))
+
+    def from_records(table, codes, nums):
+        """Records given as a name table, codes and integer columns (kbframe.run.fastforward)."""
+        known: dict = {}
+        for c, (cmd, tile, p0, p1, td) in zip(codes.tolist(), nums[:, :5].tolist()):
+            pe, unit, kind, nbytes, peer = table[c][:5]
+            if peer >= 0:
+                yield from_fields(pe, unit, kind, cmd, tile, p0, p1, nbytes, None, peer)
+                continue
+            k = known.get(c)
+            if k is None:
+                k = known[c] = (kind_of(pe, unit, kind), str(nbytes))
+            yield k[0], p0, p1, None if td < 0 else td, _us(p0), str(cmd), str(tile), k[1], None
+
     try:
-        with open(op_log) as src, open(tmp, "w", buffering=1 << 20) as f:
+        with open(tmp, "w", buffering=1 << 20) as f, \
+                (open(op_log) if records is None else contextlib.nullcontext()) as src:
             write = f.write
             write('{"displayTimeUnit": "ns",\n "traceEvents": [\n')
             sep = ""
-            for lineno, line in enumerate(src, 1):
-                m = fast(line)
-                if m is not None:
-                    head, pe, unit, kind, cmd, tile, s_int, s_frac, e_int, e_frac, nbytes, d_int, d_frac = m.groups()
-                    k = heads.get(head)
-                    if k is None:
-                        k = heads[head] = kind_of(int(pe), unit, kind)
-                    p0 = int(s_int) * 1000 + frac_ps[s_frac]
-                    p1 = int(e_int) * 1000 + frac_ps[e_frac]
-                    p_data = None if d_int is None else int(d_int) * 1000 + frac_ps[d_frac]
-                    # ts: µs is ns with the point 3 digits left (exactly _us(p0) when ≥ 1 µs with
-                    # no trailing zero, a decimal of ≤ 15 digits; the rest go through _us)
-                    ts = f"{s_int[:-3]}.{s_int[-3:]}{s_frac}" if len(s_int) > 3 and s_frac[-1] != "0" else _us(p0)
-                else:
-                    try:
-                        rec = _parse_json(line)
-                    except (ValueError, KeyError, TypeError, OverflowError) as e:
-                        raise ValueError(f"{op_log}:{lineno}: malformed op_log record ({e!r})") from None
-                    if rec is None:
-                        continue
-                    pe, unit, kind, cmd, tile, p0, p1, nbytes, p_data, peer = rec
-                    if peer is not None:  # one track per link and direction
-                        arrow = _LINK_ARROW.get(kind, "·")
-                        base, unit = unit, f"{unit}{arrow}PE{peer}"
-                        linked[unit] = (base, arrow, peer)
-                    k = kind_of(pe, unit, kind)
-                    cmd = str(cmd)  # as the fast path has it
-                    ts = _us(p0)
+            for k, p0, p1, p_data, ts, cmd, tile, nbytes, peer in \
+                    (from_lines(src) if records is None else from_records(*records)):
                 n_rec += 1
                 k.count += 1
                 ends = k.ends
@@ -257,7 +286,8 @@ def write_trace(op_log: Path | str, out: Path | str, tracks: dict | None = None,
                 else:
                     ends.append(p1)
                 args, flow, tid = k.lanes[lane] if lane < len(k.lanes) else k.lane(lane)
-                if m is None and peer is not None:  # a send, or the receive that takes it
+                if peer is not None:  # a send, or the receive that takes it
+                    (peer, kind), pe = peer, k.pe
                     if kind == "send":
                         sends.setdefault((pe, peer), deque()).append((pe, tid, ts))
                     elif kind == "recv" and sends.get((peer, pe)):

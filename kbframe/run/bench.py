@@ -247,7 +247,8 @@ def _run_bench(cfg, out_dir: Path, explicit, rd: RunDir) -> dict:
     trace_tmp = rd.temp("trace.json", debug=True)
     metrics = run_metrics(cfg, wl, engine, pe, oplog, latency_ps, cp.metrics)
     if trace:
-        write_trace(oplog_path, trace_tmp, tracks_from_metrics(metrics), critical=cp.records)
+        write_trace(oplog_path, trace_tmp, tracks_from_metrics(metrics), critical=cp.records,
+                    records=out.records if applied else None)  # a fast-forwarded run's: no re-parse
     metrics["sanitizer"] = san
     # how the run was made, not a result (check_identical and verify leave it out, as wall_s)
     metrics["fast_forward"] = {"mode": ff, "applied": applied, "note": ff_note}
