@@ -69,8 +69,8 @@ MIN_COPIES = 8
 #: to simulate the run) ...
 BUDGET = 0.1
 #: ... or this share once a stream was seen settling: the schedule repeats and only its
-#: warm-up is longer than the copies (decode_opt2's PE_CPU needs ~50 KV tiles, copies of
-#: ~26 % of a 2048-tile run; with the sanitizer on, that still halves the run's time)
+#: warm-up is longer than the copies (decode_opt2's PE_CPU needs ~50 KV tiles: copies of
+#: 17 % of a 2048-tile run; with the sanitizer on, the run then takes half the time)
 SETTLING_BUDGET = 0.3
 
 
@@ -343,7 +343,7 @@ def _write_oplog(path, table: list, codes: np.ndarray, nums: np.ndarray) -> None
         text = format_rows(zip(head, col[0], col[1], col[2], col[3], nbytes, col[4]))
     else:  # an IPCQ record also names the other PE (OpLog.stage)
         rows, out = [], []
-        for i, (h, cmd, tile, t0, t1, nb, td, pr) in enumerate(zip(head, *col[:4], nbytes, col[4], peer.tolist())):
+        for h, cmd, tile, t0, t1, nb, td, pr in zip(head, *col[:4], nbytes, col[4], peer.tolist()):
             if pr >= 0:
                 out.append(format_rows(rows))
                 rows = []

@@ -138,7 +138,8 @@ def dry_run(hardware, wl, kernel, recipes: dict, dtype: str, inputs: dict | None
     """Run the workload's programs through the tl layer only, on unbounded TCMs; nothing is
     simulated. Each dispatch is timed (PE_CPU's cost); with ``count_stages`` each command
     shape is also planned once, to count the stages (and so the op_log records) the run
-    will have.
+    will have. ``units``: one PE's unbound units (default: built from ``hardware``); this
+    dry run's PEs are built from them.
 
     Returns:
         ``{"tcm_bytes": highest high water of any PE, "pe": that PE, "hbm_bytes": HBM
@@ -148,8 +149,6 @@ def dry_run(hardware, wl, kernel, recipes: dict, dtype: str, inputs: dict | None
         guards the TCM).
     Raises:
         KbframeError: whatever the tl layer raises at emit (ValidationError ...).
-    ``units``: one PE's unbound units to use (default: built from ``hardware``; they are
-    bound to this dry run's PEs).
     """
     engine = Engine(hardware, Numerics(), OpLog(None), units)
     for name, shape in wl.tensors().items():

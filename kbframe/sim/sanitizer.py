@@ -153,19 +153,22 @@ class _Columns:
         """None when a record lacks a field or holds an odd value (the record-by-record
         rules then run, and their errors name it)."""
         try:
-            pe = np.array([r["pe"] for r in records], dtype=np.int64)
-            units, unit = np.unique(np.array([r["unit"] for r in records], dtype=object).astype(str),
-                                    return_inverse=True)
-            cmd = np.array([r["cmd"] for r in records], dtype=np.int64)
+            pe, cmd = (np.array([r[k] for r in records]) for k in ("pe", "cmd"))
+            unit = [r["unit"] for r in records]
             ns = np.array([[r["t_start_ns"], r["t_end_ns"], r.get("t_data_ns", -1.0)] for r in records],
                           dtype=np.float64).reshape(-1, 3)
         except (KeyError, TypeError, ValueError, OverflowError):
             return None
-        if not np.isfinite(ns).all() or (np.abs(ns) >= 2.0 ** 52 / 1000).any():  # not exact ps
+        if not records:
+            pe = cmd = np.zeros(0, dtype=np.int64)
+        if pe.dtype.kind != "i" or cmd.dtype.kind != "i" or not all(type(u) is str for u in unit) \
+                or not np.isfinite(ns).all() or (np.abs(ns) >= 2.0 ** 52 / 1000).any():  # not exact ps
             return None
+        units, unit = np.unique(np.array(unit, dtype=object).astype(str), return_inverse=True)
         t0, t1, td = (np.rint(ns[:, j] * 1000).astype(np.int64) for j in range(3))
         td[ns[:, 2] < 0] = -1
-        return cls(pe, unit.reshape(-1).astype(np.int64), [str(u) for u in units], cmd, t0, t1, td)
+        return cls(pe.astype(np.int64), unit.reshape(-1).astype(np.int64), [str(u) for u in units],
+                   cmd.astype(np.int64), t0, t1, td)
 
     def rows_of(self, p: int) -> np.ndarray:
         return np.nonzero(self.pe == p)[0]
