@@ -12,8 +12,8 @@ more than its simulation).
 - :func:`tune_gc`: the cyclic garbage collector runs a young collection every 700 new
   container objects; a run makes millions (simulation events, parsed op_log records,
   critical-path rows) and the collections that reach the older generations walk them
-  again: a fifth to a quarter of a long run's time (decode_opt2 at S_kv=1048576 timing
-  only 5.6 → 4.5 s, at 131072 with data 4.3 → 3.1 s). Reference counting still frees
+  again: a fifth to a quarter of a long run's time (decode_opt2 timing only at a 1M-token
+  context 5.6 → 4.5 s, with data at 128K tokens 4.3 → 3.1 s). Reference counting still frees
   everything not in a cycle; cycles are collected less often. (``Engine.run`` also holds
   off full collections while it simulates, for any caller.)
 """
