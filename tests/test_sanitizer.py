@@ -329,3 +329,58 @@ def test_cli_reports_sanitizer_error_as_one_line(tmp_path):
     run_bench raises a KbframeError, which the CLI prints as ``kbframe: error: ...``)."""
     e = SanitizerError("sanitizer: rule x violated: y", "x")
     assert isinstance(e, KbframeError) and "\n" not in str(e)
+
+
+# ---- rules 1-3 on columns: what the column path cannot read exactly goes to the record rules
+def _tampered(edit):
+    """A decode_opt2 run's engine and its op_log records, edited by ``edit(records)``."""
+    import io
+    from conftest import compose_cfg
+    from kbframe.run.bench import validate
+    from kbframe.run.simulate import simulate
+    from kbframe.sim.targets import resolve_kernel
+    from kbframe.tl.recipe import load_recipes
+    cfg = compose_cfg("bench.data=false", "run.progress=false", "bench.S_kv=512", bench="decode_opt2")
+    wl = validate(cfg)
+    kernel = resolve_kernel(cfg.bench.kernel, "bench.kernel", True, kwargs=tuple(wl.kernel_kwargs(None)))
+    text = io.StringIO()
+    sim = simulate(cfg, wl, kernel, load_recipes(cfg.get("recipes")), None, text, True, False)
+    records = sanitizer.read_oplog(text)
+    edit(records)
+    return sim.engine, records
+
+
+def test_a_negative_data_phase_is_refused_as_the_record_rules_refuse_it():
+    """A negative t_data_ns is a data phase (not 'none'): two of them overlap."""
+    def edit(records):
+        for r in [r for r in records if "t_data_ns" in r][:2]:
+            r["t_data_ns"] = -1.0
+    engine, records = _tampered(edit)
+    assert sanitizer._Columns.of(records) is None
+    with pytest.raises(SanitizerError, match=r"^sanitizer: rule unit_capacity violated: PE0 dma_read: 2 DMA data "
+                                             r"phases at once at -1 ns, limit 1 \(command 1 tile -1 -1 ns–"):
+        sanitizer.check(engine, records)
+
+
+def test_times_finer_than_a_ps_are_compared_as_the_record_rules_compare_them():
+    """Dispatch 1 at 41.5004 ns, dispatch 2 from 41.5001 ns: in ps they tie, as floats 2
+    starts first, while 1 is dispatching."""
+    def edit(records):
+        a, b = [r for r in records if r["unit"] == "cpu"][:2]
+        a["t_start_ns"] = a["t_end_ns"] = 41.5004
+        b["t_start_ns"] = 41.5001
+    engine, records = _tampered(edit)
+    assert sanitizer._Columns.of(records) is None
+    with pytest.raises(SanitizerError, match=r"^sanitizer: rule cpu_dispatch_serial violated: PE0 PE_CPU dispatched "
+                                             r"command 1 from 41.5 ns while command 2 was still dispatching"):
+        sanitizer.check(engine, records)
+
+
+def test_a_deleted_dispatch_is_found_on_the_columns_and_named_by_the_record_rules():
+    def edit(records):
+        records.remove([r for r in records if r["unit"] == "cpu"][3])
+    engine, records = _tampered(edit)
+    assert sanitizer._Columns.of(records) is not None
+    with pytest.raises(SanitizerError, match=r"^sanitizer: rule commands_once violated: PE0 command 4 completed but "
+                                             r"was never dispatched$"):
+        sanitizer.check(engine, records)

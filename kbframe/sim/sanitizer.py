@@ -104,7 +104,7 @@ def check(engine, records) -> dict:
         records = read_oplog(records)
     cols = _Columns.of(records)
     by_pe = defaultdict(list)
-    if cols is None:  # a record with a missing or odd field: the record-by-record rules say which
+    if cols is None:  # a record with a missing or odd field: the record-by-record rules only
         for r in records:
             by_pe[r["pe"]].append(r)
     n_cmds = n_stages = n_acc = 0
@@ -150,23 +150,27 @@ class _Columns:
 
     @classmethod
     def of(cls, records: list) -> "_Columns | None":
-        """None when a record lacks a field or holds an odd value (the record-by-record
-        rules then run, and their errors name it)."""
+        """None unless every record has integer ``pe`` and ``cmd``, a string ``unit`` and
+        times that are whole ps at or after 0 (``t_data_ns`` may be absent): anything else
+        goes to the record-by-record rules, as every log did before."""
         try:
             pe, cmd = (np.array([r[k] for r in records]) for k in ("pe", "cmd"))
             unit = [r["unit"] for r in records]
-            ns = np.array([[r["t_start_ns"], r["t_end_ns"], r.get("t_data_ns", -1.0)] for r in records],
-                          dtype=np.float64).reshape(-1, 3)
+            has_data = np.array(["t_data_ns" in r for r in records], dtype=bool)
+            ns = np.array([[r["t_start_ns"], r["t_end_ns"], r.get("t_data_ns", 0.0)] for r in records],
+                          dtype=np.float64).reshape(-1, 3)  # (None would read as NaN: refused below)
         except (KeyError, TypeError, ValueError, OverflowError):
             return None
         if not records:
             pe = cmd = np.zeros(0, dtype=np.int64)
+        ps = np.rint(ns * 1000)
         if pe.dtype.kind != "i" or cmd.dtype.kind != "i" or not all(type(u) is str for u in unit) \
-                or not np.isfinite(ns).all() or (np.abs(ns) >= 2.0 ** 52 / 1000).any():  # not exact ps
+                or not np.isfinite(ns).all() or (ns < 0).any() or (ns >= 2.0 ** 52 / 1000).any() \
+                or (np.abs(ns * 1000 - ps) > 1e-6).any():  # not whole ps: the record rules compare floats
             return None
         units, unit = np.unique(np.array(unit, dtype=object).astype(str), return_inverse=True)
-        t0, t1, td = (np.rint(ns[:, j] * 1000).astype(np.int64) for j in range(3))
-        td[ns[:, 2] < 0] = -1
+        t0, t1, td = (ps[:, j].astype(np.int64) for j in range(3))
+        td[~has_data] = -1
         return cls(pe.astype(np.int64), unit.reshape(-1).astype(np.int64), [str(u) for u in units],
                    cmd.astype(np.int64), t0, t1, td)
 
