@@ -18,7 +18,7 @@ How, exactly:
    the streams then interleave by completion time, ties in the order the copies show.
 3. A steady state moves every stream by the same time per period. A stream that moves
    by less (PE_CPU still filling PE_SCHEDULER's queue, dispatching ahead of the units) is
-   settling: the copies are tried again three times as long. The third and fourth copies
+   settling: the copies are tried again :data:`GROWTH` times as long. The third and fourth copies
    are predicted from the first two and compared with what was simulated, record by
    record and total by total (counts, bytes, busy time, FLOPs, TCM peak, link traffic).
    Any difference: the next candidate period is tried; when none repeats (PEs
@@ -59,8 +59,11 @@ from ..timebase import MAX_PS
 from .simulate import Simulation, simulate
 
 #: steps the first short copies keep before the periods they vary (warm-up reached by
-#: then); tripled while a stream is still settling
+#: then) ...
 MIN_STEPS = 16
+#: ... times this while a stream is still settling (decode_opt2's PE_CPU settles after ~50
+#: KV tiles: copies from 64 tiles on show its steady state whatever S_kv modulo the period)
+GROWTH = 4
 #: candidate periods, in steps of the periodic axis
 PERIODS = (1, 2, 3, 4, 6, 8)
 #: a run fast-forwards only when this many periods or more would be skipped
@@ -70,7 +73,7 @@ MIN_COPIES = 8
 BUDGET = 0.1
 #: ... or this share once a stream was seen settling: the schedule repeats and only its
 #: warm-up is longer than the copies (decode_opt2's PE_CPU needs ~50 KV tiles: copies of
-#: 17 % of a 2048-tile run; with the sanitizer on, the run then takes half the time)
+#: 14 % of a 2048-tile run; with the sanitizer on, the run then takes half the time)
 SETTLING_BUDGET = 0.3
 
 
@@ -449,7 +452,7 @@ def run(cfg, wl, kernel, recipes, check: bool, units: dict | None = None) -> Out
 
     Writes nothing: :meth:`Outcome.write_oplog` writes the op_log. ``units``: one PE's
     unbound units (kbframe.sim.engine.build_units), copied for each short copy. The short copies start
-    at :data:`MIN_STEPS` steps and triple while a stream is still settling
+    at :data:`MIN_STEPS` steps and grow :data:`GROWTH`-fold while a stream is still settling
     (:class:`Settling`), as long as they stay short of half the run.
     """
     t_start = time.perf_counter()
@@ -500,7 +503,7 @@ def run(cfg, wl, kernel, recipes, check: bool, units: dict | None = None) -> Out
                            (table, codes, nums))
         if not settling:
             return Outcome(None, f"simulated in full: {why or 'too few periods to skip'}")
-        n_min *= 3
+        n_min *= GROWTH
 
 
 def verify(cfg, wl, kernel, recipes, oplog_path, check: bool, temp, ff: Simulation) -> None:
