@@ -5,8 +5,8 @@
 (``/tmp/speed_check/<case>``) and compares, case by case:
 
 * ``op_log.jsonl`` byte for byte;
-* ``metrics.json`` value for value, apart from ``sim.wall_s`` and ``fast_forward.note``
-  (how the run was made, not a result; keys that only the new run
+* ``metrics.json`` value for value, apart from ``sim.wall_s`` and ``fast_forward`` (how the
+  run was made, not a result; keys that only the new run
   has, e.g. ones another feature adds, are listed but do not fail the check);
 * ``tensors.npz`` array for array, bit for bit.
 
@@ -35,9 +35,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 BASE = Path("/tmp/speed_baseline")
 NEW = Path("/tmp/speed_check")
-#: not results: wall time, and how a timing-only run was made (fast-forward's note says why
-#: it did or did not apply; the files it made are compared like any other)
-IGNORED = {("sim", "wall_s"), ("fast_forward", "note")}
+#: not results: wall time, and how a timing-only run was made (whether fast-forward applied
+#: and why; the files it made are compared like any other)
+IGNORED = {("sim", "wall_s"), ("fast_forward", "mode"), ("fast_forward", "applied"), ("fast_forward", "note")}
 
 
 def cases() -> dict[str, list[str]]:
@@ -54,6 +54,13 @@ def cases() -> dict[str, list[str]]:
                      "calibration.R=0.25"]
     for kernel in ("opt2", "opt3"):  # a longer ragged run, timing only
         out[f"{kernel}_s20000_nodata"] = [f"+bench=decode_{kernel}", "bench.S_kv=20000", "bench.data=false"]
+    # long enough to fast-forward (kbframe.run.fastforward): a tree without it, or with it
+    # off, simulates them in full (opt2 with a ragged last tile)
+    for kernel, s_kv in (("opt2", 131100), ("opt3", 131072)):
+        out[f"{kernel}_s{s_kv}_nodata"] = [f"+bench=decode_{kernel}", f"bench.S_kv={s_kv}", "bench.data=false",
+                                           "run.trace=false"]
+    out["heads_s65600_nodata"] = ["+bench=decode_heads", "+model=llama3_70b", "hardware=cube", "bench.S_kv=65600",
+                                  "bench.data=false", "run.trace=false"]
     return out
 
 
@@ -145,7 +152,7 @@ def main() -> int:
     if NEW_KEYS:
         print(f"metrics keys only in the new runs (not compared): {', '.join(sorted(NEW_KEYS))}")
     print(f"{len(todo) - n_bad} of {len(todo)} cases identical"
-          f" (op_log.jsonl bytes, metrics.json except sim.wall_s and fast_forward.note, tensors.npz)")
+          f" (op_log.jsonl bytes, metrics.json except sim.wall_s and fast_forward, tensors.npz)")
     return 1 if n_bad else 0
 
 

@@ -36,9 +36,10 @@ class Simulation:
 def simulate(cfg, wl, kernel, recipes, inp, oplog_path, check: bool, show: bool,
              units: dict | None = None) -> Simulation:
     """Run ``wl`` (validated from ``cfg``) with ``kernel``; op_log records go to
-    ``oplog_path`` (a path, a text stream or a kbframe.sim.oplog.RowSink; None: nowhere);
-    ``units``: one PE's unbound units (default: built from ``cfg.hardware``). Raises what
-    the run raises (ValidationError, TcmOverflowError, DeadlockError, SanitizerError)."""
+    ``oplog_path`` (a path, a text stream, or with ``check`` off a kbframe.sim.oplog.RowSink;
+    None: nowhere); ``units``: one PE's unbound units (default: built from
+    ``cfg.hardware``). Raises what the run raises (ValidationError, TcmOverflowError,
+    DeadlockError, SanitizerError)."""
     b = cfg.bench
     oplog = OpLog(oplog_path)
     numerics = NumpyNumerics(b.data_dtype) if b.data else Numerics()
