@@ -62,7 +62,8 @@ from .simulate import Simulation, simulate
 #: then) ...
 MIN_STEPS = 16
 #: ... times this while a stream is still settling (decode_opt2's PE_CPU settles after ~50
-#: KV tiles: copies from 64 tiles on show its steady state whatever S_kv modulo the period)
+#: KV tiles: copies from 64 tiles on show its steady state, whatever the run's length modulo
+#: the period)
 GROWTH = 4
 #: candidate periods, in steps of the periodic axis
 PERIODS = (1, 2, 3, 4, 6, 8)
