@@ -55,8 +55,8 @@ def cases() -> dict[str, list[str]]:
     for kernel in ("opt2", "opt3"):  # a longer ragged run, timing only
         out[f"{kernel}_s20000_nodata"] = [f"+bench=decode_{kernel}", "bench.S_kv=20000", "bench.data=false"]
     # long enough to fast-forward (kbframe.run.fastforward): a tree without it, or with it
-    # off, simulates them in full (opt2 with a ragged last tile)
-    for kernel, s_kv in (("opt2", 131100), ("opt3", 131072)):
+    # off, simulates them in full (ragged last tiles)
+    for kernel, s_kv in (("opt2", 131100), ("opt3", 131100)):
         out[f"{kernel}_s{s_kv}_nodata"] = [f"+bench=decode_{kernel}", f"bench.S_kv={s_kv}", "bench.data=false",
                                            "run.trace=false"]
     out["heads_s65600_nodata"] = ["+bench=decode_heads", "+model=llama3_70b", "hardware=cube", "bench.S_kv=65600",

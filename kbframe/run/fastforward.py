@@ -316,6 +316,7 @@ class _Runs:
                                np.tile(np.array([i for i, _ in self.blk], dtype=np.int64), k),
                                np.array([i for i, _ in self.suf], dtype=np.int64)])
         order = np.lexsort((rank, nums[:, 3]))  # by end time, then as in the second copy
+        order = _completions_after_their_stage(table, codes, nums, order)
         return table, codes[order], nums[order]
 
     def total(self, k: int) -> dict:
@@ -334,6 +335,38 @@ class _Runs:
             if tot != self.total(k):
                 bad = next(n for n in tot if tot[n] != self.total(k).get(n))
                 raise NotPeriodic(f"the copy with {k} periods has another total {bad}")
+
+
+def _completions_after_their_stage(table: list, codes: np.ndarray, nums: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """``order`` with each command's PE_SCHEDULER record moved to right after its own stage
+    that ends at the same instant, if the tie-break put it before: PE_SCHEDULER logs a
+    command as its last stage ends (kbframe.sim.oplog), and the second copy's order, which
+    breaks the other ties, does not say this when the command's records lie in different
+    parts (block, tail) of their streams."""
+    t1 = nums[order, 3]
+    tied = np.zeros(len(order), dtype=bool)
+    same = t1[1:] == t1[:-1]
+    tied[1:] |= same
+    tied[:-1] |= same
+    sched = np.array([n[1] == "scheduler" for n in table], dtype=bool)[codes[order]]
+    todo = np.nonzero(tied & sched)[0]
+    if not len(todo):
+        return order
+    out = order.tolist()
+    pe_cmd = lambda i: (table[codes[i]][0], int(nums[i, 0]))  # noqa: E731
+    for pos in todo.tolist()[::-1]:  # from the end, so earlier positions stay valid
+        i = out[pos]
+        end, key = nums[i, 3], pe_cmd(i)
+        last = None
+        j = pos + 1
+        while j < len(out) and nums[out[j], 3] == end:
+            r = out[j]
+            if table[codes[r]][1] not in ("cpu", "scheduler") and pe_cmd(r) == key:
+                last = j
+            j += 1
+        if last is not None:
+            out.insert(last, out.pop(pos))
+    return np.array(out, dtype=np.int64)
 
 
 def _write_oplog(path, table: list, codes: np.ndarray, nums: np.ndarray) -> None:
