@@ -46,9 +46,9 @@ def test_verify_on_every_golden_case(tmp_path, case):
     ("decode_opt2", ("bench.S_kv=16384",)),                        # PE_CPU settles after ~48 tiles
     ("decode_opt3", ("bench.S_kv=8192",)),
     # ragged last tile: a command's completion ties with its stage across the block and the tail
-    ("decode_opt3", ("bench.S_kv=131100", "run.check=false", "run.trace=false")),
+    ("decode_opt3", ("bench.S_kv=8220", "run.check=false")),
     ("decode_opt2", ("bench.S_kv=51200", "bench.tile=128", "++bench.s_buffers=3", "++bench.v_staging=prefetch")),
-    ("decode_heads", ("+model=llama3_70b", "hardware=cube", "bench.S_kv=16384")),         # 8 PEs, one system
+    ("decode_heads", ("+model=llama3_70b", "hardware=cube", "bench.S_kv=16384", "run.check=false")),  # 8 PEs
     ("decode_splitk", ("hardware=cube", "bench.splits=8", "bench.merge=tree", "bench.S_kv=131072")),  # IPCQ merge
     # without the sanitizer the short copies' records stay unformatted (kbframe.sim.oplog.RowSink;
     # with IPCQ records: test_on_writes_the_files_off_writes)
