@@ -1,0 +1,288 @@
+"""The periodic model of a schedule (issue 16): the records of short copies of a bench,
+read as streams (one unit of one PE each: its dispatches, its stages, its commands),
+compared, and the records and totals of a longer copy predicted from them. How
+:mod:`kbframe.run.fastforward` uses it, and why it is exact, is told there.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from ..sim.waits import _FIELDS
+from .simulate import Simulation
+
+
+class NotPeriodic(Exception):
+    """The short copies do not repeat as a periodic schedule would."""
+
+
+class Settling(NotPeriodic):
+    """A stream's records of one period move by another time than the whole run: that
+    stream is still in a transient (PE_CPU filling PE_SCHEDULER's queue), so the copies are
+    too short to show the steady state."""
+
+
+def _fields(rows: list, heads: dict | None):
+    """Each op_log record as ``(pe, unit, op_kind, bytes, peer, cmd, tile, t_start, t_end,
+    t_data)``, times in integer ps (-1: none): from parsed records (dicts), or from a
+    :class:`~kbframe.sim.oplog.RowSink`'s rows with ``heads`` (``OpLog.head_names``)."""
+    for r in rows:
+        if heads is not None and type(r) is tuple:
+            head, cmd, tile, t0, t1, nbytes, td = r
+            pe, unit, kind = heads[head]
+            yield pe, unit, kind, nbytes, -1, cmd, tile, t0, t1, td
+            continue
+        if type(r) is str:  # a RowSink's text row (it names a peer)
+            r = json.loads(r)
+        yield (r["pe"], r["unit"], r["op_kind"], r["bytes"], r.get("peer", -1), r["cmd"], r["tile"],
+               round(r["t_start_ns"] * 1000), round(r["t_end_ns"] * 1000),
+               round(r["t_data_ns"] * 1000) if "t_data_ns" in r else -1)
+
+
+def records_of(rows: list, waits, heads: dict | None = None) -> list[tuple]:
+    """``(names, nums)`` per op_log record (``rows`` as :func:`_fields` reads them): names
+    are what must not change between periods (PE, unit, kind, bytes, peer, wait code and
+    kind, and the stream of the record that readied a stage), nums the integers that
+    shift: command, tile, times, the wait record's command and times, and its reference
+    (for a stage: the index, within its stream, of the record that readied it;
+    stream-local, so that other streams' records do not move it)."""
+    if len(rows) != len(waits):
+        raise NotPeriodic("op_log and wait records differ in number")
+    if not rows:
+        return []
+    pe, unit, kind, nbytes, peer, cmd, tile, t0, t1, td = zip(*_fields(rows, heads))
+    w = np.frombuffer(waits.data, dtype=np.int64).reshape(-1, _FIELDS)
+    streams: dict = {}
+    sid = np.array([streams.setdefault(k, len(streams)) for k in zip(pe, unit)], dtype=np.int64)
+    order = np.argsort(sid, kind="stable")
+    first = np.searchsorted(sid[order], sid[order])  # where each record's stream starts, in order
+    local = np.empty(len(sid), dtype=np.int64)
+    local[order] = np.arange(len(sid)) - first       # its place within its stream
+    why, ref = w[:, 5], w[:, 6].copy()
+    readied = np.nonzero((why == -1) & (ref >= 0))[0]  # stages readied by record ref
+    ref_sid = np.full(len(sid), -1, dtype=np.int64)
+    ref_sid[readied] = sid[ref[readied]]
+    ref[readied] = local[ref[readied]]
+    stream_of = list(streams)
+    ref_stream = [stream_of[s] if s >= 0 else None for s in ref_sid.tolist()]
+    names = zip(pe, unit, kind, nbytes, peer, w[:, 0].tolist(), why.tolist(), ref_stream)
+    nums = zip(cmd, tile, t0, t1, td, w[:, 1].tolist(), w[:, 2].tolist(), w[:, 3].tolist(), w[:, 4].tolist(),
+               ref.tolist())
+    return list(zip(names, nums))
+
+
+def global_refs(table: list, codes: np.ndarray, nums: np.ndarray) -> np.ndarray:
+    """Column 9 back from stream-local to record indices (what the wait records hold).
+    Raises NotPeriodic if a reference leaves its stream (then the copies misled us)."""
+    streams: dict = {}
+    sid = np.array([streams.setdefault((n[0], n[1]), len(streams)) for n in table], dtype=np.int64)[codes]
+    ref_sid = np.array([streams.get(n[7], -1) if n[7] is not None else -1 for n in table], dtype=np.int64)[codes]
+    order = np.argsort(sid, kind="stable")  # each stream's records, in record order, stream after stream
+    start = np.searchsorted(sid[order], np.arange(len(streams)))
+    count = np.bincount(sid, minlength=len(streams))
+    out = nums.copy()
+    at = np.nonzero(ref_sid >= 0)[0]
+    local = nums[at, 9]
+    if (local < 0).any() or (local >= count[ref_sid[at]]).any():
+        raise NotPeriodic("a stage's reference leaves its stream")
+    out[at, 9] = order[start[ref_sid[at]] + local]
+    return out
+
+
+def totals(sim: Simulation) -> dict:
+    """Every integer a metric is made of, by name: they grow by the same amount each period,
+    but peaks (TCM high water, a link's deepest queue), which stay."""
+    e, o = sim.engine, sim.oplog
+    t = {"latency_ps": sim.latency_ps, "n_records": o.n_records, "hbm_bytes": o.hbm_bytes}
+    for key, tot in o._totals.items():
+        for f in ("count", "bytes", "busy_ps", "flops"):
+            t[("oplog", key, f)] = getattr(tot, f)
+    for pe in e.pes.built():
+        t[("cpu", pe.index, "n_commands")] = pe.cpu.n_commands
+        t[("cpu", pe.index, "busy_ps")] = pe.cpu.busy_ps
+        t[("tcm", pe.index)] = pe.tcm.high_water
+    for key, ln in e.fabric.links.items():
+        for f in ("sent", "received", "bytes", "busy_ps"):
+            t[("link", key, f)] = getattr(ln, f)
+        t[("link", key, "max_outstanding")] = ln.max_outstanding
+    for f in ("commands", "stages", "accesses"):
+        if f in sim.sanitizer:
+            t[("sanitizer", f)] = sim.sanitizer[f]
+    return t
+
+
+def _is_constant(name) -> bool:
+    return isinstance(name, tuple) and (name[0] == "tcm" or name[-1] == "max_outstanding")
+
+
+def _arr(rs) -> np.ndarray:
+    return np.array([r[1] for r in rs], dtype=np.int64).reshape(-1, 10)
+
+
+def streams_of(recs: list) -> dict:
+    """``{(pe, unit): [(index, record), ...]}`` in record order."""
+    out: dict = {}
+    for i, r in enumerate(recs):
+        out.setdefault((r[0][0], r[0][1]), []).append((i, r))
+    return out
+
+
+def _own(r) -> tuple:
+    """A stream record's own fields: its names and command, tile and times (the wait
+    record's index of what readied a stage counts all streams, so it may move earlier)."""
+    return r[1][0], r[1][1][:5]
+
+
+def _names(rs) -> list:
+    return [r[1][0] for r in rs]
+
+
+def _parting(a: list, b: list, m: int, key) -> int:
+    """Where stream ``key``'s records in ``b`` (``m`` more: one period) part from ``a``'s:
+    the first record whose own fields differ. Raises NotPeriodic unless the records after
+    that, and after ``b``'s block, are the same in both."""
+    x = next((i for i, (ra, rb) in enumerate(zip(a, b)) if _own(ra) != _own(rb)), len(a))
+    if _names(a[x:]) != _names(b[x + m:]):
+        raise NotPeriodic(f"the records of {key[1]} on PE{key[0]} are not periodic")
+    return x
+
+
+def precheck(a: tuple, b: tuple) -> None:
+    """What the first two copies alone rule out, before the next two are simulated: a
+    stream that does not grow by a period, or whose records after the block are not the
+    same as the shorter copy's (NotPeriodic); a stream whose block moved by another time
+    than the run against the period before it (Settling). ``a``, ``b``: ``(simulation,
+    records, streams)``, as kbframe.run.fastforward's short copies hold them."""
+    delta = b[0].latency_ps - a[0].latency_ps
+    sa, sb = a[2], b[2]
+    if set(sa) != set(sb):
+        raise NotPeriodic("the copies do not have the same streams")
+    for key in sorted(sa, key=str):
+        ra, rb = sa[key], sb[key]
+        m = len(rb) - len(ra)
+        if m < 0:
+            raise NotPeriodic(f"the records of {key[1]} on PE{key[0]} do not grow by a period")
+        x = _parting(ra, rb, m, key)
+        if 0 < m <= x and _names(rb[x - m:x]) == _names(rb[x:x + m]):
+            moved = _arr([r[1] for r in rb[x:x + m]])[:, 2:4] - _arr([r[1] for r in rb[x - m:x]])[:, 2:4]
+            if (moved != delta).any():
+                raise Settling(f"the records of {key[1]} on PE{key[0]} move {int(moved.min())} ps a period, "
+                               f"the run {delta} ps")
+
+
+class Runs:
+    """The four short copies of one candidate period and what they say.
+
+    Each stream of records (one unit of one PE: its dispatches, its stages, its commands)
+    is in the order the unit made them. In the shorter copy ``a`` and the next one ``b`` a
+    stream is the same up to where they part, then ``b`` has one period's records (the
+    block), then both have the same records again (the tail), shifted. Every integer of a
+    record moves by its own amount: a block record by what the third copy shows between
+    its two blocks, a tail record by what ``b`` shows against ``a``. The streams then
+    interleave by completion time, ties in the order ``b`` has them.
+    """
+
+    def __init__(self, sims: list, recs: list, streams: list):
+        self.sims, self.recs = sims, recs
+        keys = set(streams[0])
+        if any(set(st) != keys for st in streams[1:]):
+            raise NotPeriodic("the copies do not have the same streams")
+        self.pre, self.blk, self.step, self.suf, self.tail_step = [], [], [], [], []
+        for key in sorted(keys, key=str):
+            a, b, c, d = (st[key] for st in streams)
+            m = len(b) - len(a)
+            if m < 0 or len(c) != len(a) + 2 * m or len(d) != len(a) + 3 * m:
+                raise NotPeriodic(f"the records of {key[1]} on PE{key[0]} do not grow by a period")
+            x = _parting(a, b, m, key)
+            if _names(b[x:x + m]) != _names(c[x + m:x + 2 * m]) \
+                    or [_own(r) for r in c[:x + m]] != [_own(r) for r in b[:x + m]]:
+                raise NotPeriodic(f"the records of {key[1]} on PE{key[0]} are not periodic")
+            self.pre += b[:x]
+            self.blk += b[x:x + m]
+            self.step.append(_arr([r[1] for r in c[x + m:x + 2 * m]]) - _arr([r[1] for r in c[x:x + m]]))
+            self.suf += b[x + m:]
+            self.tail_step.append(_arr([r[1] for r in b[x + m:]]) - _arr([r[1] for r in a[x:]]))
+        self.step = np.concatenate(self.step) if self.step else np.zeros((0, 10), np.int64)
+        delta = sims[1].latency_ps - sims[0].latency_ps
+        moved = self.step[:, 2:4]
+        if moved.size and not (moved == delta).all():  # a steady state moves every stream by Δ
+            i = int(np.nonzero((moved != delta).any(axis=1))[0][0])
+            n = self.blk[i][1][0]
+            raise Settling(f"the records of {n[1]} on PE{n[0]} move {int(moved[i, 0])} ps a period, "
+                           f"the run {delta} ps")
+        self.tail_step = np.concatenate(self.tail_step) if self.tail_step else np.zeros((0, 10), np.int64)
+        self.totals = [totals(s) for s in sims]
+
+    def records(self, k: int) -> tuple[list, np.ndarray, np.ndarray]:
+        """The records of the copy with ``k`` periods inserted after the shorter one
+        (``k ≥ 1``; the second copy is ``k = 1``), in completion order: ``(table, codes,
+        nums)``, each record's names ``table[code]`` and its integers a row of ``nums``."""
+        table, code = [], {}
+        for _, r in self.pre + self.blk + self.suf:
+            if r[0] not in code:
+                code[r[0]] = len(table)
+                table.append(r[0])
+        codes_of = lambda rs: np.array([code[r[0]] for _, r in rs], dtype=np.int64)  # noqa: E731
+        pre = _arr([r for _, r in self.pre])
+        blk = _arr([r for _, r in self.blk])
+        blocks = blk[None, :, :] + np.arange(k, dtype=np.int64)[:, None, None] * self.step[None, :, :]
+        suf = _arr([r for _, r in self.suf]) + (k - 1) * self.tail_step
+        nums = np.concatenate([pre, blocks.reshape(-1, 10), suf])
+        codes = np.concatenate([codes_of(self.pre), np.tile(codes_of(self.blk), k), codes_of(self.suf)])
+        # ties in completion time: the order of the representatives in the second copy
+        rank = np.concatenate([np.array([i for i, _ in self.pre], dtype=np.int64),
+                               np.tile(np.array([i for i, _ in self.blk], dtype=np.int64), k),
+                               np.array([i for i, _ in self.suf], dtype=np.int64)])
+        order = np.lexsort((rank, nums[:, 3]))  # by end time, then as in the second copy
+        order = _completions_after_their_stage(table, codes, nums, order)
+        return table, codes[order], nums[order]
+
+    def total(self, k: int) -> dict:
+        ta, tb = self.totals[0], self.totals[1]
+        if ta.keys() != tb.keys():
+            raise NotPeriodic("the copies do not have the same units, links or PEs")
+        return {n: (ta[n] if _is_constant(n) else ta[n] + k * (tb[n] - ta[n])) for n in ta}
+
+    def verify(self) -> None:
+        """The third and fourth copies must be what the first two predict."""
+        for k, (recs, tot) in ((2, (self.recs[2], self.totals[2])), (3, (self.recs[3], self.totals[3]))):
+            table, codes, nums = self.records(k)
+            if [table[c] for c in codes.tolist()] != [r[0] for r in recs] or not np.array_equal(
+                    nums, np.array([r[1] for r in recs], dtype=np.int64).reshape(-1, 10)):
+                raise NotPeriodic(f"the copy with {k} periods is not the predicted one")
+            if tot != self.total(k):
+                bad = next(n for n in tot if tot[n] != self.total(k).get(n))
+                raise NotPeriodic(f"the copy with {k} periods has another total {bad}")
+
+
+def _completions_after_their_stage(table: list, codes: np.ndarray, nums: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """``order`` with each command's PE_SCHEDULER record moved to right after its own stage
+    that ends at the same instant, if the tie-break put it before: PE_SCHEDULER logs a
+    command as its last stage ends (kbframe.sim.oplog), and the second copy's order, which
+    breaks the other ties, does not say this when the command's records lie in different
+    parts (block, tail) of their streams."""
+    t1 = nums[order, 3]
+    tied = np.zeros(len(order), dtype=bool)
+    same = t1[1:] == t1[:-1]
+    tied[1:] |= same
+    tied[:-1] |= same
+    sched = np.array([n[1] == "scheduler" for n in table], dtype=bool)[codes[order]]
+    todo = np.nonzero(tied & sched)[0]
+    if not len(todo):
+        return order
+    out = order.tolist()
+    pe_cmd = lambda i: (table[codes[i]][0], int(nums[i, 0]))  # noqa: E731
+    for pos in todo.tolist()[::-1]:  # from the end, so earlier positions stay valid
+        i = out[pos]
+        end, key = nums[i, 3], pe_cmd(i)
+        last = None
+        j = pos + 1
+        while j < len(out) and nums[out[j], 3] == end:
+            r = out[j]
+            if table[codes[r]][1] not in ("cpu", "scheduler") and pe_cmd(r) == key:
+                last = j
+            j += 1
+        if last is not None:
+            out.insert(last, out.pop(pos))
+    return np.array(out, dtype=np.int64)
