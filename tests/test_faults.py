@@ -216,19 +216,26 @@ def test_commit_rolls_back_when_a_new_file_cannot_move_in(tmp_path, monkeypatch)
     assert sorted(os.listdir(tmp_path)) == ["metrics.json", "op_log.jsonl"]
 
 
-def test_ctrl_c_while_tensors_are_written_leaves_no_temporary(tmp_path, monkeypatch):
-    """Class 13: Ctrl-C in np.savez (a large tensors.npz): the half-written temporary is
-    removed and the earlier run's files are untouched."""
+@pytest.mark.parametrize("entry", ["q", "out"])
+def test_ctrl_c_while_tensors_are_written_leaves_no_temporary(tmp_path, monkeypatch, entry):
+    """Class 13: Ctrl-C while tensors.npz is written, in an entry the background thread
+    writes (the input q) or one the main thread adds last (the output): the half-written
+    temporary is removed and the earlier run's files are untouched."""
     run(tmp_path, "bench.S_kv=256")
     before = {n: (tmp_path / n).read_bytes() for n in os.listdir(tmp_path)}
-    import kbframe.run.bench as bench
+    real = np.lib.format.write_array
+    written = []
 
-    def savez_then_ctrl_c(f, **arrays):
-        f.write(b"PK\x03\x04 half an npz")
-        raise KeyboardInterrupt
-    monkeypatch.setattr(bench.np, "savez", savez_then_ctrl_c)
+    def write_then_ctrl_c(f, array, **kw):
+        written.append(f.name if hasattr(f, "name") else f._zinfo.filename)
+        if written[-1] == entry + ".npy":
+            f.write(b"half an array")
+            raise KeyboardInterrupt
+        real(f, array, **kw)
+    monkeypatch.setattr(np.lib.format, "write_array", write_then_ctrl_c)
     with pytest.raises(KeyboardInterrupt):
         run(tmp_path, "bench.S_kv=256", "calibration.R=0.25")
+    assert written[-1] == entry + ".npy"
     assert {n: (tmp_path / n).read_bytes() for n in os.listdir(tmp_path)} == before
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import math
 import zipfile
+from contextlib import ExitStack
 from pathlib import Path
 
 from dataclasses import fields
@@ -33,6 +34,7 @@ from ..workloads.base import Workload
 from . import fastforward
 from .metrics import run_metrics
 from .simulate import simulate
+from .tensors_file import TensorsFile
 
 
 def _check_keys(node, schema_cls, where: str) -> None:
@@ -188,12 +190,13 @@ def run_bench(cfg, out_dir: Path, explicit: set | frozenset = frozenset()) -> di
         all or nothing, cleaned up on any failure).
     """
     out_dir = Path(out_dir)
-    with RunDir(out_dir) as rd:
-        return _run_bench(cfg, out_dir, explicit, rd)
+    with RunDir(out_dir) as rd, ExitStack() as stack:  # the stack closes before rd cleans up
+        return _run_bench(cfg, out_dir, explicit, rd, stack)
 
 
-def _run_bench(cfg, out_dir: Path, explicit, rd: RunDir) -> dict:
-    """:func:`run_bench`'s body; ``rd`` is opened once the pre-flight checks passed."""
+def _run_bench(cfg, out_dir: Path, explicit, rd: RunDir, stack: ExitStack) -> dict:
+    """:func:`run_bench`'s body; ``rd`` is opened once the pre-flight checks passed; what
+    runs beside it (a thread writing tensors.npz) is closed by ``stack``."""
     wl = validate(cfg)
     b = cfg.bench
     recipes = load_recipes(cfg.get("recipes"))
@@ -231,6 +234,15 @@ def _run_bench(cfg, out_dir: Path, explicit, rd: RunDir) -> dict:
     if not applied:
         preflight.check_resources(cfg, wl, kernel, recipes, inp, copy.deepcopy(units))
     rd.open()  # nothing in out_dir is touched before this point (kbframe.run.rundir)
+    if b.data:
+        # One BLAS thread from here on: faster here even when idle, two threads slow tenfold
+        # when both cores are busy (a parallel sweep), and the bits do not depend on the
+        # core count. tensors.npz (the inputs, then the float64 reference) is written by a
+        # thread beside the simulation (kbframe.run.tensors_file).
+        stack.enter_context(threadpool_limits(1))
+        tensors = stack.enter_context(TensorsFile(
+            rd.temp("tensors.npz"), {n: inp[n] for n in wl.input_names()},
+            lambda: {**{wl.reference_name(o): r for o, r in wl.reference(inp).items()}, **wl.saved_scalars(inp)}))
     oplog_path = rd.temp("op_log.jsonl", debug=True)  # kept as op_log.jsonl.partial if the run fails
     if applied:
         out.write_oplog(oplog_path)
@@ -255,22 +267,17 @@ def _run_bench(cfg, out_dir: Path, explicit, rd: RunDir) -> dict:
     metrics.update(wl.extra_metrics(inp))
     if unused:
         metrics["inputs"] = {"path": str(b.inputs.path), "unused_keys": unused}
-    tensors = None  # data mode only: timing-only runs compute no numbers
+    outputs = {}
     if b.data:
-        # one BLAS thread: faster here even when idle, and two threads slow tenfold when
-        # both cores are busy (a parallel sweep); the bits no longer depend on the core count
-        with threadpool_limits(1):
-            refs = wl.reference(inp)
-        tensors = {n: inp[n] for n in wl.input_names()}
-        tensors.update({wl.reference_name(o): refs[o] for o in wl.outputs})
-        tensors.update(wl.saved_scalars(inp))
+        refs = tensors.results()
+        refs = {o: refs[wl.reference_name(o)] for o in wl.outputs}
         worst_abs, worst_rel = 0.0, 0.0
         for o in wl.outputs:
             out = numerics.read(engine.hbm[o]).astype(np.float64)
             if not np.all(np.isfinite(out)):
                 raise NumericsError(f"the kernel's output '{o}' has {int(np.sum(~np.isfinite(out)))} non-finite "
                                     f"value(s) (never reported as an error number)")
-            tensors[o] = out
+            outputs[o] = out
             err = np.abs(out - refs[o])
             if err.size:
                 worst_abs = max(worst_abs, float(err.max()))
@@ -279,14 +286,12 @@ def _run_bench(cfg, out_dir: Path, explicit, rd: RunDir) -> dict:
                                "max_abs_err": worst_abs, "max_rel_err": worst_rel}
     else:
         metrics["numerics"] = {"enabled": False, "dtype": None, "max_abs_err": None, "max_rel_err": None}
-    made = {"trace.json": trace, "tensors.npz": tensors is not None}
+    made = {"trace.json": trace, "tensors.npz": b.data}
     metrics["files"] = [name for name in OUTPUT_FILES if made.get(name, True)]
     staged = {"op_log.jsonl": oplog_path, "trace.json": trace_tmp if trace else None, "tensors.npz": None,
               "metrics.json": rd.temp("metrics.json")}
-    if tensors is not None:
-        staged["tensors.npz"] = rd.temp("tensors.npz")
-        with open(staged["tensors.npz"], "wb") as f:  # a file object: numpy appends no .npz
-            np.savez(f, **tensors)
+    if b.data:
+        staged["tensors.npz"] = tensors.finish(outputs)
     write_json(staged["metrics.json"], metrics)
     # the run passed: its files replace a previous run's together (a file it did not make,
     # trace.json with run.trace=false, tensors.npz when timing only, is removed), or none do
