@@ -55,6 +55,9 @@ class SanitizerError(KbframeError):
         super().__init__(message)
         self.rule = rule
 
+    def __reduce__(self):  # pickled with its rule (kbframe.run.forked)
+        return type(self), (str(self), self.rule)
+
 
 class OutputError(KbframeError):
     """The run directory or one of its files cannot be written; names the path."""

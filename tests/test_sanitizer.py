@@ -4,6 +4,7 @@ allocator patched in for one test, raises a SanitizerError naming the rule, the 
 and the times."""
 from __future__ import annotations
 
+import os
 import re
 
 import numpy as np
@@ -219,6 +220,9 @@ def test_data_dependencies_raw_across_commands(tmp_path, monkeypatch):
     monkeypatch.setattr(PeScheduler, "_blocker", _no_hazards)
     msg = _expect("data_dependencies", lambda: run(tmp_path, *SMALL, bench="decode_opt3"))
     assert msg.split("violated: ")[1].startswith("RAW")
+    # the op_log is kept for debugging; the trace a forked process was writing beside the
+    # check (kbframe.run.forked) and the staged tensors.npz are not
+    assert sorted(os.listdir(tmp_path)) == ["op_log.jsonl.partial"]
 
 
 def test_data_dependencies_raw_within_command(tmp_path, monkeypatch):

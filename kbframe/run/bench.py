@@ -20,6 +20,7 @@ from hydra.utils import to_absolute_path
 from omegaconf import OmegaConf, open_dict
 from threadpoolctl import threadpool_limits
 
+from ..sim import sanitizer
 from ..sim.engine import build_units
 from ..sim.targets import resolve_class, resolve_kernel
 from ..files import atomic_write, write_json
@@ -33,6 +34,7 @@ from ..report.trace import tracks_from_metrics, write_trace
 from ..workloads.base import Workload
 from . import fastforward
 from .metrics import run_metrics
+from .forked import Forked
 from .simulate import simulate
 from .tensors_file import TensorsFile
 
@@ -250,17 +252,34 @@ def _run_bench(cfg, out_dir: Path, explicit, rd: RunDir, stack: ExitStack) -> di
             fastforward.verify(cfg, wl, kernel, recipes, oplog_path, check, rd.temp, sim)
             ff_note += "; verified against the full simulation"
     else:
-        sim = simulate(cfg, wl, kernel, recipes, inp, oplog_path, check, show, units)
-    engine, pe, oplog, latency_ps, san, numerics = (sim.engine, sim.pe, sim.oplog, sim.latency_ps,
-                                                    sim.sanitizer, sim.numerics)
-    cp = critical_path.analyse(oplog.waits, wl.n_units(), wl.unit, critical_path.resources_from_roles(
-        {name: u.roles for name, u in pe.stage_units.items()}))
+        sim = simulate(cfg, wl, kernel, recipes, inp, oplog_path, check, show, units, check_later=check)
+    engine, pe, oplog, latency_ps, numerics = sim.engine, sim.pe, sim.oplog, sim.latency_ps, sim.numerics
     trace = bool(cfg.run.trace) if "run" in cfg else True
     trace_tmp = rd.temp("trace.json", debug=True)
-    metrics = run_metrics(cfg, wl, engine, pe, oplog, latency_ps, cp.metrics)
-    if trace:
-        write_trace(oplog_path, trace_tmp, tracks_from_metrics(metrics), critical=cp.records,
-                    records=out.records if applied else None)  # a fast-forwarded run's: no re-parse
+
+    def report() -> dict:
+        """The critical path, the metrics and trace.json (written); the metrics."""
+        cp = critical_path.analyse(oplog.waits, wl.n_units(), wl.unit, critical_path.resources_from_roles(
+            {name: u.roles for name, u in pe.stage_units.items()}))
+        metrics = run_metrics(cfg, wl, engine, pe, oplog, latency_ps, cp.metrics)
+        if trace:
+            write_trace(oplog_path, trace_tmp, tracks_from_metrics(metrics), critical=cp.records,
+                        records=out.records if applied else None)  # a fast-forwarded run's: no re-parse
+        return metrics
+    if sim.sanitizer is None:
+        # the sanitizer checks here while a forked process reports (kbframe.run.forked):
+        # both are pure Python, on the two cores
+        reporting = Forked(report)
+        stack.callback(reporting.cancel)
+        try:
+            san = sanitizer.check(engine, oplog_path)
+        except BaseException:  # no trace of a run that broke a rule, as without the fork
+            reporting.cancel()
+            trace_tmp.unlink(missing_ok=True)
+            raise
+        metrics = reporting.result()
+    else:
+        metrics, san = report(), sim.sanitizer
     metrics["sanitizer"] = san
     # how the run was made, not a result (check_identical and verify leave it out, as wall_s)
     metrics["fast_forward"] = {"mode": ff, "applied": applied, "note": ff_note}
@@ -273,12 +292,12 @@ def _run_bench(cfg, out_dir: Path, explicit, rd: RunDir, stack: ExitStack) -> di
         refs = {o: refs[wl.reference_name(o)] for o in wl.outputs}
         worst_abs, worst_rel = 0.0, 0.0
         for o in wl.outputs:
-            out = numerics.read(engine.hbm[o]).astype(np.float64)
-            if not np.all(np.isfinite(out)):
-                raise NumericsError(f"the kernel's output '{o}' has {int(np.sum(~np.isfinite(out)))} non-finite "
+            got = numerics.read(engine.hbm[o]).astype(np.float64)
+            if not np.all(np.isfinite(got)):
+                raise NumericsError(f"the kernel's output '{o}' has {int(np.sum(~np.isfinite(got)))} non-finite "
                                     f"value(s) (never reported as an error number)")
-            outputs[o] = out
-            err = np.abs(out - refs[o])
+            outputs[o] = got
+            err = np.abs(got - refs[o])
             if err.size:
                 worst_abs = max(worst_abs, float(err.max()))
                 worst_rel = max(worst_rel, float(err.max() / max(np.abs(refs[o]).max(), 1e-300)))

@@ -29,17 +29,19 @@ class Simulation:
     pe: object
     oplog: OpLog
     latency_ps: int
-    sanitizer: dict
+    sanitizer: dict | None
     numerics: Numerics
 
 
 def simulate(cfg, wl, kernel, recipes, inp, oplog_path, check: bool, show: bool,
-             units: dict | None = None) -> Simulation:
+             units: dict | None = None, check_later: bool = False) -> Simulation:
     """Run ``wl`` (validated from ``cfg``) with ``kernel``; op_log records go to
     ``oplog_path`` (a path, a text stream, or with ``check`` off a kbframe.sim.oplog.RowSink;
     None: nowhere); ``units``: one PE's unbound units (default: built from
-    ``cfg.hardware``). Raises what the run raises (ValidationError, TcmOverflowError,
-    DeadlockError, SanitizerError)."""
+    ``cfg.hardware``). With ``check_later`` the sanitizer records what it needs but the
+    caller checks (``kbframe.sim.sanitizer.check(sim.engine, oplog_path)``) and
+    ``Simulation.sanitizer`` is None. Raises what the run raises (ValidationError,
+    TcmOverflowError, DeadlockError, SanitizerError)."""
     b = cfg.bench
     oplog = OpLog(oplog_path)
     numerics = NumpyNumerics(b.data_dtype) if b.data else Numerics()
@@ -61,5 +63,5 @@ def simulate(cfg, wl, kernel, recipes, inp, oplog_path, check: bool, show: bool,
             latency_ps = engine.run(programs)
     finally:
         oplog.close()
-    san = sanitizer.check(engine, oplog_path) if check else {"rules_checked": 0}
+    san = None if check_later else sanitizer.check(engine, oplog_path) if check else {"rules_checked": 0}
     return Simulation(engine, pe, oplog, latency_ps, san, numerics)
