@@ -246,12 +246,7 @@ def _run_bench(cfg, out_dir: Path, explicit, rd: RunDir, stack: ExitStack) -> di
             rd.temp("tensors.npz"), {n: inp[n] for n in wl.input_names()},
             lambda: {**{wl.reference_name(o): r for o, r in wl.reference(inp).items()}, **wl.saved_scalars(inp)}))
     oplog_path = rd.temp("op_log.jsonl", debug=True)  # kept as op_log.jsonl.partial if the run fails
-    if applied:
-        out.write_oplog(oplog_path)
-        if ff == "verify":
-            fastforward.verify(cfg, wl, kernel, recipes, oplog_path, check, rd.temp, sim)
-            ff_note += "; verified against the full simulation"
-    else:
+    if not applied:
         sim = simulate(cfg, wl, kernel, recipes, inp, oplog_path, check, show, units, check_later=check)
     engine, pe, oplog, latency_ps, numerics = sim.engine, sim.pe, sim.oplog, sim.latency_ps, sim.numerics
     trace = bool(cfg.run.trace) if "run" in cfg else True
@@ -266,18 +261,33 @@ def _run_bench(cfg, out_dir: Path, explicit, rd: RunDir, stack: ExitStack) -> di
             write_trace(oplog_path, trace_tmp, tracks_from_metrics(metrics), critical=cp.records,
                         records=out.records if applied else None)  # a fast-forwarded run's: no re-parse
         return metrics
-    if sim.sanitizer is None:
-        # the sanitizer checks here while a forked process reports (kbframe.run.forked):
-        # both are pure Python, on the two cores
+
+    def beside_report(work):
+        """``work()`` here while :func:`report` runs in a forked process (kbframe.run.forked:
+        both are pure Python, on the two cores): ``(work's value, the metrics)``. If work
+        fails, the report is dropped: no trace of a failed run, as without the fork."""
         reporting = Forked(report)
         stack.callback(reporting.cancel)
         try:
-            san = sanitizer.check(engine, oplog_path)
-        except BaseException:  # no trace of a run that broke a rule, as without the fork
+            value = work()
+        except BaseException:
             reporting.cancel()
             trace_tmp.unlink(missing_ok=True)
             raise
-        metrics = reporting.result()
+        return value, reporting.result()
+
+    def write_oplog() -> str:  # a fast-forwarded run's op_log, and its check (verify); the note
+        out.write_oplog(oplog_path)
+        if ff == "verify":
+            fastforward.verify(cfg, wl, kernel, recipes, oplog_path, check, rd.temp, sim)
+            return ff_note + "; verified against the full simulation"
+        return ff_note
+
+    if applied:  # the op_log written from columns beside the report
+        ff_note, metrics = beside_report(write_oplog)
+        san = sim.sanitizer
+    elif sim.sanitizer is None:  # the sanitizer beside the report
+        san, metrics = beside_report(lambda: sanitizer.check(engine, oplog_path))
     else:
         metrics, san = report(), sim.sanitizer
     metrics["sanitizer"] = san

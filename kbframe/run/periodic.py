@@ -261,28 +261,29 @@ def _completions_after_their_stage(table: list, codes: np.ndarray, nums: np.ndar
     that ends at the same instant, if the tie-break put it before: PE_SCHEDULER logs a
     command as its last stage ends (kbframe.sim.oplog), and the second copy's order, which
     breaks the other ties, does not say this when the command's records lie in different
-    parts (block, tail) of their streams."""
-    t1 = nums[order, 3]
-    tied = np.zeros(len(order), dtype=bool)
-    same = t1[1:] == t1[:-1]
-    tied[1:] |= same
-    tied[:-1] |= same
-    sched = np.array([n[1] == "scheduler" for n in table], dtype=bool)[codes[order]]
-    todo = np.nonzero(tied & sched)[0]
-    if not len(todo):
+    parts (block, tail) of their streams. Column by column: a completion's sort key
+    becomes the position of the last stage of its ``(pe, cmd)`` ending at its end, plus
+    one half, when that stage comes after it."""
+    n = len(order)
+    if not n:
         return order
-    out = order.tolist()
-    pe_cmd = lambda i: (table[codes[i]][0], int(nums[i, 0]))  # noqa: E731
-    for pos in todo.tolist()[::-1]:  # from the end, so earlier positions stay valid
-        i = out[pos]
-        end, key = nums[i, 3], pe_cmd(i)
-        last = None
-        j = pos + 1
-        while j < len(out) and nums[out[j], 3] == end:
-            r = out[j]
-            if table[codes[r]][1] not in ("cpu", "scheduler") and pe_cmd(r) == key:
-                last = j
-            j += 1
-        if last is not None:
-            out.insert(last, out.pop(pos))
-    return np.array(out, dtype=np.int64)
+    names = [(t[0], t[1]) for t in table]
+    pe = np.array([pe for pe, _ in names], dtype=np.int64)[codes[order]]
+    sched = np.array([u == "scheduler" for _, u in names], dtype=bool)[codes[order]]
+    stage = ~sched & ~np.array([u == "cpu" for _, u in names], dtype=bool)[codes[order]]
+    cmd, end = nums[order, 0], nums[order, 3]
+    g = np.lexsort((cmd, pe, end))  # groups of one (pe, cmd, end), end time first
+    new = np.ones(n, dtype=bool)
+    new[1:] = (end[g][1:] != end[g][:-1]) | (pe[g][1:] != pe[g][:-1]) | (cmd[g][1:] != cmd[g][:-1])
+    group = np.empty(n, dtype=np.int64)
+    group[g] = np.cumsum(new) - 1
+    last_stage = np.full(int(group.max()) + 1, -1, dtype=np.int64)
+    at = np.nonzero(stage)[0]
+    np.maximum.at(last_stage, group[at], at)
+    key = np.arange(n, dtype=np.float64)
+    target = last_stage[group]
+    move = sched & (target > key)
+    if not move.any():
+        return order
+    key[move] = target[move] + 0.5
+    return order[np.argsort(key, kind="stable")]
