@@ -11,6 +11,7 @@ differs.
 """
 from __future__ import annotations
 
+import gc
 import os
 import pickle
 import signal
@@ -35,6 +36,9 @@ class Forked:
                 # a signal ends the child quietly; the parent handles its own (status.json)
                 signal.signal(signal.SIGINT, signal.SIG_DFL)
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                # a short life: no cycle collection, whose walks over the parent's objects
+                # would copy every page they touch
+                gc.disable()
                 try:
                     out = ("value", fn(*args))
                 except BaseException as e:  # the parent re-raises it
