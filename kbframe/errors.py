@@ -55,7 +55,7 @@ class SanitizerError(KbframeError):
         super().__init__(message)
         self.rule = rule
 
-    def __reduce__(self):  # pickled with its rule (kbframe.run.forked)
+    def __reduce__(self):  # pickled with its rule (kbframe.run.beside)
         return type(self), (str(self), self.rule)
 
 

@@ -221,7 +221,7 @@ def test_data_dependencies_raw_across_commands(tmp_path, monkeypatch):
     msg = _expect("data_dependencies", lambda: run(tmp_path, *SMALL, bench="decode_opt3"))
     assert msg.split("violated: ")[1].startswith("RAW")
     # the op_log is kept for debugging; the trace a forked process was writing beside the
-    # check (kbframe.run.forked) and the staged tensors.npz are not
+    # check (kbframe.run.beside) and the staged tensors.npz are not
     assert sorted(os.listdir(tmp_path)) == ["op_log.jsonl.partial"]
 
 

@@ -34,9 +34,8 @@ from ..report.trace import tracks_from_metrics, write_trace
 from ..workloads.base import Workload
 from . import fastforward
 from .metrics import run_metrics
-from .forked import Forked
+from .beside import Forked, TensorsFile
 from .simulate import simulate
-from .tensors_file import TensorsFile
 
 
 def _check_keys(node, schema_cls, where: str) -> None:
@@ -240,7 +239,7 @@ def _run_bench(cfg, out_dir: Path, explicit, rd: RunDir, stack: ExitStack) -> di
         # One BLAS thread from here on: faster here even when idle, two threads slow tenfold
         # when both cores are busy (a parallel sweep), and the bits do not depend on the
         # core count. tensors.npz (the inputs, then the float64 reference) is written by a
-        # thread beside the simulation (kbframe.run.tensors_file).
+        # thread beside the simulation (kbframe.run.beside).
         stack.enter_context(threadpool_limits(1))
         tensors = stack.enter_context(TensorsFile(
             rd.temp("tensors.npz"), {n: inp[n] for n in wl.input_names()},
@@ -263,7 +262,7 @@ def _run_bench(cfg, out_dir: Path, explicit, rd: RunDir, stack: ExitStack) -> di
         return metrics
 
     def beside_report(work):
-        """``work()`` here while :func:`report` runs in a forked process (kbframe.run.forked:
+        """``work()`` here while :func:`report` runs in a forked process (kbframe.run.beside:
         both are pure Python, on the two cores): ``(work's value, the metrics)``. If work
         fails, the report is dropped: no trace of a failed run, as without the fork."""
         reporting = Forked(report)

@@ -1,4 +1,4 @@
-"""kbframe.run.forked: a job in a forked child gives what the same call gives in the
+"""kbframe.run.beside.Forked: a job in a forked child gives what the same call gives in the
 parent — its value, or its exception with the exception's fields — and the job runs in the
 parent when the child cannot answer."""
 import os
@@ -7,7 +7,7 @@ import signal
 import pytest
 
 from kbframe.errors import SanitizerError
-from kbframe.run.forked import Forked
+from kbframe.run.beside import Forked
 
 
 def _pid_and(x):

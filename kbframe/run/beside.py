@@ -1,0 +1,172 @@
+"""Work done beside the main line of a run, on the machine's second core (issue 16): the
+run's speed tricks that use more than one core, in one place.
+
+- :class:`TensorsFile`: ``tensors.npz`` of a data-mode run. The inputs and the float64
+  reference are known before the simulation starts; writing them
+  (``np.lib.format.write_array`` into an uncompressed zip, as ``np.savez`` does) and
+  computing the reference are numpy work that releases the GIL, so a thread does both
+  while the main thread simulates. The kernel's outputs are added last; the file holds
+  the same arrays in the same order as ``np.savez(inputs…, references…, scalars…,
+  outputs…)``. BLAS: the caller holds ``threadpool_limits(1)`` for the whole time the
+  thread runs (the limit is process-wide; a second, nested limit in the thread could
+  restore the other's setting out of order).
+- :class:`Forked`: after a simulation, pure-Python jobs remain that need only what it
+  left: the sanitizer (``run.check``), the report (critical path, metrics, trace.json),
+  a fast-forwarded run's op_log. Threads would share one interpreter lock; a forked
+  child inherits the engine, its records and the op_log without a copy, does one job and
+  sends its result back through a pipe while the parent does another. Where ``os.fork``
+  does not exist, or the child cannot answer (killed, a result that does not pickle),
+  the job runs in the parent: the result is the same either way, only the time differs.
+"""
+from __future__ import annotations
+
+import gc
+import os
+import pickle
+import signal
+import threading
+import zipfile
+
+import numpy as np
+
+
+class TensorsFile:
+    """Writes ``path`` (a staged temporary): ``first`` (name → array) and then the arrays
+    ``compute()`` returns (the references), in a thread started here; :meth:`finish` adds
+    the ``last`` arrays and closes the file. :meth:`abandon` (also on leaving a ``with``
+    block) stops the thread after the entry being written and closes the file (the caller
+    removes it).
+
+    Raises (from :meth:`results` or :meth:`finish`): whatever ``compute`` or the writing
+    raised in the thread (OSError for a full disk, KeyboardInterrupt…), re-raised in the
+    caller's thread.
+    """
+
+    def __init__(self, path, first: dict, compute):
+        self.path = path
+        self._zip = zipfile.ZipFile(path, mode="w", compression=zipfile.ZIP_STORED, allowZip64=True)
+        self._first, self._compute = first, compute
+        self._stop = False
+        self._error: BaseException | None = None
+        self._computed: dict | None = None
+        self._thread = threading.Thread(target=self._body, name="tensors.npz", daemon=True)
+        self._thread.start()
+
+    def _add(self, name: str, array) -> None:
+        with self._zip.open(name + ".npy", "w", force_zip64=True) as f:
+            np.lib.format.write_array(f, np.asanyarray(array), allow_pickle=False)
+
+    def _body(self) -> None:
+        try:
+            for name, array in self._first.items():
+                if self._stop:
+                    return
+                self._add(name, array)
+            computed = self._compute()
+            for name, array in computed.items():
+                if self._stop:
+                    return
+                self._add(name, array)
+            self._computed = computed
+        except BaseException as e:  # handed to the caller's thread
+            self._error = e
+
+    def results(self) -> dict:
+        """What ``compute`` returned, once it and its entries are written."""
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._computed
+
+    def finish(self, last: dict):
+        """Add ``last`` after the thread's entries, close the file and return its path."""
+        self.results()
+        for name, array in last.items():
+            self._add(name, array)
+        self._zip.close()
+        return self.path
+
+    def __enter__(self) -> "TensorsFile":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        """Whatever happened: the thread is stopped and joined, the file closed."""
+        self.abandon()
+
+    def abandon(self) -> None:
+        """Stop the thread after its current entry and close the file (no error raised)."""
+        self._stop = True
+        self._thread.join()
+        try:
+            self._zip.close()  # a second close does nothing
+        except (OSError, ValueError):  # a full disk or an entry cut short: the file is dropped anyway
+            pass
+
+
+class Forked:
+    """``fn(*args)`` started in a forked child; :meth:`result` returns what it returned or
+    raises what it raised (exceptions are pickled back), :meth:`cancel` kills and reaps
+    the child if its result was not taken."""
+
+    def __init__(self, fn, *args):
+        self._call = (fn, args)
+        self._pid = None
+        if not hasattr(os, "fork"):
+            return
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: check, write the verdict, end without cleanup of any kind
+            code = 0
+            try:
+                os.close(r)
+                # a signal ends the child quietly; the parent handles its own (status.json)
+                signal.signal(signal.SIGINT, signal.SIG_DFL)
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                # a short life: no cycle collection, whose walks over the parent's objects
+                # would copy every page they touch
+                gc.disable()
+                try:
+                    out = ("value", fn(*args))
+                except BaseException as e:  # the parent re-raises it
+                    out = ("error", e)
+                try:
+                    data = pickle.dumps(out)
+                except Exception:  # the parent does the job itself
+                    data = b""
+                with os.fdopen(w, "wb") as f:
+                    f.write(data)
+            except BaseException:
+                code = 1
+            finally:
+                os._exit(code)
+        os.close(w)
+        self._pid, self._f = pid, os.fdopen(r, "rb")
+
+    def result(self):
+        """The child's result (waits for it); the call made here if the child gave none."""
+        if self._pid:
+            with self._f:
+                data = self._f.read()
+            os.waitpid(self._pid, 0)
+            self._pid = None
+            try:
+                kind, value = pickle.loads(data)
+            except Exception:  # the child died, or its answer does not unpickle: ask here
+                kind, value = None, None
+            if kind == "error":
+                raise value
+            if kind == "value":
+                return value
+        fn, args = self._call
+        return fn(*args)
+
+    def cancel(self) -> None:
+        """Kill and reap the child if :meth:`result` has not (an error elsewhere in the run)."""
+        if self._pid:
+            pid, self._pid = self._pid, None
+            try:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+            except OSError:
+                pass
+            self._f.close()
