@@ -148,3 +148,31 @@ def test_a_short_copy_that_fails_leaves_the_error_to_the_pre_flight_check(tmp_pa
     assert not (tmp_path / "run").exists()
     out = fastforward.run(cfg, validate(cfg), resolve_kernel(cfg.bench.kernel), load_recipes(cfg.recipes), True)
     assert out.sim is None and out.note.startswith("simulated in full: a short copy failed (TCM overflow on PE0: ")
+
+
+def test_a_completion_tied_with_its_own_stage_follows_it():
+    """kbframe.run.periodic._completions_after_their_stage on hand-made records: a
+    PE_SCHEDULER record placed before its own stage that ends at the same instant moves to
+    right after that stage (after the last, if several); one already after its stage, one
+    tied only with another command's stage, and the dispatches stay where they are."""
+    import numpy as np
+    from kbframe.run.periodic import _completions_after_their_stage
+    table = [(0, "cpu", "composite"), (0, "gemm", "gemm"), (0, "math", "add"), (0, "scheduler", "composite"),
+             (1, "gemm", "gemm")]
+    # (code, cmd, end ps): the order the tie-break gave
+    rows = [(3, 7, 100),  # 0: cmd 7 completes at 100, before its stages 2 and 3 → after 3
+            (0, 8, 100),  # 1: a dispatch at the same instant: stays
+            (1, 7, 100),  # 2: cmd 7's GEMM
+            (2, 7, 100),  # 3: cmd 7's MATH, its last stage at 100
+            (3, 9, 100),  # 4: PE 0's cmd 9 completes, with no stage of its own at 100
+            (4, 9, 100),  # 5: PE 1's GEMM of its own cmd 9: another PE's, no move
+            (1, 6, 200),  # 6: cmd 6's stage, then
+            (3, 6, 200)]  # 7: its completion, already after it
+    codes = np.array([c for c, _, _ in rows], dtype=np.int64)
+    nums = np.zeros((len(rows), 10), dtype=np.int64)
+    nums[:, 0] = [cmd for _, cmd, _ in rows]
+    nums[:, 3] = [end for _, _, end in rows]
+    order = np.arange(len(rows), dtype=np.int64)
+    assert _completions_after_their_stage(table, codes, nums, order).tolist() == [1, 2, 3, 0, 4, 5, 6, 7]
+    settled = np.array([1, 2, 3, 0, 4, 5, 6, 7], dtype=np.int64)  # every completion after its stages
+    assert _completions_after_their_stage(table, codes, nums, settled).tolist() == settled.tolist()

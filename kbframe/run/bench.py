@@ -197,7 +197,8 @@ def run_bench(cfg, out_dir: Path, explicit: set | frozenset = frozenset()) -> di
 
 def _run_bench(cfg, out_dir: Path, explicit, rd: RunDir, stack: ExitStack) -> dict:
     """:func:`run_bench`'s body; ``rd`` is opened once the pre-flight checks passed; what
-    runs beside it (a thread writing tensors.npz) is closed by ``stack``."""
+    runs beside it (kbframe.run.beside: a thread, a forked process) is stopped by ``stack``
+    before ``rd`` cleans up after a failure."""
     wl = validate(cfg)
     b = cfg.bench
     recipes = load_recipes(cfg.get("recipes"))
