@@ -57,3 +57,108 @@ def test_cancel_kills_and_reaps_the_child(tmp_path):
         os.waitpid(pid, os.WNOHANG)
     assert not flag.exists()
     job.cancel()  # a second cancel does nothing
+
+
+def test_a_fork_that_fails_leaves_the_job_to_the_parent(monkeypatch):
+    """A pids limit or no memory to spare (os.fork raises): the run goes on, the job is
+    made by result() in the parent."""
+    def no_fork():
+        raise BlockingIOError(11, "Resource temporarily unavailable")
+    monkeypatch.setattr(os, "fork", no_fork)
+    assert Forked(_pid_and, 21).result() == (os.getpid(), 42)
+
+
+def _bug():
+    return {}["missing key"]
+
+
+def test_a_bug_in_the_child_says_where_it_was():
+    """An exception that is not a user error comes back with the child's traceback as its
+    cause (the frame that raised it, not only Forked.result)."""
+    with pytest.raises(KeyError) as ei:
+        Forked(_bug).result()
+    cause = str(ei.value.__cause__)
+    assert "in _bug" in cause and 'return {}["missing key"]' in cause
+
+
+def _locks_held():
+    from kbframe import files
+    return len(files._held)
+
+
+def test_the_child_holds_no_run_directory_lock(tmp_path):
+    """The child closes its copies of the parent's directory locks: if the parent dies,
+    the next run is not refused by an orphan."""
+    from kbframe.files import dir_lock
+    with dir_lock(tmp_path):
+        assert Forked(_locks_held).result() == 0
+        assert _locks_held() == 1  # the parent still holds it
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads /proc")
+def test_the_child_dies_with_its_parent(tmp_path):
+    """A parent killed (SIGKILL, the OOM killer) takes its forked child with it."""
+    import subprocess
+    import sys
+    import time
+    code = ("import time; from kbframe.run.beside import Forked\n"
+            "job = Forked(time.sleep, 60)\n"
+            "print(job._pid, flush=True)\n"
+            "time.sleep(60)\n")
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    child = int(p.stdout.readline())
+    p.kill()
+    p.wait()
+    def alive(pid):  # a zombie (dead, not yet reaped by its new parent) counts as dead
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+        except FileNotFoundError:
+            return False
+    for _ in range(100):
+        if not alive(child):
+            break
+        time.sleep(0.02)
+    else:
+        os.kill(child, signal.SIGKILL)
+        pytest.fail("the child outlived its parent")
+
+
+def test_tensors_file_without_a_thread_writes_the_same(tmp_path, monkeypatch):
+    """No thread to spare (RuntimeError at start): the arrays are written by results(),
+    in the same order, with the same values."""
+    import threading
+    import numpy as np
+    from kbframe.run.beside import TensorsFile
+
+    def no_thread(self):
+        raise RuntimeError("can't start new thread")
+    monkeypatch.setattr(threading.Thread, "start", no_thread)
+    a = np.arange(6.0).reshape(2, 3)
+    t = TensorsFile(tmp_path / "t.npz", {"a": a}, lambda: {"ref": a * 2})
+    assert t.results()["ref"].tolist() == (a * 2).tolist()
+    t.finish({"out": a + 1})
+    with np.load(tmp_path / "t.npz") as z:
+        assert z.files == ["a", "ref", "out"]
+        assert z["out"].tolist() == (a + 1).tolist()
+
+
+def test_abandoning_a_busy_thread_does_not_wait_for_it(tmp_path):
+    """Ctrl-C while the thread computes the reference: abandon() returns at once and the
+    thread stops and closes the file itself."""
+    import threading
+    import time
+    import numpy as np
+    from kbframe.run.beside import ABANDON_WAIT_S, TensorsFile
+    go = threading.Event()
+
+    def slow_reference():
+        go.wait(10)
+        return {"ref": np.zeros(3)}
+    t = TensorsFile(tmp_path / "t.npz", {"a": np.ones(3)}, slow_reference)
+    t0 = time.monotonic()
+    t.abandon()
+    assert time.monotonic() - t0 < ABANDON_WAIT_S + 1.0
+    go.set()
+    t._thread.join(10)
+    assert not t._thread.is_alive() and t._zip.fp is None  # closed by the thread

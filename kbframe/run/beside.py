@@ -24,10 +24,19 @@ import gc
 import os
 import pickle
 import signal
+import sys
 import threading
+import traceback
 import zipfile
 
 import numpy as np
+
+from ..errors import KbframeError
+from ..files import release_inherited_locks
+
+
+#: how long :meth:`TensorsFile.abandon` waits for its thread to stop
+ABANDON_WAIT_S = 0.1
 
 
 class TensorsFile:
@@ -50,7 +59,10 @@ class TensorsFile:
         self._error: BaseException | None = None
         self._computed: dict | None = None
         self._thread = threading.Thread(target=self._body, name="tensors.npz", daemon=True)
-        self._thread.start()
+        try:
+            self._thread.start()
+        except RuntimeError:  # no thread to spare (a pids limit): written by results()
+            self._thread = None
 
     def _add(self, name: str, array) -> None:
         with self._zip.open(name + ".npy", "w", force_zip64=True) as f:
@@ -70,10 +82,17 @@ class TensorsFile:
             self._computed = computed
         except BaseException as e:  # handed to the caller's thread
             self._error = e
+        finally:
+            if self._stop:  # abandoned: the caller may have stopped waiting
+                self._close()
 
     def results(self) -> dict:
         """What ``compute`` returned, once it and its entries are written."""
-        self._thread.join()
+        if self._thread is None:
+            if self._computed is None and self._error is None:
+                self._body()
+        else:
+            self._thread.join()
         if self._error is not None:
             raise self._error
         return self._computed
@@ -94,9 +113,18 @@ class TensorsFile:
         self.abandon()
 
     def abandon(self) -> None:
-        """Stop the thread after its current entry and close the file (no error raised)."""
+        """Stop the thread after its current entry and close the file (no error raised).
+        A thread still busy after :data:`ABANDON_WAIT_S` (an entry of a long context, the
+        reference) is left to stop and close the file itself: Ctrl-C is not kept waiting,
+        and the caller's removal of the file does not depend on it."""
         self._stop = True
-        self._thread.join()
+        if self._thread is not None:
+            self._thread.join(ABANDON_WAIT_S)
+            if self._thread.is_alive():
+                return
+        self._close()
+
+    def _close(self) -> None:
         try:
             self._zip.close()  # a second close does nothing
         except (OSError, ValueError):  # a full disk or an entry cut short: the file is dropped anyway
@@ -105,30 +133,41 @@ class TensorsFile:
 
 class Forked:
     """``fn(*args)`` started in a forked child; :meth:`result` returns what it returned or
-    raises what it raised (exceptions are pickled back), :meth:`cancel` kills and reaps
-    the child if its result was not taken."""
+    raises what it raised (exceptions are pickled back, the child's traceback as their
+    cause), :meth:`cancel` kills and reaps the child if its result was not taken. No
+    child (no ``os.fork``, or it fails: a pids limit, no memory), a child that dies or a
+    result that does not pickle: the call is made in the parent by :meth:`result`.
+
+    The child holds none of the parent's run-directory locks (kbframe.files.dir_lock) and
+    dies with the parent (Linux: ``PR_SET_PDEATHSIG``), so a killed run leaves no child
+    behind holding its directory.
+    """
 
     def __init__(self, fn, *args):
         self._call = (fn, args)
         self._pid = None
         if not hasattr(os, "fork"):
             return
-        r, w = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # the child: check, write the verdict, end without cleanup of any kind
+        parent = os.getpid()
+        try:
+            r, w = os.pipe()
+            try:
+                pid = os.fork()
+            except OSError:
+                os.close(r)
+                os.close(w)
+                raise
+        except OSError:  # no process or no memory to spare: the parent does the job
+            return
+        if pid == 0:  # the child: do the job, write its result, end without cleanup of any kind
             code = 0
             try:
                 os.close(r)
-                # a signal ends the child quietly; the parent handles its own (status.json)
-                signal.signal(signal.SIGINT, signal.SIG_DFL)
-                signal.signal(signal.SIGTERM, signal.SIG_DFL)
-                # a short life: no cycle collection, whose walks over the parent's objects
-                # would copy every page they touch
-                gc.disable()
+                _child_setup(parent)
                 try:
-                    out = ("value", fn(*args))
+                    out = ("value", fn(*args), None)
                 except BaseException as e:  # the parent re-raises it
-                    out = ("error", e)
+                    out = ("error", e, traceback.format_exc())
                 try:
                     data = pickle.dumps(out)
                 except Exception:  # the parent does the job itself
@@ -150,10 +189,12 @@ class Forked:
             os.waitpid(self._pid, 0)
             self._pid = None
             try:
-                kind, value = pickle.loads(data)
+                kind, value, text = pickle.loads(data)
             except Exception:  # the child died, or its answer does not unpickle: ask here
                 kind, value = None, None
             if kind == "error":
+                if not isinstance(value, KbframeError):  # a bug: say where, in the child
+                    raise value from _ChildTraceback(text)
                 raise value
             if kind == "value":
                 return value
@@ -170,3 +211,33 @@ class Forked:
             except OSError:
                 pass
             self._f.close()
+
+
+class _ChildTraceback(Exception):
+    """The traceback of an exception raised in a :class:`Forked` child, as text (shown as
+    the cause of the exception re-raised in the parent)."""
+
+    def __str__(self) -> str:
+        return "\n\n" + self.args[0].rstrip()
+
+
+def _child_setup(parent: int) -> None:
+    """A forked child's first steps: its own signal handling, no lock of the parent's, die
+    with the parent, no cycle collection."""
+    # a signal ends the child quietly (the parent records its own end, status.json);
+    # one the parent ignores stays ignored
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        if signal.getsignal(sig) is not signal.SIG_IGN:
+            signal.signal(sig, signal.SIG_DFL)
+    release_inherited_locks()
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent:  # the parent died before the line above
+        os._exit(1)
+    # a short life: no cycle collection, whose walks over the parent's objects would copy
+    # every page they touch
+    gc.disable()
