@@ -14,9 +14,12 @@ run's speed tricks that use more than one core, in one place.
   left: the sanitizer (``run.check``), the report (critical path, metrics, trace.json),
   a fast-forwarded run's op_log. Threads would share one interpreter lock; a forked
   child inherits the engine, its records and the op_log without a copy, does one job and
-  sends its result back through a pipe while the parent does another. Where ``os.fork``
-  does not exist, or the child cannot answer (killed, a result that does not pickle),
-  the job runs in the parent: the result is the same either way, only the time differs.
+  sends its result back through a pipe while the parent does another.
+
+Neither is needed for a result: where no thread can be started the arrays are written
+when asked for; where ``os.fork`` does not exist or fails (a pids limit, no memory), or
+the child cannot answer (killed, a result that does not pickle), the job runs in the
+parent. The result is the same either way, only the time differs.
 """
 from __future__ import annotations
 
@@ -43,8 +46,8 @@ class TensorsFile:
     """Writes ``path`` (a staged temporary): ``first`` (name → array) and then the arrays
     ``compute()`` returns (the references), in a thread started here; :meth:`finish` adds
     the ``last`` arrays and closes the file. :meth:`abandon` (also on leaving a ``with``
-    block) stops the thread after the entry being written and closes the file (the caller
-    removes it).
+    block) stops the thread after the entry being written, which closes the file (the
+    caller removes it), waiting at most :data:`ABANDON_WAIT_S`.
 
     Raises (from :meth:`results` or :meth:`finish`): whatever ``compute`` or the writing
     raised in the thread (OSError for a full disk, KeyboardInterrupt…), re-raised in the
