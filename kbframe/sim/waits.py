@@ -132,10 +132,7 @@ class WaitLog:
             s_why[late] = WAIT_CODE["unit"]
             s_ref[late] = _latest_before(stream, t1[st], st, stream[late], s_t0[late], st[late])
         # a data phase that began as the previous transfer of its stream ended
-        order = np.lexsort((st, stream))
-        prev = np.full(len(st), -1, dtype=np.int64)
-        same = stream[order][1:] == stream[order][:-1]
-        prev[order[1:][same]] = st[order[:-1][same]]
+        prev = _previous_in_group(stream, st)
         td = t_data[st]
         chained = (td >= 0) & (prev >= 0) & (t1[np.maximum(prev, 0)] == td)
         end_ref[st[chained]] = prev[chained]
@@ -144,10 +141,7 @@ class WaitLog:
         # dispatches that waited for PE_CPU: the PE's previous dispatch (none: the start)
         cpu = np.nonzero(~stage & (unit_of == cpu_u))[0]
         if len(cpu):
-            order = np.lexsort((cpu, pe_of[cpu]))
-            prev = np.full(len(cpu), -1, dtype=np.int64)
-            same = pe_of[cpu][order][1:] == pe_of[cpu][order][:-1]
-            prev[order[1:][same]] = cpu[order[:-1][same]]
+            prev = _previous_in_group(pe_of[cpu], cpu)
             waited = kind[cpu] == WAIT_CODE["cpu"]
             ref[cpu[waited]] = prev[waited]
             why[cpu[waited & (prev < 0)]] = WAIT_CODE["start"]
@@ -163,6 +157,16 @@ class WaitLog:
         return list(zip(pe_of.tolist(), text(1)[code].tolist(), text(2)[code].tolist(), cmd.tolist(), t0.tolist(),
                         t1.tolist(), t_data.tolist(), np.array(KINDS, dtype=object)[why].tolist(), ref.tolist(),
                         end_ref.tolist()))
+
+
+def _previous_in_group(group, at) -> np.ndarray:
+    """For each record ``at[i]`` (indices), the index of the latest record before it in
+    the same ``group[i]`` (-1: none)."""
+    order = np.lexsort((at, group))
+    prev = np.full(len(at), -1, dtype=np.int64)
+    same = group[order][1:] == group[order][:-1]
+    prev[order[1:][same]] = at[order[:-1][same]]
+    return prev
 
 
 def _latest_before(keys, times, at, q_keys, q_times, q_at) -> np.ndarray:
