@@ -4,7 +4,7 @@
 (``/tmp/speed_baseline/<case>``); the default mode runs them again into ``NEW``
 (``/tmp/speed_check/<case>``) and compares, case by case:
 
-* ``op_log.jsonl`` byte for byte;
+* ``op_log.jsonl`` and ``trace.json`` byte for byte;
 * ``metrics.json`` value for value, apart from ``sim.wall_s`` and ``fast_forward`` (how the
   run was made, not a result; keys that only the new run
   has, e.g. ones another feature adds, are listed but do not fail the check);
@@ -57,10 +57,9 @@ def cases() -> dict[str, list[str]]:
     # long enough to fast-forward (kbframe.run.fastforward): a tree without it, or with it
     # off, simulates them in full (ragged last tiles)
     for kernel, s_kv in (("opt2", 131100), ("opt3", 131100)):
-        out[f"{kernel}_s{s_kv}_nodata"] = [f"+bench=decode_{kernel}", f"bench.S_kv={s_kv}", "bench.data=false",
-                                           "run.trace=false"]
+        out[f"{kernel}_s{s_kv}_nodata"] = [f"+bench=decode_{kernel}", f"bench.S_kv={s_kv}", "bench.data=false"]
     out["heads_s65600_nodata"] = ["+bench=decode_heads", "+model=llama3_70b", "hardware=cube", "bench.S_kv=65600",
-                                  "bench.data=false", "run.trace=false"]
+                                  "bench.data=false"]
     return out
 
 
@@ -91,6 +90,11 @@ def compare(name: str) -> list[str]:
     diffs = []
     if (a / "op_log.jsonl").read_bytes() != (b / "op_log.jsonl").read_bytes():
         diffs.append("op_log.jsonl differs")
+    ta, tb = (a / "trace.json").exists(), (b / "trace.json").exists()
+    if ta != tb:
+        diffs.append(f"trace.json {'only in the baseline' if ta else 'only in the new run'}")
+    elif ta and (a / "trace.json").read_bytes() != (b / "trace.json").read_bytes():
+        diffs.append("trace.json differs")
     ma = _flatten(json.loads((a / "metrics.json").read_text()))
     mb = _flatten(json.loads((b / "metrics.json").read_text()))
     for key in ma:
