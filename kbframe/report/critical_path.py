@@ -4,8 +4,9 @@ DESIGN.md decision 10).
 Input: the op_log records in file order with what each waited for, as rows
 ``(pe, unit, op_kind, cmd, t_start, t_end, t_data, kind, ref, end_ref)`` (times in
 integer ps, ``t_data`` -1 when none; ``kind``/``ref``/``end_ref`` as
-:mod:`kbframe.sim.waits` defines them). The simulation records them in memory
-(``OpLog.waits.rows()``); a test can build them by hand. This module reads nothing else.
+:mod:`kbframe.sim.waits` defines them), or as the ten columns of those fields. The
+simulation records them in memory (``OpLog.waits.columns()``); a test can build them by
+hand. This module reads nothing else, and works on the columns (:class:`Records`).
 
 **The path.** From the event that ends the run (the latest end), walk back along what
 each event waited for: a stage's end to its start (its *run* segment; a DMA stage's end
@@ -40,6 +41,7 @@ idle time per period is split by what its next busy interval waited for.
 from __future__ import annotations
 
 from bisect import bisect_left
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -68,7 +70,41 @@ def resources_from_roles(roles: dict) -> dict:
                 break
     return out
 
-_PE, _UNIT, _KIND, _CMD, _T0, _T1, _TD, _WHY, _REF, _END = range(10)
+
+class Records(NamedTuple):
+    """The records as columns (indexable sequences, one per field, record ``i`` at
+    ``[i]``): what every function here reads. Column access, not one tuple per record:
+    a long run has hundreds of thousands."""
+    pe: Sequence
+    unit: Sequence
+    kind: Sequence
+    cmd: Sequence
+    t0: Sequence
+    t1: Sequence
+    td: Sequence
+    why: Sequence
+    ref: Sequence
+    end: Sequence
+
+    @property
+    def n(self) -> int:
+        return len(self.pe)
+
+    def last_of(self, unit: str) -> dict:
+        """``{(pe, cmd): index}`` of the last record of ``unit`` per command."""
+        at = [i for i, u in enumerate(self.unit) if u == unit]
+        pe, cmd = self.pe, self.cmd
+        return dict(zip([(pe[i], cmd[i]) for i in at], at))
+
+
+def records_of(rows) -> Records:
+    """:class:`Records` from rows (a list of 10-field records), from an object whose
+    ``columns()`` gives the ten columns (kbframe.sim.waits.WaitLog), or Records as given."""
+    if isinstance(rows, Records):
+        return rows
+    if hasattr(rows, "columns"):
+        return Records(*rows.columns())
+    return Records(*zip(*rows)) if rows else Records(*([],) * 10)
 
 
 class Segment(NamedTuple):
@@ -84,8 +120,8 @@ class Segment(NamedTuple):
 
 def segment_name(rows, s: Segment) -> str:
     """A segment's term name: ``dma_read setup``, ``gemm``, ``math add``, ``cpu dispatch
-    composite``, ``wait hazard`` …"""
-    return f"wait {s.why}".strip() if s.phase == "wait" else _name(rows[s.rec], s.phase)
+    composite``, ``wait hazard`` … (``rows``: :class:`Records`)."""
+    return f"wait {s.why}".strip() if s.phase == "wait" else _name(rows, s.rec, s.phase)
 
 
 @dataclass
@@ -100,58 +136,57 @@ def _ns(ps) -> float:
     return round(ps / 1000, 3)
 
 
-def _name(row, phase: str) -> str:
+def _name(c: Records, i: int, phase: str) -> str:
     if phase == "wait":
         return "wait"
-    if row[_UNIT] == "cpu":
-        return f"cpu dispatch {row[_KIND]}"
+    unit, kind = c.unit[i], c.kind[i]
+    if unit == "cpu":
+        return f"cpu dispatch {kind}"
     if phase in ("setup", "data"):
-        return f"{row[_UNIT]} {phase}"
-    return row[_UNIT] if row[_KIND] == row[_UNIT] else f"{row[_UNIT]} {row[_KIND]}"
+        return f"{unit} {phase}"
+    return unit if kind == unit else f"{unit} {kind}"
 
 
-def walk(rows: list) -> list:
-    """The critical path of ``rows`` as :class:`Segment` s in time order (module doc)."""
-    if not rows:
+def walk(rows, sched: dict | None = None) -> list:
+    """The critical path of ``rows`` (:func:`records_of` reads them) as :class:`Segment` s
+    in time order (module doc). ``sched``: ``Records.last_of("scheduler")``, if known."""
+    c = records_of(rows)
+    if not c.n:
         return []
-    sched, disp = {}, {}
-    for i, r in enumerate(rows):
-        if r[_UNIT] == "scheduler":
-            sched[(r[_PE], r[_CMD])] = i
-        elif r[_UNIT] == "cpu":
-            disp[(r[_PE], r[_CMD])] = i
-    t_last = max(r[_T1] for r in rows)
-    idx = len(rows) - 1
-    while rows[idx][_T1] != t_last:  # the last record to end (the latest logged of those)
+    PE, UNIT, CMD, T0, T1, TD, WHY, REF, END = c.pe, c.unit, c.cmd, c.t0, c.t1, c.td, c.why, c.ref, c.end
+    sched = c.last_of("scheduler") if sched is None else sched
+    disp = c.last_of("cpu")
+    t_last = max(T1)
+    idx = c.n - 1
+    while T1[idx] != t_last:  # the last record to end (the latest logged of those)
         idx -= 1
-    pos, t = "end", rows[idx][_T1]
+    pos, t = "end", T1[idx]
     back: list = []
     seg = back.append
 
-    for _ in range(4 * len(rows) + 4):
-        r = rows[idx]
-        pe = r[_PE]
+    for _ in range(4 * c.n + 4):
+        pe = PE[idx]
         nxt = None
         if pos == "end":
-            if r[_UNIT] == "scheduler":  # completion: the stage that completed it
-                nxt = (r[_END], "end") if r[_END] >= 0 else (idx, "start")
-            elif r[_TD] >= 0:
-                seg((idx, "data", r[_TD], r[_T1], ""))
-                t = r[_TD]
+            if UNIT[idx] == "scheduler":  # completion: the stage that completed it
+                nxt = (END[idx], "end") if END[idx] >= 0 else (idx, "start")
+            elif TD[idx] >= 0:
+                seg((idx, "data", TD[idx], T1[idx], ""))
+                t = TD[idx]
                 nxt = (idx, "data")
             else:
-                seg((idx, "run", r[_T0], r[_T1], ""))
-                t = r[_T0]
+                seg((idx, "run", T0[idx], T1[idx], ""))
+                t = T0[idx]
                 nxt = (idx, "start")
         elif pos == "data":
-            if r[_END] >= 0:  # the channel's previous transfer
-                nxt = (r[_END], "end")
+            if END[idx] >= 0:  # the channel's previous transfer
+                nxt = (END[idx], "end")
             else:
-                seg((idx, "setup", r[_T0], r[_TD], ""))
-                t = r[_T0]
+                seg((idx, "setup", T0[idx], TD[idx], ""))
+                t = T0[idx]
                 nxt = (idx, "start")
         else:  # the record's start (a command's: its admission)
-            why, ref = r[_WHY], r[_REF]
+            why, ref = WHY[idx], REF[idx]
             if why in ("dep", "unit", "cpu"):
                 nxt = (ref, "end") if ref >= 0 else None
             elif why in ("admit", "room", "fifo"):
@@ -161,28 +196,30 @@ def walk(rows: list) -> list:
                 j = sched.get((pe, ref))
                 nxt = (j, "end") if j is not None else None
             elif why == "dispatch":
-                j = disp.get((pe, r[_CMD]))
+                j = disp.get((pe, CMD[idx]))
                 nxt = (j, "end") if j is not None else None
             if nxt is None:  # the start of the kernel, or an unexplained wait
                 if t > 0:
                     seg((-1, "wait", 0, t, why))
                 break
         j, p = nxt
-        tj = rows[j][_T1] if p == "end" else rows[j][_TD] if p == "data" else rows[j][_T0]
+        tj = T1[j] if p == "end" else TD[j] if p == "data" else T0[j]
         if tj > t:  # a cause after its effect: not a record this walk can follow
             seg((-1, "wait", 0, t, "unexplained"))
             break
         if tj < t:
-            seg((-1, "wait", tj, t, rows[idx][_WHY] if pos == "start" else ""))
+            seg((-1, "wait", tj, t, WHY[idx] if pos == "start" else ""))
             t = tj
         idx, pos = j, p
     back.reverse()
     return [Segment._make(b) for b in back]
 
 
-def _signature(rows, s: Segment) -> tuple:
-    r = rows[s.rec] if s.rec >= 0 else (None,) * 10
-    return r[_PE], r[_UNIT], r[_KIND], s.phase, s.t1 - s.t0
+def _signature(c: Records, s: Segment) -> tuple:
+    i = s.rec
+    if i < 0:
+        return None, None, None, s.phase, s.t1 - s.t0
+    return c.pe[i], c.unit[i], c.kind[i], s.phase, s.t1 - s.t0
 
 
 def _period(sig: list, segs: list, ends: list, per_unit_records: float) -> tuple | None:
@@ -212,35 +249,34 @@ def _period(sig: list, segs: list, ends: list, per_unit_records: float) -> tuple
     return None
 
 
-def _phase(rows, rep: list) -> int:
+def _phase(c: Records, rep: list) -> int:
     """Where a period starts, as an offset into one repetition ``rep``: at the first
     segment that enters a command from outside its own chain (its start waited for an
     admission, queue room or a ``tl.wait``), else at the segment of the oldest command."""
     for i, s in enumerate(rep):
-        if s.rec >= 0 and s.phase in ("run", "setup") and rows[s.rec][_WHY] in ("admit", "room", "wait"):
+        if s.rec >= 0 and s.phase in ("run", "setup") and c.why[s.rec] in ("admit", "room", "wait"):
             return i
-    cmds = [rows[s.rec][_CMD] if s.rec >= 0 else 1 << 62 for s in rep]
+    cmds = [c.cmd[s.rec] if s.rec >= 0 else 1 << 62 for s in rep]
     return cmds.index(min(cmds))
 
 
-def _why_label(rows, row, sched) -> str:
-    """What a record's start waited for, as a short label."""
-    why, ref = row[_WHY], row[_REF]
-    if why == "dep" and 0 <= ref < len(rows):
-        return f"dep {_name(rows[ref], 'run')}"
+def _why_label(c: Records, i: int, sched) -> str:
+    """What record ``i``'s start waited for, as a short label."""
+    why, ref = c.why[i], c.ref[i]
+    if why == "dep" and 0 <= ref < c.n:
+        return f"dep {_name(c, ref, 'run')}"
     if why == "admit":
-        j = sched.get((row[_PE], ref))
-        return f"admission ({rows[j][_WHY]})" if j is not None else "admission"
+        j = sched.get((c.pe[i], ref))
+        return f"admission ({c.why[j]})" if j is not None else "admission"
     return {"room": "queue room", "wait": "tl.wait", "cpu": "dispatch", "unit": "unit busy"}.get(why, why)
 
 
-def _units(rows, ta: int, tb: int, reps: int, multi_pe: bool, sched: dict) -> dict:
+def _units(c: Records, ta: int, tb: int, reps: int, multi_pe: bool, sched: dict) -> dict:
     """Per unit: busy and idle ns per period over ``[ta, tb)``, and what the idle time
     waited for (labels → ns per period). One pass in op_log order, where each unit's
     busy intervals (DMA: data phases) come in start order."""
     state: dict = {}  # (pe, unit) -> [end of its latest busy interval, busy in window, {label: ps}]
-    for r in rows:
-        pe, unit, _, _, t0, b1, td = r[:7]
+    for i, pe, unit, t0, b1, td in zip(range(c.n), c.pe, c.unit, c.t0, c.t1, c.td):
         if unit == "scheduler":
             continue
         st = state.get((pe, unit))
@@ -252,7 +288,7 @@ def _units(rows, ta: int, tb: int, reps: int, multi_pe: bool, sched: dict) -> di
         b0 = td if td >= 0 else t0
         if b0 > prev and b0 > ta:  # an idle gap before it: what this record waited for
             waits = st[2]
-            label = _why_label(rows, r, sched)
+            label = _why_label(c, i, sched)
             if td >= 0:  # the data phase waited for the setup, the setup for its start
                 cut = min(max(t0, prev), b0)
                 pieces = ((label, prev, cut), ("setup", cut, b0))
@@ -282,8 +318,8 @@ def analyse(rows: list, n_units: int, unit_name: str = "unit", resources: dict |
     """The critical path, steady-state period, terms and binding kind of a run.
 
     Args:
-        rows: the run's records with their waits (module doc), in op_log order, or an
-            object whose ``rows()`` gives them.
+        rows: the run's records with their waits (module doc), in op_log order: rows,
+            :class:`Records`, or an object whose ``columns()`` gives them.
         n_units: units of progress of the whole run (e.g. KV tiles), ≥ 1.
         unit_name: what one unit of progress is (``"KV tile"``, ``"output tile"``).
         resources: op_log unit name → resource kind (:func:`resources_from_roles`);
@@ -294,12 +330,12 @@ def analyse(rows: list, n_units: int, unit_name: str = "unit", resources: dict |
         ``ns_per_unit``, ``repetitions``, ``window_ns``, ``terms`` (``name``, ``unit``,
         ``op_kind``, ``phase``, ``pe``, ``ns``), ``busiest``, ``units`` and ``path``.
     """
-    if hasattr(rows, "rows"):  # a recorder (kbframe.sim.waits.WaitLog): its rows
-        rows = rows.rows()
-    segs = walk(rows)
-    multi_pe = len({r[_PE] for r in rows}) > 1
+    rows = records_of(rows)
+    sched = rows.last_of("scheduler")
+    segs = walk(rows, sched)
+    multi_pe = len(set(rows.pe)) > 1
     total = segs[-1].t1 - segs[0].t0 if segs else 0
-    ends = sorted([r[_T1] for r in rows if r[_UNIT] not in ("cpu", "scheduler")])  # the work: stages
+    ends = sorted([t for u, t in zip(rows.unit, rows.t1) if u != "cpu" and u != "scheduler"])  # the work: stages
     found = (_period([_signature(rows, s) for s in segs], segs, ends, max(1, len(ends)) / max(1, n_units))
              if segs else None)
     if found is not None:
@@ -322,7 +358,6 @@ def analyse(rows: list, n_units: int, unit_name: str = "unit", resources: dict |
             if s.t1 > s.t0:
                 summed.setdefault(segment_name(rows, s), [s, 0])[1] += s.t1 - s.t0
         terms = sorted((_term(rows, s, ps) for s, ps in summed.values()), key=lambda t: -t["ns"])
-    sched = {(r[_PE], r[_CMD]): i for i, r in enumerate(rows) if r[_UNIT] == "scheduler"}
     units = _units(rows, ta, tb, reps, multi_pe, sched) if tb > ta else {}
     busiest = max(units.items(), key=lambda kv: kv[1]["busy_fraction"], default=(None, None))
     binding = "chain"
@@ -347,10 +382,10 @@ def analyse(rows: list, n_units: int, unit_name: str = "unit", resources: dict |
     return CriticalPath(segs, metrics, {s.rec for s in segs if s.rec >= 0 and s.t1 > s.t0})
 
 
-def _term(rows, s: Segment, ps: int) -> dict:
-    r = rows[s.rec] if s.rec >= 0 else None
-    return {"name": segment_name(rows, s), "unit": r[_UNIT] if r else "", "op_kind": r[_KIND] if r else "",
-            "phase": s.phase, "pe": r[_PE] if r else -1, "ns": _ns(ps)}
+def _term(c: Records, s: Segment, ps: int) -> dict:
+    i = s.rec
+    return {"name": segment_name(c, s), "unit": c.unit[i] if i >= 0 else "", "op_kind": c.kind[i] if i >= 0 else "",
+            "phase": s.phase, "pe": c.pe[i] if i >= 0 else -1, "ns": _ns(ps)}
 
 
 def summary_line(cp: dict, max_terms: int = 6) -> str:

@@ -81,7 +81,13 @@ class WaitLog:
 
     def rows(self) -> list[tuple]:
         """Every record as ``(pe, unit, op_kind, cmd, t_start, t_end, t_data, kind, ref,
-        end_ref)``, times in ps (``t_data`` -1: none), ``kind`` a name from :data:`KINDS`.
+        end_ref)`` (:meth:`columns`, record by record)."""
+        return list(zip(*self.columns()))
+
+    def columns(self) -> tuple[list, ...]:
+        """The records' fields as ten lists, one per field, in record order: ``(pe, unit,
+        op_kind, cmd, t_start, t_end, t_data, kind, ref, end_ref)``, times in ps (``t_data``
+        -1: none), ``kind`` a name from :data:`KINDS`.
 
         Worked out here: a stage was ready at its predecessor's end (``dep``) or at its
         command's admission (``admit``), and if it started later, the unit's stage that
@@ -95,7 +101,7 @@ class WaitLog:
         d = np.frombuffer(self.data, dtype=np.int64).reshape(-1, _FIELDS)
         n = len(d)
         if n == 0:
-            return []
+            return ([],) * 10
         code, cmd, t0, t1, t_data, kind, ref = (d[:, j] for j in range(_FIELDS))
         units = sorted({u for _, u, _ in names})
         pe_of = np.array([pe for pe, _, _ in names], dtype=np.int64)[code]
@@ -154,9 +160,9 @@ class WaitLog:
         end_ref[other[own]] = b[own]
 
         text = lambda col: np.array([x[col] for x in names], dtype=object)  # noqa: E731
-        return list(zip(pe_of.tolist(), text(1)[code].tolist(), text(2)[code].tolist(), cmd.tolist(), t0.tolist(),
-                        t1.tolist(), t_data.tolist(), np.array(KINDS, dtype=object)[why].tolist(), ref.tolist(),
-                        end_ref.tolist()))
+        return (pe_of.tolist(), text(1)[code].tolist(), text(2)[code].tolist(), cmd.tolist(), t0.tolist(),
+                t1.tolist(), t_data.tolist(), np.array(KINDS, dtype=object)[why].tolist(), ref.tolist(),
+                end_ref.tolist())
 
 
 def _previous_in_group(group, at) -> np.ndarray:
