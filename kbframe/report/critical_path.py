@@ -379,7 +379,17 @@ def analyse(rows: list, n_units: int, unit_name: str = "unit", resources: dict |
         "units": units,
         "path": {"segments": len(segs), "ns": _ns(total)},
     }
-    return CriticalPath(segs, metrics, {s.rec for s in segs if s.rec >= 0 and s.t1 > s.t0})
+    return CriticalPath(segs, metrics, _on_path(segs))
+
+
+def on_path(rows) -> set:
+    """The records with time on the critical path (:attr:`CriticalPath.records`, what
+    trace.json flags), from the walk alone: no period, terms or unit figures."""
+    return _on_path(walk(rows))
+
+
+def _on_path(segs: list) -> set:
+    return {s.rec for s in segs if s.rec >= 0 and s.t1 > s.t0}
 
 
 def _term(c: Records, s: Segment, ps: int) -> dict:

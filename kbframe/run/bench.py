@@ -33,7 +33,7 @@ from ..report import critical_path
 from ..report.trace import tracks_from_metrics, write_trace
 from ..workloads.base import Workload
 from . import fastforward
-from .metrics import run_metrics
+from .metrics import run_metrics, unit_labels
 from .beside import Forked, TensorsFile
 from .simulate import simulate
 
@@ -252,29 +252,39 @@ def _run_bench(cfg, out_dir: Path, explicit, rd: RunDir, stack: ExitStack) -> di
     trace = bool(cfg.run.trace) if "run" in cfg else True
     trace_tmp = rd.temp("trace.json", debug=True)
 
+    resources = critical_path.resources_from_roles({name: u.roles for name, u in pe.stage_units.items()})
+
+    def analysis() -> tuple[dict, set]:
+        """The critical path and the metrics: ``(metrics, records on the path)``."""
+        cp = critical_path.analyse(oplog.waits, wl.n_units(), wl.unit, resources)
+        return run_metrics(cfg, wl, engine, pe, oplog, latency_ps, cp.metrics), cp.records
+
     def report() -> dict:
         """The critical path, the metrics and trace.json (written); the metrics."""
-        cp = critical_path.analyse(oplog.waits, wl.n_units(), wl.unit, critical_path.resources_from_roles(
-            {name: u.roles for name, u in pe.stage_units.items()}))
-        metrics = run_metrics(cfg, wl, engine, pe, oplog, latency_ps, cp.metrics)
+        metrics, on_path = analysis()
         if trace:
-            write_trace(oplog_path, trace_tmp, tracks_from_metrics(metrics), critical=cp.records,
-                        records=out.records if applied else None)  # a fast-forwarded run's: no re-parse
+            write_trace(oplog_path, trace_tmp, tracks_from_metrics(metrics), critical=on_path)
         return metrics
 
-    def beside_report(work):
-        """``work()`` here while :func:`report` runs in a forked process (kbframe.run.beside:
-        both are pure Python, on the two cores): ``(work's value, the metrics)``. If work
-        fails, the report is dropped: no trace of a failed run, as without the fork."""
-        reporting = Forked(report)
-        stack.callback(reporting.cancel)
+    def trace_of_records() -> None:
+        """A fast-forwarded run's trace.json, from its records (no re-parse) and the walk
+        of its critical path alone (the flags), before the metrics are known."""
+        write_trace(oplog_path, trace_tmp, tracks_from_metrics(unit_labels(engine, pe, oplog)),
+                    critical=critical_path.on_path(oplog.waits), records=out.records)
+
+    def beside(work, job):
+        """``work()`` here while ``job()`` runs in a forked process (kbframe.run.beside: both
+        are pure Python, on the two cores): ``(work's value, job's)``. If work fails, the
+        job is dropped: no trace of a failed run, as without the fork."""
+        forked = Forked(job)
+        stack.callback(forked.cancel)
         try:
             value = work()
         except BaseException:
-            reporting.cancel()
+            forked.cancel()
             trace_tmp.unlink(missing_ok=True)
             raise
-        return value, reporting.result()
+        return value, forked.result()
 
     def write_oplog() -> str:  # a fast-forwarded run's op_log, and its check (verify); the note
         out.write_oplog(oplog_path)
@@ -283,11 +293,14 @@ def _run_bench(cfg, out_dir: Path, explicit, rd: RunDir, stack: ExitStack) -> di
             return ff_note + "; verified against the full simulation"
         return ff_note
 
-    if applied:  # the op_log written from columns beside the report
-        ff_note, metrics = beside_report(write_oplog)
+    if applied and trace:  # the op_log and the analysis here, the trace beside them (as long)
+        (ff_note, (metrics, _)), _ = beside(lambda: (write_oplog(), analysis()), trace_of_records)
+        san = sim.sanitizer
+    elif applied:  # the op_log written from columns beside the analysis
+        ff_note, (metrics, _) = beside(write_oplog, analysis)
         san = sim.sanitizer
     elif sim.sanitizer is None:  # the sanitizer beside the report
-        san, metrics = beside_report(lambda: sanitizer.check(engine, oplog_path))
+        san, metrics = beside(lambda: sanitizer.check(engine, oplog_path), report)
     else:
         metrics, san = report(), sim.sanitizer
     metrics["sanitizer"] = san

@@ -34,12 +34,26 @@ def _hbm_ns(pe, oplog) -> float:
                 for u in pe.units_serving("dma_read", "dma_write")] or [0.0])
 
 
+def _used(engine, pe, oplog) -> list:
+    """The PEs that logged records (``pe`` if none did)."""
+    totals = oplog.pe_totals()
+    return [p for p in engine.pes.built() if p.index in totals] or [pe]
+
+
+def unit_labels(engine, pe, oplog) -> dict:
+    """What of ``metrics.json`` names the units, ``units`` and ``pes[].units`` with their
+    labels (kbframe.report.trace.tracks_from_metrics names trace.json's tracks by them),
+    known before the critical path."""
+    return {"units": _unit_metrics(pe, oplog, 0),
+            "pes": [{"units": _unit_metrics(p, oplog, 0)} for p in _used(engine, pe, oplog)]}
+
+
 def run_metrics(cfg, wl, engine, pe, oplog, latency_ps, cp: dict) -> dict:
     """``metrics.json`` of a finished simulation (README "What each run writes"); ``pe`` is
     the PE whose units ``units`` shows, ``cp`` the critical path's metrics."""
     lat_ns = ps_to_ns(latency_ps)
     totals = oplog.pe_totals()
-    used = [p for p in engine.pes.built() if p.index in totals] or [pe]
+    used = _used(engine, pe, oplog)
     # the bounds of a run on many PEs: the PEs work in parallel, so each bound is the
     # largest PE's (a lower bound the simulation obeys); shared HBM adds each cube's bytes
     # against the cube's bandwidth. On one PE they are that PE's.
