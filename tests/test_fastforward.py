@@ -176,3 +176,29 @@ def test_a_completion_tied_with_its_own_stage_follows_it():
     assert _completions_after_their_stage(table, codes, nums, order).tolist() == [1, 2, 3, 0, 4, 5, 6, 7]
     settled = np.array([1, 2, 3, 0, 4, 5, 6, 7], dtype=np.int64)  # every completion after its stages
     assert _completions_after_their_stage(table, codes, nums, settled).tolist() == settled.tolist()
+
+
+def test_a_rule_a_short_copy_breaks_comes_back_from_its_forked_check(monkeypatch):
+    """With run.check each short copy is checked in a forked process while the next one is
+    simulated (kbframe.run.fastforward._Copies); a rule broken there reaches the parent as
+    the SanitizerError it is, and the run is left to the full simulation, whose sanitizer
+    reports it as it would. Every check is joined or killed before fast-forward returns."""
+    from kbframe.run import beside
+    from kbframe.sim import sanitizer
+    started = []
+
+    class Tracked(beside.Forked):
+        def __init__(self, fn, *args):
+            super().__init__(fn, *args)
+            started.append(self)
+
+    def broken(engine, records):
+        raise SanitizerError(f"sanitizer: unit_capacity: planted, {len(records)} records", "unit_capacity")
+
+    monkeypatch.setattr(fastforward, "Forked", Tracked)
+    monkeypatch.setattr(sanitizer, "check", broken)
+    cfg = compose_cfg("bench.S_kv=8192", "bench.data=false", "run.progress=false", bench="decode_opt3")
+    out = fastforward.run(cfg, validate(cfg), resolve_kernel(cfg.bench.kernel), load_recipes(cfg.recipes), True)
+    assert out.sim is None
+    assert out.note == "simulated in full: a short copy failed (sanitizer: unit_capacity: planted, 645 records)"
+    assert len(started) == 4 and all(f._pid is None for f in started)  # the first raised: the others killed

@@ -55,9 +55,11 @@ from omegaconf import open_dict
 from ..errors import KbframeError
 from ..sim.engine import build_units
 from ..sim.oplog import RowSink, _row, format_rows
+from ..sim import sanitizer
 from ..sim.sanitizer import read_oplog
 from ..sim.waits import _FIELDS
 from ..timebase import MAX_PS
+from .beside import Forked
 from .periodic import NotPeriodic, Runs, Settling, global_refs, precheck, records_of, streams_of, totals
 from .simulate import Simulation, simulate
 
@@ -161,7 +163,9 @@ def _apply(sim: Simulation, tot: dict, table: list, codes: np.ndarray, nums: np.
 class _Copies:
     """Short copies of the bench by their number of steps, each simulated once (the
     candidate periods share them); the hardware's units are instantiated once. Their
-    op_logs are kept in memory: nothing is written before the run directory is opened."""
+    op_logs are kept in memory: nothing is written before the run directory is opened.
+    With the sanitizer on, each copy is checked in a forked process while the next one
+    is simulated (kbframe.run.beside.Forked); :meth:`close` stops those still running."""
 
     def __init__(self, cfg, wl, kernel, recipes, check, key, step, r, units):
         self.cfg, self.wl, self.kernel, self.recipes, self.check = cfg, wl, kernel, recipes, check
@@ -169,6 +173,7 @@ class _Copies:
         self.units = units
         self.bench = wl.cfg.copy()  # one copy, its key set per short copy (they run one by one)
         self.done: dict = {}
+        self.checks: dict = {}  # steps -> the sanitizer's check of that copy (Forked), until taken
 
     def get(self, n: int) -> tuple:
         """The copy with ``n`` steps: ``(simulation, records, streams)`` (:func:`records_of`,
@@ -178,11 +183,13 @@ class _Copies:
                 self.bench[self.key] = n * self.step + self.r
             w = type(self.wl)(self.bench, n_pes=self.wl.n_pes)
             w.validate()
-            if self.check:  # the sanitizer reads the op_log's text
+            if self.check:  # the sanitizer reads the op_log's text, parsed once for it and here
                 text = io.StringIO()
                 sim = simulate(self.cfg, w, self.kernel, self.recipes, None, text, True, False,
-                               copy.deepcopy(self.units))
-                recs = records_of(read_oplog(text), sim.oplog.waits)
+                               copy.deepcopy(self.units), check_later=True)
+                parsed = read_oplog(text)
+                self.checks[n] = Forked(sanitizer.check, sim.engine, parsed)
+                recs = records_of(parsed, sim.oplog.waits)
             else:  # only compared: the records stay unformatted
                 sink = RowSink()
                 sim = simulate(self.cfg, w, self.kernel, self.recipes, None, sink, False, False,
@@ -196,6 +203,11 @@ class _Copies:
         :func:`precheck` may rule the candidate out after two)."""
         return sum(n for n in {n_a + i * p for i in range(4)} if n not in self.done)
 
+    def close(self) -> None:
+        for forked in self.checks.values():
+            forked.cancel()
+        self.checks.clear()
+
     @property
     def steps(self) -> int:
         return sum(self.done)
@@ -203,6 +215,9 @@ class _Copies:
     def runs(self, n_a: int, p: int) -> Runs:
         precheck(self.get(n_a), self.get(n_a + p))
         got = [self.get(n_a + i * p) for i in range(4)]
+        for i in range(4):  # the sanitizer's verdicts (SanitizerError: a short copy failed)
+            if n_a + i * p in self.checks:
+                got[i][0].sanitizer = self.checks.pop(n_a + i * p).result()
         runs = Runs(*([g[i] for g in got] for i in range(3)))
         runs.verify()
         return runs
@@ -225,9 +240,17 @@ def run(cfg, wl, kernel, recipes, check: bool, units: dict | None = None) -> Out
         return Outcome(None, "simulated in full: the workload names no periodic axis")
     key, step = axis
     q, r = divmod(int(cfg.bench[key]), step)
-    why = None
     copies = _Copies(cfg, wl, kernel, recipes, check, key, step, r,
                      units if units is not None else build_units(cfg.hardware))
+    try:
+        return _run(copies, q, key, t_start)
+    finally:
+        copies.close()
+
+
+def _run(copies: _Copies, q: int, key: str, t_start: float) -> Outcome:
+    """:func:`run` with its short copies, for a run of ``q`` whole steps of ``key``."""
+    why = None
     n_min = MIN_STEPS
     while True:
         settling = False
