@@ -206,6 +206,37 @@ def test_tcm_too_small(tmp_path):
     assert not (tmp_path / "op_log.jsonl").exists()
 
 
+def test_the_dry_run_beside_the_draws_keeps_the_error_order(tmp_path):
+    """In data mode the dry run is made while the inputs are drawn (kbframe.run.bench
+    _EarlyDryRun); its error still comes after the inputs' own checks, as when it ran
+    after them: inputs beyond float16 and a TCM too small give the inputs' error."""
+    from kbframe.errors import NumericsError
+    with pytest.raises(NumericsError) as e:
+        run(tmp_path, "hardware.tcm_bytes=1024", "bench.S_kv=256", "bench.inputs.peak=1e6", "bench.data_dtype=float16")
+    assert str(e.value).startswith("bench.data_dtype=float16: input 'q' has |x| up to ")
+    with pytest.raises(TcmOverflowError) as e:
+        run(tmp_path, "hardware.tcm_bytes=1024", "bench.S_kv=256")
+    assert str(e.value).startswith("TCM overflow on PE0: request 'q@tcm' needs 2048 B, 1024 B free")
+    assert not (tmp_path / "op_log.jsonl").exists()
+
+
+def test_the_dry_run_is_made_again_when_the_drawn_inputs_change_the_kernels_arguments(tmp_path, monkeypatch):
+    """The early dry run stands for the real one only if the kernel's arguments without
+    input values are those with them; otherwise it is made again with the inputs."""
+    from kbframe.run import preflight
+    calls = []
+    real = preflight.check_resources
+    monkeypatch.setattr(preflight, "check_resources", lambda *a, **k: calls.append(a[4] is None) or real(*a, **k))
+    run(tmp_path / "same", "bench.S_kv=256")
+    assert calls == [True]
+    kwargs = GqaDecode.kernel_kwargs
+    monkeypatch.setattr(GqaDecode, "kernel_kwargs",
+                        lambda self, inputs: {**kwargs(self, inputs), "scale": 0.5 if inputs is None else 0.25})
+    calls.clear()
+    run(tmp_path / "other", "bench.S_kv=256")
+    assert calls == [True, False]
+
+
 def test_explicit_scale_wins_over_the_files_and_is_recorded(tmp_path):
     rng = np.random.default_rng(5)
     q, k, v = rng.standard_normal((4, 16)), rng.standard_normal((40, 16)), rng.standard_normal((40, 16))

@@ -24,7 +24,7 @@ from ..sim import sanitizer
 from ..sim.engine import build_units
 from ..sim.targets import resolve_class, resolve_kernel
 from ..files import atomic_write, write_json
-from ..errors import ConfigError, InputsError, NumericsError, OutputError
+from ..errors import ConfigError, InputsError, KbframeError, NumericsError, OutputError
 from ..tl.recipe import load_recipes
 from . import preflight
 from .rundir import OUTPUT_FILES, RunDir
@@ -34,7 +34,7 @@ from ..report.trace import tracks_from_metrics, write_trace
 from ..workloads.base import Workload
 from . import fastforward
 from .metrics import run_metrics, unit_labels
-from .beside import Forked, TensorsFile
+from .beside import Forked, InThread, TensorsFile
 from .simulate import simulate
 
 
@@ -212,12 +212,15 @@ def _run_bench(cfg, out_dir: Path, explicit, rd: RunDir, stack: ExitStack) -> di
         unused = [f"bench.{k}" for k in wl.generated_only_keys]
     elif b.data:
         preflight.check_host_memory(wl, b.data, b.data_dtype)
-        inp = wl.generate(np.random.default_rng(b.seed))
+        inp = InThread(wl.generate, np.random.default_rng(b.seed))  # drawn beside the dry run
     else:  # timing only: shapes are all the simulation needs, no numbers are made
         inp = None
+    drawing = isinstance(inp, InThread)
     kernel = resolve_kernel(b.kernel, "bench.kernel", bool(cfg.hardware.allow_external_targets),
-                            kwargs=tuple(wl.kernel_kwargs(inp)))
-
+                            kwargs=tuple(wl.kernel_kwargs(None if drawing else inp)))
+    early = _EarlyDryRun(cfg, wl, kernel, recipes) if drawing else None
+    if drawing:
+        inp = inp.result()
     if b.data:
         preflight.check_inputs_fit(b.data_dtype, {n: inp[n] for n in wl.input_names()})
         wl.check_inputs(b.data_dtype, inp)
@@ -227,13 +230,14 @@ def _run_bench(cfg, out_dir: Path, explicit, rd: RunDir, stack: ExitStack) -> di
     if ff not in ("off", "on", "verify"):
         raise ConfigError(f"run.fast_forward must be off, on or verify, got '{ff}'")
     sim, ff_note = None, "off" if ff == "off" else "data mode: every tile simulated"
-    units = build_units(cfg.hardware)  # one PE's units, instantiated once and copied for each engine
+    # one PE's units, instantiated once and copied for each engine
+    units = early.units if early is not None and early.units is not None else build_units(cfg.hardware)
     if ff != "off" and not b.data:  # timing only: a periodic schedule is written, not simulated
         preflight.check_hbm(cfg, wl)
         out = fastforward.run(cfg, wl, kernel, recipes, check, units)  # writes nothing
         sim, ff_note = out.sim, out.note
     applied = sim is not None
-    if not applied:
+    if not applied and not (early is not None and early.stands_for(inp)):
         preflight.check_resources(cfg, wl, kernel, recipes, inp, copy.deepcopy(units))
     rd.open()  # nothing in out_dir is touched before this point (kbframe.run.rundir)
     if b.data:
@@ -339,6 +343,30 @@ def _run_bench(cfg, out_dir: Path, explicit, rd: RunDir, stack: ExitStack) -> di
     # trace.json with run.trace=false, tensors.npz when timing only, is removed), or none do
     rd.commit(staged)
     return metrics
+
+
+class _EarlyDryRun:
+    """The pre-flight dry run (kbframe.run.preflight.check_resources) made while a
+    data-mode run's inputs are drawn: it needs no input values, only the kernel's
+    arguments. Its error is held and raised by :meth:`stands_for`, where the dry run
+    would have been made, so the errors before it (the inputs' checks) still come first;
+    if the drawn inputs give the kernel other arguments, the dry run is made again."""
+
+    def __init__(self, cfg, wl, kernel, recipes):
+        self.wl, self.kwargs, self.units, self.error = wl, wl.kernel_kwargs(None), None, None
+        try:
+            self.units = build_units(cfg.hardware)  # an error here comes again in its place
+            preflight.check_resources(cfg, wl, kernel, recipes, None, copy.deepcopy(self.units))
+        except KbframeError as e:
+            self.error = e
+
+    def stands_for(self, inputs) -> bool:
+        """True when this dry run is the one ``inputs`` would make (raises its error)."""
+        if self.wl.kernel_kwargs(inputs) != self.kwargs:
+            return False
+        if self.error is not None:
+            raise self.error
+        return True
 
 
 def _save_resolved_config(cfg, out_dir: Path) -> None:

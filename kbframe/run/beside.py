@@ -16,8 +16,12 @@ run's speed tricks that use more than one core, in one place.
   child inherits the engine, its records and the op_log without a copy, does one job and
   sends its result back through a pipe while the parent does another.
 
-Neither is needed for a result: where no thread can be started the arrays are written
-when asked for; where ``os.fork`` does not exist or fails (a pids limit, no memory), or
+- :class:`InThread`: a data-mode run's inputs are drawn (numpy's generators release the
+  GIL while they fill an array) while the main thread runs the pre-flight dry run, which
+  needs no input values.
+
+None is needed for a result: where no thread can be started the arrays are written
+(the inputs drawn) when asked for; where ``os.fork`` does not exist or fails (a pids limit, no memory), or
 the child cannot answer (killed, a result that does not pickle), the job runs in the
 parent. The result is the same either way, only the time differs.
 """
@@ -132,6 +136,39 @@ class TensorsFile:
             self._zip.close()  # a second close does nothing
         except (OSError, ValueError):  # a full disk or an entry cut short: the file is dropped anyway
             pass
+
+
+class InThread:
+    """``fn(*args)`` started in a daemon thread; :meth:`result` waits for it and returns
+    its value or re-raises its exception (MemoryError …) in the caller's thread. No
+    thread (none can be started): the call is made by :meth:`result`. A caller that
+    leaves without the result (an error elsewhere, Ctrl-C) is not kept waiting; the
+    thread finishes on its own and its value is dropped."""
+
+    def __init__(self, fn, *args):
+        self._call, self._out = (fn, args), None
+        self._thread = threading.Thread(target=self._run, daemon=True, name="kbframe-beside")
+        try:
+            self._thread.start()
+        except RuntimeError:  # can't start new thread: result() makes the call
+            self._thread = None
+
+    def _run(self) -> None:
+        fn, args = self._call
+        try:
+            self._out = (True, fn(*args))
+        except BaseException as e:  # re-raised by result()
+            self._out = (False, e)
+
+    def result(self):
+        if self._thread is None:
+            fn, args = self._call
+            return fn(*args)
+        self._thread.join()
+        ok, value = self._out
+        if not ok:
+            raise value
+        return value
 
 
 class Forked:
