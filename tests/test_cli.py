@@ -215,3 +215,19 @@ def test_the_kbframe_script_exits_with_the_runs_status(tmp_path):
     bad = subprocess.run([script, "+bench=decode_opt2", "bench.tile=0", f"hydra.run.dir={tmp_path / 'bad'}"],
                          capture_output=True, text=True, timeout=120)
     assert (bad.returncode, bad.stderr) == (1, "kbframe: error: bench.tile must be ≥ 1, got 0\n")
+
+
+def test_ctrl_c_outside_a_job_is_one_line_and_status_130(monkeypatch, capsys):
+    """Ctrl-C while Hydra composes a config (a single run's, or the next job's of a sweep),
+    outside any job's JobStatus: one line and exit 130, never a traceback."""
+    from kbframe.cli import hydra_errors, main
+
+    def composing(_):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(hydra_errors, "run", composing)
+    monkeypatch.setattr(sys, "argv", ["kbframe", "+bench=decode_opt2"])
+    with pytest.raises(SystemExit) as e:
+        main.main()
+    assert e.value.code == 130
+    assert capsys.readouterr().err == "kbframe: interrupted\n"

@@ -183,7 +183,7 @@ def test_ctrl_c_in_a_sweep_leaves_interrupted_status_and_a_report_by_hand(tmp_pa
     from kbframe.report import sweep as report
     d = tmp_path / "sweep"
     args = [sys.executable, "-m", "kbframe", "-m", "+bench=decode_opt3", "bench.S_kv=64,262144,64", "bench.d=16",
-            "bench.G=1", "bench.data=false", f"hydra.sweep.dir={d}"]
+            "bench.G=1", "bench.data=false", "run.fast_forward=off", f"hydra.sweep.dir={d}"]  # job 1 takes seconds
     p = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:

@@ -23,7 +23,7 @@ from ..run import schema
 from ..run.bench import run_bench
 from ..run.metrics import summary
 from ..errors import ConfigError
-from ..run.jobstatus import JobStatus
+from ..run.jobstatus import EXIT_INTERRUPTED, JobStatus
 from ..report.search import Search
 
 schema.register()
@@ -132,7 +132,11 @@ def main() -> None:
     _use_kbframe_joblib_launcher()
     sys.argv[1:] = presets_after_bench(sys.argv[1:])
     with speed.one_compose(sys.argv[1:]):
-        hydra_errors.run(_hydra_main)
+        try:
+            hydra_errors.run(_hydra_main)
+        except KeyboardInterrupt:  # outside a job (Hydra composing, between a sweep's jobs): JobStatus has the rest
+            print("kbframe: interrupted", file=sys.stderr)
+            raise SystemExit(EXIT_INTERRUPTED) from None
 
 
 def entry() -> None:

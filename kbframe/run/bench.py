@@ -301,7 +301,7 @@ def _run_bench(cfg, out_dir: Path, explicit, rd: RunDir, stack: ExitStack) -> di
         (ff_note, (metrics, _)), _ = beside(lambda: (write_oplog(), analysis()), trace_of_records)
         san = sim.sanitizer
     elif applied:  # the op_log written from columns beside the analysis
-        ff_note, (metrics, _) = beside(write_oplog, analysis)
+        ff_note, metrics = beside(write_oplog, lambda: analysis()[0])
         san = sim.sanitizer
     elif sim.sanitizer is None:  # the sanitizer beside the report
         san, metrics = beside(lambda: sanitizer.check(engine, oplog_path), report)
