@@ -156,7 +156,7 @@ def main() -> int:
     if NEW_KEYS:
         print(f"metrics keys only in the new runs (not compared): {', '.join(sorted(NEW_KEYS))}")
     print(f"{len(todo) - n_bad} of {len(todo)} cases identical"
-          f" (op_log.jsonl bytes, metrics.json except sim.wall_s and fast_forward, tensors.npz)")
+          f" (op_log.jsonl and trace.json bytes, metrics.json except sim.wall_s and fast_forward, tensors.npz)")
     return 1 if n_bad else 0
 
 
