@@ -320,6 +320,19 @@ def test_footprint_transposed_tile_and_column_region(tmp_path):
     sim.oplog.close()
 
 
+def test_the_two_halves_fail_as_the_rules_are_ordered():
+    """The op_log's rules and the data rules may run side by side (kbframe.run.bench); the
+    violation reported is the one check meets first: PE by PE rules 1-5 then 6, then
+    7-9, then 10."""
+    five, six, seven = (SanitizerError(f"sanitizer: rule {n} violated", n)
+                        for n in ("unit_capacity", "data_dependencies", "ipcq_matched"))
+    for recorded, data, want in ((((1, 0), five), ((0, 1), six), six), (((1, 0), five), ((1, 1), six), five),
+                                 (((8, 0), seven), ((7, 1), six), six), (((8, 0), seven), None, seven)):
+        with pytest.raises(SanitizerError) as e:
+            sanitizer.verdict(None, ((0, 0), recorded), (0, data))
+        assert e.value is want
+
+
 def test_sanitizer_needs_enable(tmp_path):
     rng = np.random.default_rng(0)
     sim = Sim(tmp_path, {"a": rng.standard_normal((8, 64))})

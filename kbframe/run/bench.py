@@ -24,7 +24,7 @@ from ..sim import sanitizer
 from ..sim.engine import build_units
 from ..sim.targets import resolve_class, resolve_kernel
 from ..files import atomic_write, write_json
-from ..errors import ConfigError, InputsError, KbframeError, NumericsError, OutputError
+from ..errors import ConfigError, InputsError, KbframeError, NumericsError, OutputError, SanitizerError
 from ..tl.recipe import load_recipes
 from . import preflight
 from .rundir import OUTPUT_FILES, RunDir
@@ -303,8 +303,14 @@ def _run_bench(cfg, out_dir: Path, explicit, rd: RunDir, stack: ExitStack) -> di
     elif applied:  # the op_log written from columns beside the analysis
         ff_note, metrics = beside(write_oplog, lambda: analysis()[0])
         san = sim.sanitizer
-    elif sim.sanitizer is None:  # the sanitizer beside the report
-        san, metrics = beside(lambda: sanitizer.check(engine, oplog_path), report)
+    elif sim.sanitizer is None:  # the sanitizer's rule 6 and 10 here, the report and its other rules beside
+        data, (metrics, recorded) = beside(lambda: sanitizer.data_rules(engine),
+                                           lambda: (report(), sanitizer.record_rules(engine, oplog_path)))
+        try:
+            san = sanitizer.verdict(engine, recorded, data)
+        except SanitizerError:  # no trace of a failed run
+            trace_tmp.unlink(missing_ok=True)
+            raise
     else:
         metrics, san = report(), sim.sanitizer
     metrics["sanitizer"] = san
