@@ -97,7 +97,7 @@ class Records(NamedTuple):
         return dict(zip([(pe[i], cmd[i]) for i in at], at))
 
 
-def records_of(rows) -> Records:
+def as_records(rows) -> Records:
     """:class:`Records` from rows (a list of 10-field records), from an object whose
     ``columns()`` gives the ten columns (kbframe.sim.waits.WaitLog), or Records as given."""
     if isinstance(rows, Records):
@@ -148,9 +148,9 @@ def _name(c: Records, i: int, phase: str) -> str:
 
 
 def walk(rows, sched: dict | None = None) -> list:
-    """The critical path of ``rows`` (:func:`records_of` reads them) as :class:`Segment` s
+    """The critical path of ``rows`` (:func:`as_records` reads them) as :class:`Segment` s
     in time order (module doc). ``sched``: ``Records.last_of("scheduler")``, if known."""
-    c = records_of(rows)
+    c = as_records(rows)
     if not c.n:
         return []
     PE, UNIT, CMD, T0, T1, TD, WHY, REF, END = c.pe, c.unit, c.cmd, c.t0, c.t1, c.td, c.why, c.ref, c.end
@@ -330,7 +330,7 @@ def analyse(rows: list, n_units: int, unit_name: str = "unit", resources: dict |
         ``ns_per_unit``, ``repetitions``, ``window_ns``, ``terms`` (``name``, ``unit``,
         ``op_kind``, ``phase``, ``pe``, ``ns``), ``busiest``, ``units`` and ``path``.
     """
-    rows = records_of(rows)
+    rows = as_records(rows)
     sched = rows.last_of("scheduler")
     segs = walk(rows, sched)
     multi_pe = len(set(rows.pe)) > 1
