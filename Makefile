@@ -14,9 +14,10 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # kbframe's bytecode, compiled once here rather than at every start of a command where
-# Python may not write it (PYTHONDONTWRITEBYTECODE, a read-only tree): ~0.1 s a command
+# Python may not write it (PYTHONDONTWRITEBYTECODE): ~0.1 s a command; a tree where it
+# cannot be written (read-only) runs all the same
 bytecode: $(STAMP)
-	$(PY) -m compileall -q kbframe
+	-$(PY) -m compileall -q kbframe
 
 run: bytecode
 	$(PY) -m kbframe +bench=decode_opt2

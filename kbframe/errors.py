@@ -66,3 +66,13 @@ class OutputError(KbframeError):
 class NumericsError(KbframeError):
     """A number the data mode needs cannot be represented (e.g. beyond fp16's range) or a
     result is not finite; names the array or op and the limit."""
+
+
+def kept(e: BaseException) -> BaseException:
+    """``e``, to be raised later (after what must come first, or in another process): a bug
+    (an Exception not a KbframeError) gets its traceback as a note, which survives the
+    pickling a forked process's answer goes through (kbframe.run.beside)."""
+    if isinstance(e, Exception) and not isinstance(e, KbframeError):
+        import traceback
+        e.add_note("".join(traceback.format_exception(e)).rstrip())
+    return e

@@ -220,6 +220,17 @@ def test_the_dry_run_beside_the_draws_keeps_the_error_order(tmp_path):
     assert not (tmp_path / "op_log.jsonl").exists()
 
 
+def test_no_inputs_are_drawn_for_a_run_that_fails_before(tmp_path, monkeypatch):
+    """The draws start only once nothing before the dry run can fail: a bad kernel name is
+    refused without a thread left drawing (in a sweep, each failed job's would pile up)."""
+    from kbframe.run import bench
+    started = []
+    monkeypatch.setattr(bench, "InThread", lambda *a: started.append(a))
+    with pytest.raises(ConfigError, match="^bench.kernel: "):
+        run(tmp_path, "bench.S_kv=256", "bench.kernel=kbframe.kernels.no_such_kernel")
+    assert started == []
+
+
 def test_the_dry_run_is_made_again_when_the_drawn_inputs_change_the_kernels_arguments(tmp_path, monkeypatch):
     """The early dry run stands for the real one only if the kernel's arguments without
     input values are those with them; otherwise it is made again with the inputs."""

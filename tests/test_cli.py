@@ -217,17 +217,29 @@ def test_the_kbframe_script_exits_with_the_runs_status(tmp_path):
     assert (bad.returncode, bad.stderr) == (1, "kbframe: error: bench.tile must be ≥ 1, got 0\n")
 
 
-def test_ctrl_c_outside_a_job_is_one_line_and_status_130(monkeypatch, capsys):
+@pytest.mark.parametrize("sweep", [False, True])
+def test_ctrl_c_outside_a_job_is_one_line_and_status_130(monkeypatch, capsys, sweep):
     """Ctrl-C while Hydra composes a config (a single run's, or the next job's of a sweep),
-    outside any job's JobStatus: one line and exit 130, never a traceback."""
+    outside any job's JobStatus: one line and exit 130, never a traceback; in a sweep, how
+    to summarise what finished, as a job interrupted in its run says."""
+    from hydra.conf import HydraConf
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+    from omegaconf import OmegaConf
     from kbframe.cli import hydra_errors, main
 
     def composing(_):
+        if sweep:  # a sweep's config, set up by Hydra before its next job is composed
+            h = OmegaConf.structured(HydraConf)
+            h.mode, h.sweep.dir = RunMode.MULTIRUN, "/tmp/the_sweep"
+            HydraConfig.instance().set_config(OmegaConf.create({"hydra": h}))
         raise KeyboardInterrupt
 
+    monkeypatch.setattr(HydraConfig.instance(), "cfg", None)
     monkeypatch.setattr(hydra_errors, "run", composing)
     monkeypatch.setattr(sys, "argv", ["kbframe", "+bench=decode_opt2"])
     with pytest.raises(SystemExit) as e:
         main.main()
     assert e.value.code == 130
-    assert capsys.readouterr().err == "kbframe: interrupted\n"
+    assert capsys.readouterr().err == "kbframe: interrupted\n" + (
+        "kbframe: summarise what finished with: python -m kbframe.report /tmp/the_sweep\n" if sweep else "")

@@ -202,3 +202,25 @@ def test_a_rule_a_short_copy_breaks_comes_back_from_its_forked_check(monkeypatch
     assert out.sim is None
     assert out.note == "simulated in full: a short copy failed (sanitizer: unit_capacity: planted, 645 records)"
     assert len(started) == 4 and all(f._pid is None for f in started)  # the first raised: the others killed
+
+
+def test_a_rule_broken_in_a_copy_of_a_candidate_ruled_out_still_counts(monkeypatch):
+    """decode_opt2's first copies (16 and 17 KV tiles) are ruled out (PE_CPU still
+    settling); the sanitizer's verdict on them is taken all the same before the run is
+    fast-forwarded: a rule broken only in the first sends the run to the full simulation."""
+    from kbframe.sim import sanitizer
+    real = sanitizer.check
+
+    def broken_at_16_tiles(engine, records):
+        if len(records) == 306:  # the 16-tile copy
+            raise SanitizerError("sanitizer: rule unit_capacity violated: planted", "unit_capacity")
+        return real(engine, records)
+
+    monkeypatch.setattr(sanitizer, "check", broken_at_16_tiles)
+    cfg = compose_cfg("bench.S_kv=8960", "bench.data=false", "run.progress=false", bench="decode_opt2")
+    out = fastforward.run(cfg, validate(cfg), resolve_kernel(cfg.bench.kernel), load_recipes(cfg.recipes), True)
+    assert out.sim is None
+    assert out.note == "simulated in full: a short copy failed (sanitizer: rule unit_capacity violated: planted)"
+    monkeypatch.setattr(sanitizer, "check", real)
+    out = fastforward.run(cfg, validate(cfg), resolve_kernel(cfg.bench.kernel), load_recipes(cfg.recipes), True)
+    assert out.note == "fast-forwarded 73 of 76 periods of 1 S_kv step(s) (1314 of 2538 records by shifting)"

@@ -225,6 +225,28 @@ def test_data_dependencies_raw_across_commands(tmp_path, monkeypatch):
     assert sorted(os.listdir(tmp_path)) == ["op_log.jsonl.partial"]
 
 
+def test_a_violation_comes_before_an_error_of_the_report_beside_it(tmp_path, monkeypatch):
+    """The report (critical path, metrics, trace) runs in a forked process beside the
+    data rules (kbframe.run.bench); when it fails too (a full disk under trace.json), the
+    sanitizer's violation is what the run reports, as when the check came first, and only
+    the op_log is kept."""
+    from kbframe.errors import OutputError
+    from kbframe.run import bench
+
+    def full_disk(*a, **k):
+        raise OutputError("cannot write 'trace.json': No space left on device")
+
+    monkeypatch.setattr(PeScheduler, "_blocker", _no_hazards)
+    monkeypatch.setattr(bench, "write_trace", full_disk)
+    msg = _expect("data_dependencies", lambda: run(tmp_path, *SMALL, bench="decode_opt3"))
+    assert msg.split("violated: ")[1].startswith("RAW")
+    assert sorted(os.listdir(tmp_path)) == ["op_log.jsonl.partial"]
+    monkeypatch.undo()
+    monkeypatch.setattr(bench, "write_trace", full_disk)  # no violation: the report's error
+    with pytest.raises(OutputError, match="No space left on device"):
+        run(tmp_path, *SMALL, bench="decode_opt3")
+
+
 def test_data_dependencies_raw_within_command(tmp_path, monkeypatch):
     """A planner that lets each GEMM stage start without waiting for its operand DMA."""
     def drop_dma_edges(cmd, units, nx):

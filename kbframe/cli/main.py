@@ -136,7 +136,21 @@ def main() -> None:
             hydra_errors.run(_hydra_main)
         except KeyboardInterrupt:  # outside a job (Hydra composing, between a sweep's jobs): JobStatus has the rest
             print("kbframe: interrupted", file=sys.stderr)
+            sweep_dir = _sweep_dir()
+            if sweep_dir:
+                print(f"kbframe: summarise what finished with: python -m kbframe.report {sweep_dir}", file=sys.stderr)
             raise SystemExit(EXIT_INTERRUPTED) from None
+
+
+def _sweep_dir() -> str | None:
+    """The sweep directory of a ``-m`` run whose config Hydra has set up, else None."""
+    try:
+        from hydra.types import RunMode
+        if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
+            return str(HydraConfig.get().sweep.dir)
+    except Exception:  # noqa: BLE001 — a config Hydra had not finished: no hint
+        pass
+    return None
 
 
 def entry() -> None:

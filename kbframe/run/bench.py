@@ -24,7 +24,7 @@ from ..sim import sanitizer
 from ..sim.engine import build_units
 from ..sim.targets import resolve_class, resolve_kernel
 from ..files import atomic_write, write_json
-from ..errors import ConfigError, InputsError, KbframeError, NumericsError, OutputError, SanitizerError
+from ..errors import ConfigError, InputsError, KbframeError, NumericsError, OutputError
 from ..tl.recipe import load_recipes
 from . import preflight
 from .rundir import OUTPUT_FILES, RunDir
@@ -34,7 +34,7 @@ from ..report.trace import tracks_from_metrics, write_trace
 from ..workloads.base import Workload
 from . import fastforward
 from .metrics import run_metrics, unit_labels
-from .beside import Forked, InThread, TensorsFile
+from .beside import Forked, InThread, Outcome, TensorsFile
 from .simulate import simulate
 
 
@@ -210,17 +210,17 @@ def _run_bench(cfg, out_dir: Path, explicit, rd: RunDir, stack: ExitStack) -> di
         _save_resolved_config(cfg, out_dir)
         inp = wl.accept_file(arrays, path)
         unused = [f"bench.{k}" for k in wl.generated_only_keys]
-    elif b.data:
-        preflight.check_host_memory(wl, b.data, b.data_dtype)
-        inp = InThread(wl.generate, np.random.default_rng(b.seed))  # drawn beside the dry run
-    else:  # timing only: shapes are all the simulation needs, no numbers are made
+    else:  # generated below (data mode), or timing only: shapes are all the simulation needs
         inp = None
-    drawing = isinstance(inp, InThread)
+        if b.data:
+            preflight.check_host_memory(wl, b.data, b.data_dtype)
     kernel = resolve_kernel(b.kernel, "bench.kernel", bool(cfg.hardware.allow_external_targets),
-                            kwargs=tuple(wl.kernel_kwargs(None if drawing else inp)))
-    early = _EarlyDryRun(cfg, wl, kernel, recipes) if drawing else None
-    if drawing:
-        inp = inp.result()
+                            kwargs=tuple(wl.kernel_kwargs(inp)))
+    early = None
+    if b.data and inp is None:  # drawn in a thread beside the dry run, once nothing before can fail
+        drawing = InThread(wl.generate, np.random.default_rng(b.seed))
+        early = _EarlyDryRun(cfg, wl, kernel, recipes)
+        inp = drawing.result()
     if b.data:
         preflight.check_inputs_fit(b.data_dtype, {n: inp[n] for n in wl.input_names()})
         wl.check_inputs(b.data_dtype, inp)
@@ -270,6 +270,11 @@ def _run_bench(cfg, out_dir: Path, explicit, rd: RunDir, stack: ExitStack) -> di
             write_trace(oplog_path, trace_tmp, tracks_from_metrics(metrics), critical=on_path)
         return metrics
 
+    def report_and_record_rules() -> tuple:
+        """:func:`report`'s :class:`~kbframe.run.beside.Outcome` (its error is raised after
+        the sanitizer's verdict) and the sanitizer's op_log rules."""
+        return Outcome(report), sanitizer.record_rules(engine, oplog_path)
+
     def trace_of_records() -> None:
         """A fast-forwarded run's trace.json, from its records (no re-parse) and the walk
         of its critical path alone (the flags), before the metrics are known."""
@@ -302,15 +307,16 @@ def _run_bench(cfg, out_dir: Path, explicit, rd: RunDir, stack: ExitStack) -> di
         san = sim.sanitizer
     elif applied:  # the op_log written from columns beside the analysis
         ff_note, metrics = beside(write_oplog, lambda: analysis()[0])
+        metrics["sim"]["wall_s"] = engine.wall_s  # with the op_log's writing, as with a trace
         san = sim.sanitizer
     elif sim.sanitizer is None:  # the sanitizer's rule 6 and 10 here, the report and its other rules beside
-        data, (metrics, recorded) = beside(lambda: sanitizer.data_rules(engine),
-                                           lambda: (report(), sanitizer.record_rules(engine, oplog_path)))
-        try:
+        data, (reported, recorded) = beside(lambda: sanitizer.data_rules(engine), report_and_record_rules)
+        try:  # a violation comes before an error of the report, as when the check came first
             san = sanitizer.verdict(engine, recorded, data)
-        except SanitizerError:  # no trace of a failed run
+        except BaseException:  # no trace of a failed run
             trace_tmp.unlink(missing_ok=True)
             raise
+        metrics = reported.result()
     else:
         metrics, san = report(), sim.sanitizer
     metrics["sanitizer"] = san

@@ -38,7 +38,7 @@ import zipfile
 
 import numpy as np
 
-from ..errors import KbframeError
+from ..errors import KbframeError, kept
 from ..files import release_inherited_locks
 
 
@@ -138,6 +138,25 @@ class TensorsFile:
             pass
 
 
+class Outcome:
+    """``fn(*args)``'s value, or the exception it raised, kept: :meth:`result` returns the
+    one or raises the other, later (in another thread, after what must come first, or
+    after a forked process sent it back pickled: kbframe.errors.kept)."""
+
+    __slots__ = ("value", "error")
+
+    def __init__(self, fn, *args):
+        try:
+            self.value, self.error = fn(*args), None
+        except BaseException as e:  # noqa: BLE001 — raised by result()
+            self.value, self.error = None, kept(e)
+
+    def result(self):
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
 class InThread:
     """``fn(*args)`` started in a daemon thread; :meth:`result` waits for it and returns
     its value or re-raises its exception (MemoryError …) in the caller's thread. No
@@ -155,20 +174,14 @@ class InThread:
 
     def _run(self) -> None:
         fn, args = self._call
-        try:
-            self._out = (True, fn(*args))
-        except BaseException as e:  # re-raised by result()
-            self._out = (False, e)
+        self._out = Outcome(fn, *args)
 
     def result(self):
         if self._thread is None:
-            fn, args = self._call
-            return fn(*args)
-        self._thread.join()
-        ok, value = self._out
-        if not ok:
-            raise value
-        return value
+            self._run()
+        else:
+            self._thread.join()
+        return self._out.result()
 
 
 class Forked:

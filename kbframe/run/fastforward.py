@@ -208,6 +208,12 @@ class _Copies:
             forked.cancel()
         self.checks.clear()
 
+    def settle(self) -> None:
+        """Take the sanitizer's verdict on every copy not yet taken (those of candidates
+        ruled out), in order of their steps: a rule one broke raises its SanitizerError."""
+        for n in sorted(self.checks):
+            self.done[n][0].sanitizer = self.checks.pop(n).result()
+
     @property
     def steps(self) -> int:
         return sum(self.done)
@@ -282,6 +288,10 @@ def _run(copies: _Copies, q: int, key: str, t_start: float) -> Outcome:
                 nums = global_refs(table, codes, nums)
             except NotPeriodic as e:
                 return Outcome(None, f"simulated in full: not periodic ({e})")
+            try:  # every copy checked, also those of the candidates ruled out
+                copies.settle()
+            except KbframeError as e:
+                return Outcome(None, f"simulated in full: a short copy failed ({e})")
             sim = runs.sims[3]
             _apply(sim, tot, table, codes, nums)
             sim.engine.wall_s = time.perf_counter() - t_start

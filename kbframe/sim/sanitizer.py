@@ -56,7 +56,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import SanitizerError
+from ..errors import SanitizerError, kept
 from .footprint import FootprintNumerics, Space, footprint
 from ..hw.tiling import plan_stages
 
@@ -123,7 +123,7 @@ def record_rules(engine, records) -> tuple:
     """Rules 1–5 on every PE in order, then 7–9: the rules read from the op_log.
 
     Returns:
-        ``((commands, stages), failure)``; ``failure`` is None or ``(place, SanitizerError)``,
+        ``((commands, stages), failure)``; ``failure`` is None or ``(place, exception)``,
         ``place`` ``(k, 0)`` for PE number ``k``'s rules 1–5, ``(n_pes, 0)`` for 7–9
         (:func:`verdict` orders the two halves' failures by it).
     """
@@ -154,8 +154,8 @@ def record_rules(engine, records) -> tuple:
         k = len(engine.pes.built())
         if engine.fabric.links:
             check_ipcq(engine, records)
-    except SanitizerError as e:
-        return (n_cmds, n_stages), ((k, 0), e)
+    except Exception as e:  # noqa: BLE001 — a bug, too, comes in its place in the order (verdict)
+        return (n_cmds, n_stages), ((k, 0), kept(e))
     return (n_cmds, n_stages), None
 
 
@@ -164,7 +164,7 @@ def data_rules(engine) -> tuple:
     wrote (most of the sanitizer's time, re-planning every command).
 
     Returns:
-        ``(accesses, failure)``; ``failure`` is None or ``(place, SanitizerError)``, ``place``
+        ``(accesses, failure)``; ``failure`` is None or ``(place, exception)``, ``place``
         ``(k, 1)`` for PE number ``k``'s rule 6, ``(n_pes, 1)`` for rule 10.
     """
     n_acc, k = 0, 0
@@ -175,15 +175,16 @@ def data_rules(engine) -> tuple:
         k = len(engine.pes.built())
         if sum(bool(pe.scheduler.record) for pe in engine.pes.built()) > 1:
             check_hbm_writes_disjoint(hbm_writes)
-    except SanitizerError as e:
-        return n_acc, ((k, 1), e)
+    except Exception as e:  # noqa: BLE001 — a bug, too, comes in its place in the order (verdict)
+        return n_acc, ((k, 1), kept(e))
     return n_acc, None
 
 
 def verdict(engine, recorded: tuple, data: tuple) -> dict:
     """:func:`check`'s result from :func:`record_rules` and :func:`data_rules`: the
     violation met first in the order the rules are listed, PE by PE (rules 1–6 of each
-    PE, then 7–9, then 10), raised as SanitizerError; else the counts."""
+    PE, then 7–9, then 10), raised as SanitizerError (or the exception a half stopped
+    at there, a bug); else the counts."""
     failures = [f for f in (recorded[1], data[1]) if f is not None]
     if failures:
         raise min(failures, key=lambda f: f[0])[1]
