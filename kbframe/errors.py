@@ -70,9 +70,19 @@ class NumericsError(KbframeError):
 
 def kept(e: BaseException) -> BaseException:
     """``e``, to be raised later (after what must come first, or in another process): a bug
-    (an Exception not a KbframeError) gets its traceback as a note, which survives the
-    pickling a forked process's answer goes through (kbframe.run.beside)."""
+    (an Exception not a KbframeError) keeps its traceback's text, which survives the
+    pickling a forked process's answer goes through (kbframe.run.beside);
+    :func:`restored` gives it back when it is raised."""
     if isinstance(e, Exception) and not isinstance(e, KbframeError):
         import traceback
-        e.add_note("".join(traceback.format_exception(e)).rstrip())
+        e._kbframe_traceback = "".join(traceback.format_exception(e)).rstrip()
+    return e
+
+
+def restored(e: BaseException) -> BaseException:
+    """``e`` (:func:`kept`) to raise: if it lost its traceback on the way (pickled), the
+    text of the one it had, as a note; else as it is (no traceback shown twice)."""
+    text = getattr(e, "_kbframe_traceback", None)
+    if text and e.__traceback__ is None and text not in getattr(e, "__notes__", ()):
+        e.add_note(text)
     return e

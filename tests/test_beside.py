@@ -162,3 +162,28 @@ def test_abandoning_a_busy_thread_does_not_wait_for_it(tmp_path):
     go.set()
     t._thread.join(10)
     assert not t._thread.is_alive() and t._zip.fp is None  # closed by the thread
+
+
+def _bug_in_the_report():
+    return {"metrics": 1 / 0}
+
+
+def test_a_kept_bug_shows_its_traceback_once_here_or_after_a_fork():
+    """An exception kept to be raised later (Outcome: a report's, a sanitizer half's) shows
+    the traceback it was raised with once: its own in this process, and, sent back by a
+    forked process (pickled, its traceback lost), the child's as a note."""
+    from kbframe.run.beside import Outcome
+    here = Outcome(_bug_in_the_report)
+    with pytest.raises(ZeroDivisionError) as e:
+        here.result()
+    assert not getattr(e.value, "__notes__", None)
+    assert e.traceback[-1].name == "_bug_in_the_report"
+    sent = Forked(Outcome, _bug_in_the_report).result()
+    with pytest.raises(ZeroDivisionError) as e:
+        sent.result()
+    assert len(e.value.__notes__) == 1
+    assert 'in _bug_in_the_report\n    return {"metrics": 1 / 0}' in e.value.__notes__[0]
+    assert e.value.__notes__[0].endswith("ZeroDivisionError: division by zero")
+    with pytest.raises(ZeroDivisionError) as e:  # raised again: still one note
+        sent.result()
+    assert len(e.value.__notes__) == 1

@@ -221,21 +221,14 @@ def test_the_kbframe_script_exits_with_the_runs_status(tmp_path):
 def test_ctrl_c_outside_a_job_is_one_line_and_status_130(monkeypatch, capsys, sweep):
     """Ctrl-C while Hydra composes a config (a single run's, or the next job's of a sweep),
     outside any job's JobStatus: one line and exit 130, never a traceback; in a sweep, how
-    to summarise what finished, as a job interrupted in its run says."""
-    from hydra.conf import HydraConf
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-    from omegaconf import OmegaConf
-    from kbframe.cli import hydra_errors, main
+    to summarise what finished, as a job interrupted in its run says (the sweep's
+    directory as its start recorded it: kbframe.cli.callbacks)."""
+    from kbframe.cli import callbacks, hydra_errors, main
 
     def composing(_):
-        if sweep:  # a sweep's config, set up by Hydra before its next job is composed
-            h = OmegaConf.structured(HydraConf)
-            h.mode, h.sweep.dir = RunMode.MULTIRUN, "/tmp/the_sweep"
-            HydraConfig.instance().set_config(OmegaConf.create({"hydra": h}))
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(HydraConfig.instance(), "cfg", None)
+    monkeypatch.setattr(callbacks, "_SWEEP_LOCKS", {"/tmp/the_sweep": None} if sweep else {})
     monkeypatch.setattr(hydra_errors, "run", composing)
     monkeypatch.setattr(sys, "argv", ["kbframe", "+bench=decode_opt2"])
     with pytest.raises(SystemExit) as e:

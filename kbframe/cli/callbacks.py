@@ -47,6 +47,12 @@ def _remove_submitit_placeholder(sweep_dir: Path) -> None:
 _SWEEP_LOCKS: dict = {}  # sweep dir -> its held lock, for this launching process
 
 
+def running_sweep() -> str | None:
+    """The directory of the sweep this process launches (from its start to its end), else
+    None: what a Ctrl-C between its jobs names (kbframe.cli.main)."""
+    return next(iter(_SWEEP_LOCKS), None)
+
+
 def _fail(msg: str) -> None:
     _release_stderr()
     print(f"kbframe: error: {msg}", file=sys.stderr)

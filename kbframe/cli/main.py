@@ -17,7 +17,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from . import checks, hydra_errors, speed
+from . import callbacks, checks, hydra_errors, speed
 
 from ..run import schema
 from ..run.bench import run_bench
@@ -136,21 +136,10 @@ def main() -> None:
             hydra_errors.run(_hydra_main)
         except KeyboardInterrupt:  # outside a job (Hydra composing, between a sweep's jobs): JobStatus has the rest
             print("kbframe: interrupted", file=sys.stderr)
-            sweep_dir = _sweep_dir()
+            sweep_dir = callbacks.running_sweep()
             if sweep_dir:
                 print(f"kbframe: summarise what finished with: python -m kbframe.report {sweep_dir}", file=sys.stderr)
             raise SystemExit(EXIT_INTERRUPTED) from None
-
-
-def _sweep_dir() -> str | None:
-    """The sweep directory of a ``-m`` run whose config Hydra has set up, else None."""
-    try:
-        from hydra.types import RunMode
-        if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
-            return str(HydraConfig.get().sweep.dir)
-    except Exception:  # noqa: BLE001 — a config Hydra had not finished: no hint
-        pass
-    return None
 
 
 def entry() -> None:

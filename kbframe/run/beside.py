@@ -38,7 +38,7 @@ import zipfile
 
 import numpy as np
 
-from ..errors import KbframeError, kept
+from ..errors import KbframeError, kept, restored
 from ..files import release_inherited_locks
 
 
@@ -141,7 +141,7 @@ class TensorsFile:
 class Outcome:
     """``fn(*args)``'s value, or the exception it raised, kept: :meth:`result` returns the
     one or raises the other, later (in another thread, after what must come first, or
-    after a forked process sent it back pickled: kbframe.errors.kept)."""
+    after a forked process sent it back pickled: kbframe.errors.kept, restored)."""
 
     __slots__ = ("value", "error")
 
@@ -153,7 +153,7 @@ class Outcome:
 
     def result(self):
         if self.error is not None:
-            raise self.error
+            raise restored(self.error)
         return self.value
 
 

@@ -56,7 +56,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import SanitizerError, kept
+from ..errors import SanitizerError, kept, restored
 from .footprint import FootprintNumerics, Space, footprint
 from ..hw.tiling import plan_stages
 
@@ -187,7 +187,7 @@ def verdict(engine, recorded: tuple, data: tuple) -> dict:
     at there, a bug); else the counts."""
     failures = [f for f in (recorded[1], data[1]) if f is not None]
     if failures:
-        raise min(failures, key=lambda f: f[0])[1]
+        raise restored(min(failures, key=lambda f: f[0])[1])
     rules = list(RULES)
     if engine.fabric.links:
         rules += IPCQ_RULES
