@@ -21,9 +21,9 @@ run's speed tricks that use more than one core, in one place.
   needs no input values.
 
 None is needed for a result: where no thread can be started the arrays are written
-(the inputs drawn) when asked for; where ``os.fork`` does not exist or fails (a pids limit, no memory), or
-the child cannot answer (killed, a result that does not pickle), the job runs in the
-parent. The result is the same either way, only the time differs.
+(the inputs drawn) when asked for; where ``os.fork`` does not exist or fails (a pids
+limit, no memory), or the child cannot answer (killed, a result that does not pickle),
+the job runs in the parent. The result is the same either way, only the time differs.
 """
 from __future__ import annotations
 
