@@ -63,8 +63,7 @@ class TensorsFile:
         self._zip = zipfile.ZipFile(path, mode="w", compression=zipfile.ZIP_STORED, allowZip64=True)
         self._first, self._compute = first, compute
         self._stop = False
-        self._error: BaseException | None = None
-        self._computed: dict | None = None
+        self._out: Outcome | None = None  # the references, or what the thread raised
         self._thread = threading.Thread(target=self._body, name="tensors.npz", daemon=True)
         try:
             self._thread.start()
@@ -76,19 +75,20 @@ class TensorsFile:
             np.lib.format.write_array(f, np.asanyarray(array), allow_pickle=False)
 
     def _body(self) -> None:
+        self._out = Outcome(self._write)  # an error is handed to the caller's thread
+
+    def _write(self) -> dict | None:
         try:
             for name, array in self._first.items():
                 if self._stop:
-                    return
+                    return None
                 self._add(name, array)
             computed = self._compute()
             for name, array in computed.items():
                 if self._stop:
-                    return
+                    return None
                 self._add(name, array)
-            self._computed = computed
-        except BaseException as e:  # handed to the caller's thread
-            self._error = e
+            return computed
         finally:
             if self._stop:  # abandoned: the caller may have stopped waiting
                 self._close()
@@ -96,13 +96,11 @@ class TensorsFile:
     def results(self) -> dict:
         """What ``compute`` returned, once it and its entries are written."""
         if self._thread is None:
-            if self._computed is None and self._error is None:
+            if self._out is None:
                 self._body()
         else:
             self._thread.join()
-        if self._error is not None:
-            raise self._error
-        return self._computed
+        return self._out.result()
 
     def finish(self, last: dict):
         """Add ``last`` after the thread's entries, close the file and return its path."""

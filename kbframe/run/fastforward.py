@@ -56,7 +56,6 @@ from ..errors import KbframeError
 from ..sim.engine import build_units
 from ..sim.oplog import RowSink, _row, format_rows
 from ..sim import sanitizer
-from ..sim.sanitizer import read_oplog
 from ..sim.waits import _FIELDS
 from ..timebase import MAX_PS
 from .beside import Forked
@@ -187,7 +186,7 @@ class _Copies:
                 text = io.StringIO()
                 sim = simulate(self.cfg, w, self.kernel, self.recipes, None, text, True, False,
                                copy.deepcopy(self.units), check_later=True)
-                parsed = read_oplog(text)
+                parsed = sanitizer.read_oplog(text)
                 self.checks[n] = Forked(sanitizer.check, sim.engine, parsed)
                 recs = records_of(parsed, sim.oplog.waits)
             else:  # only compared: the records stay unformatted
