@@ -224,3 +224,40 @@ def test_a_rule_broken_in_a_copy_of_a_candidate_ruled_out_still_counts(monkeypat
     monkeypatch.setattr(sanitizer, "check", real)
     out = fastforward.run(cfg, validate(cfg), resolve_kernel(cfg.bench.kernel), load_recipes(cfg.recipes), True)
     assert out.note == "fast-forwarded 73 of 76 periods of 1 S_kv step(s) (1314 of 2538 records by shifting)"
+
+
+def test_the_last_copys_verdict_taken_after_the_full_records_still_counts(monkeypatch):
+    """The fourth copy of the candidate that verifies is checked while the full run's
+    records are made (kbframe.run.fastforward._run); a rule broken only there still sends
+    the run to the full simulation, and sanitizer counts other than predicted rule the
+    candidate out (the next period, 2 steps, is tried)."""
+    from kbframe.sim import sanitizer
+    real = sanitizer.check
+
+    def broken_at_67_tiles(engine, records):
+        if len(records) == 1224:  # the fourth copy of period 1 (64 + 3 KV tiles)
+            raise SanitizerError("sanitizer: rule unit_capacity violated: planted", "unit_capacity")
+        return real(engine, records)
+
+    def one_access_more_at_67_tiles(engine, records):
+        counts = real(engine, records)
+        return {**counts, "accesses": counts["accesses"] + 1} if len(records) == 1224 else counts
+
+    cfg = compose_cfg("bench.S_kv=8960", "bench.data=false", "run.progress=false", bench="decode_opt2")
+    args = (validate(cfg), resolve_kernel(cfg.bench.kernel), load_recipes(cfg.recipes), True)
+    monkeypatch.setattr(sanitizer, "check", broken_at_67_tiles)
+    assert fastforward.run(cfg, *args).note == \
+        "simulated in full: a short copy failed (sanitizer: rule unit_capacity violated: planted)"
+    monkeypatch.setattr(sanitizer, "check", one_access_more_at_67_tiles)
+    out = fastforward.run(cfg, *args)
+    assert out.note == "fast-forwarded 35 of 38 periods of 2 S_kv step(s) (1260 of 2538 records by shifting)"
+    assert out.sim.sanitizer["accesses"] == real(*_checked_full_run(cfg, *args[:3]))["accesses"]
+
+
+def _checked_full_run(cfg, wl, kernel, recipes) -> tuple:
+    """The engine and op_log text of ``cfg``'s full simulation with the sanitizer on."""
+    import io
+    from kbframe.run.simulate import simulate
+    text = io.StringIO()
+    sim = simulate(cfg, wl, kernel, recipes, None, text, True, False, check_later=True)
+    return sim.engine, text

@@ -44,7 +44,6 @@ are extrapolated like the rest.
 from __future__ import annotations
 
 import copy
-import io
 import time
 from array import array
 from dataclasses import dataclass
@@ -159,6 +158,11 @@ def _apply(sim: Simulation, tot: dict, table: list, codes: np.ndarray, nums: np.
             sim.sanitizer[f] = tot[("sanitizer", f)]
 
 
+def _check(engine, sink: RowSink) -> dict:
+    """The sanitizer's check of a short copy kept in ``sink``."""
+    return sanitizer.check(engine, sanitizer.parse_oplog(sink.text()))
+
+
 class _Copies:
     """Short copies of the bench by their number of steps, each simulated once (the
     candidate periods share them); the hardware's units are instantiated once. Their
@@ -182,18 +186,12 @@ class _Copies:
                 self.bench[self.key] = n * self.step + self.r
             w = type(self.wl)(self.bench, n_pes=self.wl.n_pes)
             w.validate()
-            if self.check:  # the sanitizer reads the op_log's text, parsed once for it and here
-                text = io.StringIO()
-                sim = simulate(self.cfg, w, self.kernel, self.recipes, None, text, True, False,
-                               copy.deepcopy(self.units), check_later=True)
-                parsed = sanitizer.read_oplog(text)
-                self.checks[n] = Forked(sanitizer.check, sim.engine, parsed)
-                recs = records_of(parsed, sim.oplog.waits)
-            else:  # only compared: the records stay unformatted
-                sink = RowSink()
-                sim = simulate(self.cfg, w, self.kernel, self.recipes, None, sink, False, False,
-                               copy.deepcopy(self.units))
-                recs = records_of(sink.rows, sim.oplog.waits, sim.oplog.head_names())
+            sink = RowSink()  # only compared here: the records stay unformatted
+            sim = simulate(self.cfg, w, self.kernel, self.recipes, None, sink, self.check, False,
+                           copy.deepcopy(self.units), check_later=self.check)
+            if self.check:  # the sanitizer reads the op_log's text: formatted and parsed beside
+                self.checks[n] = Forked(_check, sim.engine, sink)
+            recs = records_of(sink.rows, sim.oplog.waits, sim.oplog.head_names())
             self.done[n] = (sim, recs, streams_of(recs))
         return self.done[n]
 
@@ -207,24 +205,38 @@ class _Copies:
             forked.cancel()
         self.checks.clear()
 
+    def take(self, steps) -> None:
+        """Take the sanitizer's verdicts on the copies with these steps, in this order (those
+        not checked or already taken are passed over): a rule one broke raises its
+        SanitizerError."""
+        for n in steps:
+            if n in self.checks:
+                self.done[n][0].sanitizer = self.checks.pop(n).result()
+
     def settle(self) -> None:
-        """Take the sanitizer's verdict on every copy not yet taken (those of candidates
-        ruled out), in order of their steps: a rule one broke raises its SanitizerError."""
-        for n in sorted(self.checks):
-            self.done[n][0].sanitizer = self.checks.pop(n).result()
+        """:meth:`take` every verdict not yet taken (those of candidates ruled out), in
+        order of their steps."""
+        self.take(sorted(self.checks))
 
     @property
     def steps(self) -> int:
         return sum(self.done)
 
     def runs(self, n_a: int, p: int) -> Runs:
+        """The four copies of candidate ``(n_a, p)`` compared and verified. A rule one of
+        the first three broke (SanitizerError) comes first, and one the fourth broke comes
+        before NotPeriodic; else the fourth copy's verdict is left to the caller
+        (:meth:`take`, then ``Runs.verify_counts``), which makes the full run's records
+        while it is checked."""
         precheck(self.get(n_a), self.get(n_a + p))
         got = [self.get(n_a + i * p) for i in range(4)]
-        for i in range(4):  # the sanitizer's verdicts (SanitizerError: a short copy failed)
-            if n_a + i * p in self.checks:
-                got[i][0].sanitizer = self.checks.pop(n_a + i * p).result()
-        runs = Runs(*([g[i] for g in got] for i in range(3)))
-        runs.verify()
+        self.take(n_a + i * p for i in range(3))  # done while the later copies were simulated
+        try:
+            runs = Runs(*([g[i] for g in got] for i in range(3)))
+            runs.verify()
+        except NotPeriodic:
+            self.take([n_a + 3 * p])
+            raise
         return runs
 
 
@@ -278,16 +290,28 @@ def _run(copies: _Copies, q: int, key: str, t_start: float) -> Outcome:
                 continue
             except KbframeError as e:
                 return Outcome(None, f"simulated in full: a short copy failed ({e})")
+            # the full run's records are made while the last copies' checks run beside;
+            # then their verdicts, before any other reason not to fast-forward (as if taken first)
             tot = runs.total(k_full)
             late = [n for n in tot if n == "latency_ps" or (isinstance(n, tuple) and n[-1] == "busy_ps")]
-            if any(tot[n] >= MAX_PS for n in late):
-                return Outcome(None, "simulated in full: the run ends beyond the time base")
-            table, codes, nums = runs.records(k_full)
-            try:
-                nums = global_refs(table, codes, nums)
-            except NotPeriodic as e:
-                return Outcome(None, f"simulated in full: not periodic ({e})")
-            try:  # every copy checked, also those of the candidates ruled out
+            beyond, not_periodic = any(tot[n] >= MAX_PS for n in late), None
+            if not beyond:
+                table, codes, nums = runs.records(k_full)
+                try:
+                    nums = global_refs(table, codes, nums)
+                except NotPeriodic as e:
+                    not_periodic = e
+            try:  # every copy checked: this candidate's, then those of the candidates ruled out
+                copies.take([n_a + 3 * p])
+                try:
+                    runs.verify_counts()
+                except NotPeriodic as e:
+                    why = f"not periodic ({e})"
+                    continue
+                if beyond:
+                    return Outcome(None, "simulated in full: the run ends beyond the time base")
+                if not_periodic is not None:
+                    return Outcome(None, f"simulated in full: not periodic ({not_periodic})")
                 copies.settle()
             except KbframeError as e:
                 return Outcome(None, f"simulated in full: a short copy failed ({e})")

@@ -72,6 +72,19 @@ class RowSink:
     def write(self, text: str) -> None:
         self.rows.append(text)
 
+    def text(self) -> str:
+        """The op_log text of the rows, as :class:`OpLog` would have written it."""
+        out, run = [], []
+        for row in self.rows:
+            if row.__class__ is str:
+                out.append(format_rows(run))
+                out.append(row)
+                run = []
+            else:
+                run.append(row)
+        out.append(format_rows(run))
+        return "".join(out)
+
 
 class _Totals:
     """Running totals of one ``(pe, unit)``; ``full`` is False for PE_SCHEDULER, whose
