@@ -66,9 +66,12 @@ def test_periodic_schedules_fast_forward_exactly(tmp_path, bench, overrides):
     ("decode_splitk", ("hardware=cube", "bench.splits=8", "bench.merge=tree", "bench.S_kv=131072",
                        "run.check=false")),                                                 # IPCQ tracks
 ])
-def test_on_writes_the_files_off_writes(tmp_path, bench, overrides):
+def test_on_writes_the_files_off_writes(tmp_path, monkeypatch, bench, overrides):
     """The run's own files, on against off: op_log, trace (written from the shifted
-    records, not re-read) and metrics.json but wall time and the fast_forward note."""
+    records, not re-read, in chunks of 1000 records here: kinds made across chunks) and
+    metrics.json but wall time and the fast_forward note."""
+    from kbframe.report import trace
+    monkeypatch.setattr(trace, "RECORD_CHUNK", 1000)
     on = _ff(tmp_path / "on", *overrides, bench=bench, mode="on")
     off = _ff(tmp_path / "off", *overrides, bench=bench, mode="off")
     assert on["fast_forward"]["applied"] and not off["fast_forward"]["applied"]

@@ -29,6 +29,7 @@ fast path (see ``_OPLOG_LINE``); any other JSON layout gives the same trace, onl
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import re
@@ -56,6 +57,8 @@ def tracks_from_metrics(metrics: dict) -> dict:
     return tracks_from_units(units)
 
 
+#: records a fast-forwarded run's trace makes into columns at a time (:func:`write_trace`)
+RECORD_CHUNK = 1 << 16
 #: flow ids are ``pe * FLOW_ID_STRIDE + cmd``
 FLOW_ID_STRIDE = 1_000_000_000
 #: ids of the send → receive flows start here (below 2⁵³: viewers read ids as doubles)
@@ -253,17 +256,27 @@ def write_trace(op_log: Path | str, out: Path | str, tracks: dict | None = None,
                 None if peer is None else (peer, kind))
 
     def from_records(table, codes, nums):
-        """Records given as a name table, codes and integer columns (kbframe.run.fastforward)."""
-        known: dict = {}
-        for c, (cmd, tile, p0, p1, td) in zip(codes.tolist(), nums[:, :5].tolist()):
-            pe, unit, kind, nbytes, peer = table[c][:5]
-            if peer >= 0:
-                yield from_fields(pe, unit, kind, cmd, tile, p0, p1, nbytes, None, peer)
-                continue
-            k = known.get(c)
-            if k is None:
-                k = known[c] = (kind_of(pe, unit, kind), str(nbytes))
-            yield k[0], p0, p1, None if td < 0 else td, _us(p0), str(cmd), str(tile), k[1], None
+        """Records given as a name table, codes and integer columns (kbframe.run.fastforward),
+        as :func:`from_lines` gives them: made column by column (C-level maps), a chunk at
+        a time, and handed over with no Python frame per record."""
+        return itertools.chain.from_iterable(
+            record_chunk(table, codes[a:a + RECORD_CHUNK], nums[a:a + RECORD_CHUNK])
+            for a in range(0, len(codes), RECORD_CHUNK))
+
+    def record_chunk(table, codes, nums):
+        """One chunk of :func:`from_records`: an iterator of its records."""
+        code, cmd, tile, p0, p1, td = codes.tolist(), *nums[:, :5].T.tolist()
+        firsts = dict.fromkeys(code)
+        if any(table[c][4] >= 0 for c in firsts):  # a record names a peer: one by one, as from text
+            return (from_fields(*table[c][:3], m, t, a0, a1, table[c][3], None if d < 0 or table[c][4] >= 0 else d,
+                                table[c][4] if table[c][4] >= 0 else None)  # an IPCQ record shows no data phase
+                    for c, m, t, a0, a1, d in zip(code, cmd, tile, p0, p1, td))
+        known = {c: (kind_of(*table[c][:3]), str(table[c][3])) for c in firsts}  # tracks in order of use
+        made = [known[c] for c in code]
+        data = nums[:, 4].astype(object)
+        data[nums[:, 4] < 0] = None
+        return zip([k[0] for k in made], p0, p1, data.tolist(), list(map(repr, (nums[:, 2] / 1e6).tolist())),
+                   list(map(str, cmd)), list(map(str, tile)), [k[1] for k in made], [None] * len(code))
 
     try:
         with open(tmp, "w", buffering=1 << 20) as f, \
