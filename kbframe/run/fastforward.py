@@ -290,8 +290,8 @@ def _run(copies: _Copies, q: int, key: str, t_start: float) -> Outcome:
                 continue
             except KbframeError as e:
                 return Outcome(None, f"simulated in full: a short copy failed ({e})")
-            # the full run's records are made while the last copies' checks run beside;
-            # then their verdicts, before any other reason not to fast-forward (as if taken first)
+            # the full run's records are made while the last copy is checked beside; then its
+            # verdict, before any other reason not to fast-forward (as if taken first)
             tot = runs.total(k_full)
             late = [n for n in tot if n == "latency_ps" or (isinstance(n, tuple) and n[-1] == "busy_ps")]
             beyond, not_periodic = any(tot[n] >= MAX_PS for n in late), None
