@@ -63,19 +63,11 @@ class TensorsFile:
         self._zip = zipfile.ZipFile(path, mode="w", compression=zipfile.ZIP_STORED, allowZip64=True)
         self._first, self._compute = first, compute
         self._stop = False
-        self._out: Outcome | None = None  # the references, or what the thread raised
-        self._thread = threading.Thread(target=self._body, name="tensors.npz", daemon=True)
-        try:
-            self._thread.start()
-        except RuntimeError:  # no thread to spare (a pids limit): written by results()
-            self._thread = None
+        self._thread = InThread(self._write, name="tensors.npz")  # no thread: written by results()
 
     def _add(self, name: str, array) -> None:
         with self._zip.open(name + ".npy", "w", force_zip64=True) as f:
             np.lib.format.write_array(f, np.asanyarray(array), allow_pickle=False)
-
-    def _body(self) -> None:
-        self._out = Outcome(self._write)  # an error is handed to the caller's thread
 
     def _write(self) -> dict | None:
         try:
@@ -95,12 +87,7 @@ class TensorsFile:
 
     def results(self) -> dict:
         """What ``compute`` returned, once it and its entries are written."""
-        if self._thread is None:
-            if self._out is None:
-                self._body()
-        else:
-            self._thread.join()
-        return self._out.result()
+        return self._thread.result()
 
     def finish(self, last: dict):
         """Add ``last`` after the thread's entries, close the file and return its path."""
@@ -123,10 +110,9 @@ class TensorsFile:
         reference) is left to stop and close the file itself: Ctrl-C is not kept waiting,
         and the caller's removal of the file does not depend on it."""
         self._stop = True
-        if self._thread is not None:
-            self._thread.join(ABANDON_WAIT_S)
-            if self._thread.is_alive():
-                return
+        self._thread.join(ABANDON_WAIT_S)
+        if self._thread.is_alive():
+            return
         self._close()
 
     def _close(self) -> None:
@@ -158,13 +144,13 @@ class Outcome:
 class InThread:
     """``fn(*args)`` started in a daemon thread; :meth:`result` waits for it and returns
     its value or re-raises its exception (MemoryError …) in the caller's thread. No
-    thread (none can be started): the call is made by :meth:`result`. A caller that
-    leaves without the result (an error elsewhere, Ctrl-C) is not kept waiting; the
+    thread (none can be started): the call is made by the first :meth:`result`. A caller
+    that leaves without the result (an error elsewhere, Ctrl-C) is not kept waiting; the
     thread finishes on its own and its value is dropped."""
 
-    def __init__(self, fn, *args):
+    def __init__(self, fn, *args, name: str = "kbframe-beside"):
         self._call, self._out = (fn, args), None
-        self._thread = threading.Thread(target=self._run, daemon=True, name="kbframe-beside")
+        self._thread = threading.Thread(target=self._run, daemon=True, name=name)
         try:
             self._thread.start()
         except RuntimeError:  # can't start new thread: result() makes the call
@@ -174,9 +160,18 @@ class InThread:
         fn, args = self._call
         self._out = Outcome(fn, *args)
 
+    def join(self, timeout: float | None = None) -> None:
+        """Wait for the thread (at most ``timeout`` s); nothing to wait for without one."""
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def is_alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
     def result(self):
         if self._thread is None:
-            self._run()
+            if self._out is None:
+                self._run()
         else:
             self._thread.join()
         return self._out.result()

@@ -119,6 +119,11 @@ def _plans(engine):
         yield k, pe, sorted(pe.scheduler.record, key=lambda cs: cs[0].id)
 
 
+def _multi_pe(engine) -> bool:
+    """More than one PE kept stage records: rule 10 applies."""
+    return sum(bool(pe.scheduler.record) for pe in engine.pes.built()) > 1
+
+
 def record_rules(engine, records) -> tuple:
     """Rules 1–5 on every PE in order, then 7–9: the rules read from the op_log.
 
@@ -173,7 +178,7 @@ def data_rules(engine) -> tuple:
         for k, pe, plan in _plans(engine):
             n_acc += check_data_dependencies(pe, plan, hbm_writes)
         k = len(engine.pes.built())
-        if sum(bool(pe.scheduler.record) for pe in engine.pes.built()) > 1:
+        if _multi_pe(engine):
             check_hbm_writes_disjoint(hbm_writes)
     except Exception as e:  # noqa: BLE001 — a bug, too, comes in its place in the order (verdict)
         return n_acc, ((k, 1), kept(e))
@@ -191,7 +196,7 @@ def verdict(engine, recorded: tuple, data: tuple) -> dict:
     rules = list(RULES)
     if engine.fabric.links:
         rules += IPCQ_RULES
-    if sum(bool(pe.scheduler.record) for pe in engine.pes.built()) > 1:
+    if _multi_pe(engine):
         rules += MULTI_PE_RULES
     (n_cmds, n_stages), n_acc = recorded[0], data[0]
     return {"rules_checked": len(rules), "rules": rules, "commands": n_cmds,
