@@ -225,7 +225,7 @@ def test_no_inputs_are_drawn_for_a_run_that_fails_before(tmp_path, monkeypatch):
     refused without a thread left drawing (in a sweep, each failed job's would pile up)."""
     from kbframe.run import bench
     started = []
-    monkeypatch.setattr(bench, "InThread", lambda *a: started.append(a))
+    monkeypatch.setattr(bench, "Drawing", lambda *a: started.append(a))
     with pytest.raises(ConfigError, match="^bench.kernel: "):
         run(tmp_path, "bench.S_kv=256", "bench.kernel=kbframe.kernels.no_such_kernel")
     assert started == []
@@ -294,6 +294,55 @@ def test_inputs_fit_names_the_input_beyond_the_data_dtype():
     with pytest.raises(NumericsError, match=r"^bench\.data_dtype=float16: input 'v' has \|x\| up to 70000, beyond "
                                             r"float16's largest value 65504 "):
         check_inputs_fit("float16", {"q": np.ones((1, 2)), "k": np.ones((1, 2)), "v": v})
+
+
+@pytest.mark.parametrize("data_dtype", ["float32", "float16"])
+def test_v_is_read_as_it_arrives_with_the_numbers_of_a_run_drawn_first(tmp_path, monkeypatch, data_dtype):
+    """The simulation starts once q and k are drawn; v's rows are read as they arrive
+    (kbframe.run.beside.Drawing, NumpyNumerics; float16 rows converted as they are
+    stored). Here the drawing is slowed so the simulation waits for rows, and every file
+    is the one a run gets whose inputs were all drawn before it started."""
+    import time
+    from kbframe.sim.numerics import ArrivingRows
+    from kbframe.workloads import attention
+    monkeypatch.setattr(attention, "CHUNK_ROWS", 64)
+    arrived, wait = ArrivingRows.arrived, ArrivingRows.wait
+    short = []  # (rows asked, rows drawn) of each read that found its rows not drawn yet
+    monkeypatch.setattr(ArrivingRows, "arrived", lambda self, ready: time.sleep(0.003) or arrived(self, ready))
+    monkeypatch.setattr(ArrivingRows, "wait", lambda self, rows: (self.ready < rows and short.append((rows, self.ready)))
+                        or wait(self, rows))
+    keys = ("bench.S_kv=1024", f"bench.data_dtype={data_dtype}")
+    m = run(tmp_path / "arriving", *keys)
+    assert len(short) >= 8 and all(rows % 64 == 0 and drawn < rows for rows, drawn in short)
+    generate = GqaDecode.generate
+    monkeypatch.setattr(GqaDecode, "generate", lambda self, rng, early=None: generate(self, rng))
+    short.clear()
+    whole = run(tmp_path / "whole", *keys)
+    assert short == []
+    for name in ("op_log.jsonl", "trace.json", "tensors.npz"):
+        assert (tmp_path / "arriving" / name).read_bytes() == (tmp_path / "whole" / name).read_bytes(), name
+    for x in (m, whole):
+        x["sim"].pop("wall_s")
+    assert m == whole and m["numerics"]["dtype"] == data_dtype
+
+
+def test_a_drawing_that_fails_while_v_arrives_fails_the_run(tmp_path, monkeypatch):
+    """An error of the drawing after the simulation started (here MemoryError at v's third
+    chunk) reaches the simulation waiting for those rows: the run fails with it and leaves
+    no op_log, rather than waiting for ever."""
+    from kbframe.sim.numerics import ArrivingRows
+    from kbframe.workloads import attention
+    monkeypatch.setattr(attention, "CHUNK_ROWS", 64)
+    arrived = ArrivingRows.arrived
+
+    def failing(self, ready):
+        if ready > 128:
+            raise MemoryError("no memory for v")
+        arrived(self, ready)
+    monkeypatch.setattr(ArrivingRows, "arrived", failing)
+    with pytest.raises(MemoryError, match="^no memory for v$"):
+        run(tmp_path, "bench.S_kv=1024")
+    assert not (tmp_path / "op_log.jsonl").exists() and not (tmp_path / "tensors.npz").exists()
 
 
 def test_make_inputs_draws_the_same_stream_in_chunks():

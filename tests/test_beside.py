@@ -135,7 +135,7 @@ def test_tensors_file_without_a_thread_writes_the_same(tmp_path, monkeypatch):
         raise RuntimeError("can't start new thread")
     monkeypatch.setattr(threading.Thread, "start", no_thread)
     a = np.arange(6.0).reshape(2, 3)
-    t = TensorsFile(tmp_path / "t.npz", {"a": a}, lambda: {"ref": a * 2})
+    t = TensorsFile(tmp_path / "t.npz", lambda: {"a": a}, lambda: {"ref": a * 2})
     assert t.results()["ref"].tolist() == (a * 2).tolist()
     t.finish({"out": a + 1})
     with np.load(tmp_path / "t.npz") as z:
@@ -155,7 +155,7 @@ def test_abandoning_a_busy_thread_does_not_wait_for_it(tmp_path):
     def slow_reference():
         go.wait(10)
         return {"ref": np.zeros(3)}
-    t = TensorsFile(tmp_path / "t.npz", {"a": np.ones(3)}, slow_reference)
+    t = TensorsFile(tmp_path / "t.npz", lambda: {"a": np.ones(3)}, slow_reference)
     t0 = time.monotonic()
     t.abandon()
     assert time.monotonic() - t0 < ABANDON_WAIT_S + 1.0

@@ -34,7 +34,7 @@ from ..report.trace import tracks_from_metrics, write_trace
 from ..workloads.base import Workload
 from . import fastforward
 from .metrics import run_metrics, unit_labels
-from .beside import Forked, InThread, Outcome, TensorsFile
+from .beside import Drawing, Forked, Outcome, TensorsFile
 from .simulate import simulate
 
 
@@ -216,13 +216,14 @@ def _run_bench(cfg, out_dir: Path, explicit, rd: RunDir, stack: ExitStack) -> di
             preflight.check_host_memory(wl, b.data, b.data_dtype)
     kernel = resolve_kernel(b.kernel, "bench.kernel", bool(cfg.hardware.allow_external_targets),
                             kwargs=tuple(wl.kernel_kwargs(inp)))
-    early = None
+    early, drawing, arriving = None, None, {}
     if b.data and inp is None:  # drawn in a thread beside the dry run, once nothing before can fail
-        drawing = InThread(wl.generate, np.random.default_rng(b.seed))
+        drawing = Drawing(wl.generate, np.random.default_rng(b.seed))
         early = _EarlyDryRun(cfg, wl, kernel, recipes)
-        inp = drawing.result()
+        inp, arriving = drawing.inputs()  # decode's v still arriving: read as the simulation goes
     if b.data:
-        preflight.check_inputs_fit(b.data_dtype, {n: inp[n] for n in wl.input_names()})
+        # an arriving tensor's rows are fitted to data_dtype as they are stored (NumpyNumerics)
+        preflight.check_inputs_fit(b.data_dtype, {n: inp[n] for n in wl.input_names() if n not in arriving})
         wl.check_inputs(b.data_dtype, inp)
     check = bool(cfg.run.check) if "run" in cfg else True
     show = bool(cfg.run.progress) if "run" in cfg else False
@@ -244,14 +245,19 @@ def _run_bench(cfg, out_dir: Path, explicit, rd: RunDir, stack: ExitStack) -> di
         # One BLAS thread from here on: faster here even when idle, two threads slow tenfold
         # when both cores are busy (a parallel sweep), and the bits do not depend on the
         # core count. tensors.npz (the inputs, then the float64 reference) is written by a
-        # thread beside the simulation (kbframe.run.beside).
+        # thread beside the simulation (kbframe.run.beside), once the inputs are all drawn.
         stack.enter_context(threadpool_limits(1))
+
+        def inputs_drawn() -> dict:
+            drawn = drawing.result() if drawing is not None else inp
+            return {n: drawn[n] for n in wl.input_names()}
         tensors = stack.enter_context(TensorsFile(
-            rd.temp("tensors.npz"), {n: inp[n] for n in wl.input_names()},
+            rd.temp("tensors.npz"), inputs_drawn,
             lambda: {**{wl.reference_name(o): r for o, r in wl.reference(inp).items()}, **wl.saved_scalars(inp)}))
     oplog_path = rd.temp("op_log.jsonl", debug=True)  # kept as op_log.jsonl.partial if the run fails
     if not applied:
-        sim = simulate(cfg, wl, kernel, recipes, inp, oplog_path, check, show, units, check_later=check)
+        sim = simulate(cfg, wl, kernel, recipes, inp, oplog_path, check, show, units, check_later=check,
+                       arriving=arriving)
     engine, pe, oplog, latency_ps, numerics = sim.engine, sim.pe, sim.oplog, sim.latency_ps, sim.numerics
     trace = bool(cfg.run.trace) if "run" in cfg else True
     trace_tmp = rd.temp("trace.json", debug=True)

@@ -16,9 +16,11 @@ run's speed tricks that use more than one core, in one place.
   child inherits the engine, its records and the op_log without a copy, does one job and
   sends its result back through a pipe while the parent does another.
 
-- :class:`InThread`: a data-mode run's inputs are drawn (numpy's generators release the
-  GIL while they fill an array) while the main thread runs the pre-flight dry run, which
-  needs no input values.
+- :class:`Drawing`: a data-mode run's inputs are drawn in a thread (numpy's generators
+  release the GIL while they fill an array, :class:`InThread`) while the main thread runs
+  the pre-flight dry run, which needs no input values; a workload that hands its inputs out
+  early (Workload.generate) lets the simulation start while the tensor its kernel reads
+  last (decode's v) is still being drawn, its rows read as they arrive.
 
 None is needed for a result: where no thread can be started the arrays are written
 (the inputs drawn) when asked for; where ``os.fork`` does not exist or fails (a pids
@@ -40,25 +42,68 @@ import numpy as np
 
 from ..errors import KbframeError, kept, restored
 from ..files import release_inherited_locks
+from ..sim.numerics import ArrivingRows
 
 
 #: how long :meth:`TensorsFile.abandon` waits for its thread to stop
 ABANDON_WAIT_S = 0.1
 
 
+class Drawing:
+    """``generate(rng, early)`` (a workload's Workload.generate) in a thread.
+    :meth:`inputs` returns as soon as the workload hands its inputs out early, else once
+    all are drawn; :meth:`result`, once all are drawn. An error of the drawing is raised by
+    both, and to a reader waiting for rows that did not arrive."""
+
+    def __init__(self, generate, rng):
+        self._ready = threading.Event()
+        self._early: tuple | None = None
+        self._thread = InThread(self._draw, generate, rng, name="inputs")
+
+    def _draw(self, generate, rng) -> dict:
+        try:
+            return generate(rng, self._hand_out)
+        except BaseException as e:
+            for rows in (self._early[1] if self._early else {}).values():
+                rows.fail(e)
+            raise
+        finally:
+            self._ready.set()
+
+    def _hand_out(self, inputs: dict, late) -> dict:
+        arriving = {name: ArrivingRows(inputs[name]) for name in late}
+        self._early = (inputs, arriving)
+        self._ready.set()
+        return arriving
+
+    def inputs(self) -> tuple[dict, dict]:
+        """``(inputs, arriving)``: name → array, and name → ArrivingRows for the arrays
+        still being drawn (empty once all are)."""
+        if self._thread.is_alive():
+            self._ready.wait()
+        if self._early is None or not self._thread.is_alive():
+            return self.result(), {}
+        return self._early
+
+    def result(self) -> dict:
+        """The inputs, all drawn."""
+        return self._thread.result()
+
+
 class TensorsFile:
-    """Writes ``path`` (a staged temporary): ``first`` (name → array) and then the arrays
-    ``compute()`` returns (the references), in a thread started here; :meth:`finish` adds
-    the ``last`` arrays and closes the file. :meth:`abandon` (also on leaving a ``with``
-    block) stops the thread after the entry being written, which closes the file (the
-    caller removes it), waiting at most :data:`ABANDON_WAIT_S`.
+    """Writes ``path`` (a staged temporary): the arrays ``first()`` returns (name → array:
+    the inputs, once drawn) and then those ``compute()`` returns (the references), in a
+    thread started here; :meth:`finish` adds the ``last`` arrays and closes the file.
+    :meth:`abandon` (also on leaving a ``with`` block) stops the thread after the entry
+    being written, which closes the file (the caller removes it), waiting at most
+    :data:`ABANDON_WAIT_S`.
 
     Raises (from :meth:`results` or :meth:`finish`): whatever ``compute`` or the writing
     raised in the thread (OSError for a full disk, KeyboardInterrupt…), re-raised in the
     caller's thread.
     """
 
-    def __init__(self, path, first: dict, compute):
+    def __init__(self, path, first, compute):
         self.path = path
         self._zip = zipfile.ZipFile(path, mode="w", compression=zipfile.ZIP_STORED, allowZip64=True)
         self._first, self._compute = first, compute
@@ -71,7 +116,7 @@ class TensorsFile:
 
     def _write(self) -> dict | None:
         try:
-            for name, array in self._first.items():
+            for name, array in self._first().items():
                 if self._stop:
                     return None
                 self._add(name, array)

@@ -215,15 +215,17 @@ class Engine:
         self._hbm_top = 0
         self.wall_s = 0.0
 
-    def add_hbm_tensor(self, name: str, shape, dtype: str, value=None) -> TensorHandle:
-        """Place an HBM tensor (numbers in data mode) and return its handle."""
+    def add_hbm_tensor(self, name: str, shape, dtype: str, value=None, arriving=None) -> TensorHandle:
+        """Place an HBM tensor (numbers in data mode: ``value``, or the rows of
+        ``arriving``, a kbframe.sim.numerics.ArrivingRows, as they are drawn) and return
+        its handle."""
         shape = tuple(int(s) for s in shape)
         nbytes = itemsize(dtype)
         for s in shape:
             nbytes *= s
         h = TensorHandle(name, shape, dtype, "hbm", self._hbm_top, f"hbm.{name}", shape)
         self._hbm_top += -(-nbytes // 4096) * 4096
-        self.numerics.allocate(h, value)
+        self.numerics.allocate(h, value, arriving)
         self.hbm[name] = h
         return h
 

@@ -111,15 +111,12 @@ class GqaDecode(Workload):
             need += np.dtype(c.data_dtype).itemsize * (n_in + c.G * c.d)
         return need
 
-    def generate(self, rng: np.random.Generator) -> dict:
-        """q (G, d), k, v (S_kv, d), drawn in float64 and kept as float32 (the kernel's
-        inputs are those float32 values; the reference uses the same values). q is scaled
-        so the scores ``q·kᵀ·scale`` have standard deviation ``bench.inputs.peak``. k and v
-        are drawn in chunks (the same stream), so a long context never holds a float64 copy."""
+    def generate(self, rng: np.random.Generator, early=None) -> dict:
+        """q (G, d), k, v (S_kv, d) and the scale (:func:`draw_qkv`: drawn in float64 and
+        kept as float32; q scaled so the scores ``q·kᵀ·scale`` have standard deviation
+        ``bench.inputs.peak``; v's rows arrive after ``early``)."""
         c = self.cfg
-        scale = self.scale()
-        q, k, v = draw_qkv(rng, c.G, c.S_kv, c.d, c.inputs.peak, scale)
-        return {"q": q, "k": k, "v": v, "scale": scale}
+        return draw_qkv(rng, c.G, c.S_kv, c.d, c.inputs.peak, self.scale(), early)
 
     def shape_from_file(self, arrays: dict, path: str) -> dict:
         q, k, v = arrays["q"], arrays["k"], arrays["v"]
