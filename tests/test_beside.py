@@ -73,12 +73,16 @@ def _bug():
 
 
 def test_a_bug_in_the_child_says_where_it_was():
-    """An exception that is not a user error comes back with the child's traceback as its
-    cause (the frame that raised it, not only Forked.result)."""
+    """An exception that is not a user error comes back with the text of the child's
+    traceback as a note (the frame that raised it, not only Forked.result); a user error
+    comes back as it is."""
     with pytest.raises(KeyError) as ei:
         Forked(_bug).result()
-    cause = str(ei.value.__cause__)
-    assert "in _bug" in cause and 'return {}["missing key"]' in cause
+    (note,) = ei.value.__notes__
+    assert "in _bug" in note and 'return {}["missing key"]' in note and note.endswith("KeyError: 'missing key'")
+    with pytest.raises(SanitizerError) as ei:
+        Forked(_violate).result()
+    assert not getattr(ei.value, "__notes__", None)
 
 
 def _locks_held():

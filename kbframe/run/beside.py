@@ -35,12 +35,11 @@ import pickle
 import signal
 import sys
 import threading
-import traceback
 import zipfile
 
 import numpy as np
 
-from ..errors import KbframeError, kept, restored
+from ..errors import kept, restored
 from ..files import release_inherited_locks
 from ..sim.numerics import ArrivingRows
 
@@ -224,10 +223,11 @@ class InThread:
 
 class Forked:
     """``fn(*args)`` started in a forked child; :meth:`result` returns what it returned or
-    raises what it raised (exceptions are pickled back, the child's traceback as their
-    cause), :meth:`cancel` kills and reaps the child if its result was not taken. No
-    child (no ``os.fork``, or it fails: a pids limit, no memory), a child that dies or a
-    result that does not pickle: the call is made in the parent by :meth:`result`.
+    raises what it raised (exceptions are pickled back; a bug with the text of the
+    child's traceback as a note, kbframe.errors.kept); :meth:`cancel` kills and reaps the
+    child if its result was not taken. No child (no ``os.fork``, or it fails: a pids
+    limit, no memory), a child that dies or a result that does not pickle: the call is
+    made in the parent by :meth:`result`.
 
     The child holds none of the parent's run-directory locks (kbframe.files.dir_lock) and
     dies with the parent (Linux: ``PR_SET_PDEATHSIG``), so a killed run leaves no child
@@ -256,9 +256,9 @@ class Forked:
                 os.close(r)
                 _child_setup(parent)
                 try:
-                    out = ("value", fn(*args), None)
-                except BaseException as e:  # the parent re-raises it
-                    out = ("error", e, traceback.format_exc())
+                    out = ("value", fn(*args))
+                except BaseException as e:  # the parent re-raises it (a bug with this traceback's text)
+                    out = ("error", kept(e))
                 try:
                     data = pickle.dumps(out)
                 except Exception:  # the parent does the job itself
@@ -280,13 +280,11 @@ class Forked:
             os.waitpid(self._pid, 0)
             self._pid = None
             try:
-                kind, value, text = pickle.loads(data)
+                kind, value = pickle.loads(data)
             except Exception:  # the child died, or its answer does not unpickle: ask here
                 kind, value = None, None
             if kind == "error":
-                if not isinstance(value, KbframeError):  # a bug: say where, in the child
-                    raise value from _ChildTraceback(text)
-                raise value
+                raise restored(value)  # a bug says where it was, in the child (its traceback's text)
             if kind == "value":
                 return value
         fn, args = self._call
@@ -302,14 +300,6 @@ class Forked:
             except OSError:
                 pass
             self._f.close()
-
-
-class _ChildTraceback(Exception):
-    """The traceback of an exception raised in a :class:`Forked` child, as text (shown as
-    the cause of the exception re-raised in the parent)."""
-
-    def __str__(self) -> str:
-        return "\n\n" + self.args[0].rstrip()
 
 
 def _child_setup(parent: int) -> None:
