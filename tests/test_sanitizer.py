@@ -342,6 +342,69 @@ def test_footprint_transposed_tile_and_column_region(tmp_path):
     sim.oplog.close()
 
 
+def _touched(draw_stages):
+    """``touched`` for kbframe.sim.footprint.hazard_free from ``(t_start, t_data, t_end,
+    reads, writes)`` per stage, reads and writes as ``(space, lo, hi)``."""
+    from types import SimpleNamespace as NS
+    out = []
+    for i, (t_start, t_data, t_end, reads, writes) in enumerate(draw_stages):
+        st = NS(t_start=t_start, t_data=t_data, t_end=t_end, tile=-1, op_kind="math",
+                unit=NS(name="math"), cmd=NS(id=i))
+        out.append((st, t_data if t_data >= 0 else t_start, [(*r, "x") for r in reads], [(*w, "x") for w in writes]))
+    return out
+
+
+def _walked_finds_a_hazard(touched) -> bool:
+    try:
+        sanitizer._first_hazard(touched)
+    except SanitizerError:
+        return True
+    return False
+
+
+def test_all_accesses_at_once_agree_with_the_walk_by_hand():
+    """kbframe.sim.footprint.hazard_free on hand-made accesses: what the access-by-access
+    walk accepts it accepts; each kind of hazard, also through a partial overlap, it
+    does not (and the walk names it)."""
+    from kbframe.sim.footprint import hazard_free
+    ok = [(0, -1, 10, [], [("tcm", 0, 64)]),            # writes [0, 64)
+          (10, -1, 20, [("tcm", 0, 64)], [("tcm", 0, 64)]),  # reads and writes it in place, after
+          (5, -1, 30, [("tcm", 64, 128)], []),          # other bytes: may overlap in time
+          (20, 25, 40, [("tcm", 16, 32)], [])]          # a DMA: its data phase after the write
+    assert hazard_free(_touched(ok)) and not _walked_finds_a_hazard(_touched(ok))
+    for bad, kind in (
+            ([(0, -1, 10, [], [("tcm", 0, 64)]), (9, -1, 20, [("tcm", 32, 96)], [])], "RAW"),
+            ([(0, -1, 10, [("tcm", 0, 8)], []), (9, -1, 20, [], [("tcm", 4, 6)])], "WAR"),
+            ([(0, -1, 10, [], [("hbm", 0, 8)]), (9, -1, 20, [], [("hbm", 0, 4)])], "WAW"),
+            # the latest writer ended in time, an earlier one did not: the walk reports the
+            # WAW of the second write (the read's RAW then does not arise there)
+            ([(0, -1, 30, [], [("tcm", 0, 8)]), (5, -1, 8, [], [("tcm", 0, 8)]),
+              (10, -1, 12, [("tcm", 0, 8)], [])], "WAW")):
+        assert not hazard_free(_touched(bad))
+        with pytest.raises(SanitizerError, match=f"^sanitizer: rule data_dependencies violated: {kind}: "):
+            sanitizer._first_hazard(_touched(bad))
+
+
+def test_all_accesses_at_once_agree_with_the_walk_on_random_schedules():
+    """hazard_free is True exactly when the walk finds no hazard, for random stages (times
+    with t_start ≤ t_data ≤ t_end, reads and writes of overlapping intervals in two
+    spaces, in place and partial)."""
+    from hypothesis import given, settings, strategies as hs
+    from kbframe.sim.footprint import hazard_free
+    iv = hs.tuples(hs.sampled_from(["tcm", "stage:a"]), hs.integers(0, 12), hs.integers(1, 6)).map(
+        lambda t: (t[0], t[1], t[1] + t[2]))
+    stage = hs.tuples(hs.integers(0, 40), hs.integers(0, 8), hs.booleans(), hs.integers(0, 8),
+                      hs.lists(iv, max_size=3), hs.lists(iv, max_size=3)).map(
+        lambda t: (t[0], t[0] + t[1] if t[2] else -1, t[0] + t[1] + t[3], t[4], t[5]))
+
+    @settings(max_examples=600, deadline=None, derandomize=True)
+    @given(hs.lists(stage, max_size=7))
+    def agree(stages):
+        touched = _touched(stages)
+        assert hazard_free(touched) == (not _walked_finds_a_hazard(touched))
+    agree()
+
+
 def test_the_two_halves_fail_as_the_rules_are_ordered():
     """The op_log's rules and the data rules may run side by side (kbframe.run.bench); the
     violation reported is the one check meets first: PE by PE rules 1-5 then 6, then

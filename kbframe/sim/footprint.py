@@ -4,12 +4,15 @@ The sanitizer's ``data_dependencies`` rule re-plans every command with
 :class:`FootprintNumerics`, a :class:`~kbframe.sim.numerics.Numerics` whose effects report
 the sources they read and the destinations they write instead of computing; :func:`footprint`
 turns a source into byte intervals and :class:`Space` tracks the last writer and readers of
-each interval of one memory space.
+each interval of one memory space; :func:`hazard_free` shows, for all accesses at once,
+that none of them is a hazard.
 """
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from math import prod
+
+import numpy as np
 
 from ..ir.handles import itemsize
 from .numerics import Numerics
@@ -146,3 +149,70 @@ class Space:
             pos = s[1]
             i += 1
         return out
+
+
+#: addresses in a space below this: a space's number and an address share one int64 key
+_ADDR_LIMIT = 1 << 40
+
+
+def hazard_free(touched) -> bool:
+    """True when no access of ``touched`` can be a RAW, WAR or WAW hazard (the sanitizer's
+    rule 6, ``data_dependencies``); False when that cannot be shown this way (then the
+    accesses are walked one by one, kbframe.sim.sanitizer, which names a hazard if
+    there is one).
+
+    ``touched``: per stage in program order ``(stage, t0, reads, writes)``, ``t0`` when it
+    began touching memory, reads and writes as :func:`footprint` intervals.
+
+    The accesses are cut at every interval boundary of their space into elementary
+    segments; in each, every access must begin (``t0``) no earlier than the end of every
+    write by an earlier stage, and a write no earlier than the end of every read by an
+    earlier stage. That holds for all earlier accesses, not only the latest writer and
+    the readers since, as :class:`Space` checks, which is what makes it sufficient; and
+    when the latest ones keep their order, all earlier ones do too (each write waited
+    for those before it), so a run the rule accepts passes here. Numpy over all accesses
+    at once: no Python step per segment."""
+    ids: dict = {}
+    rows = [(ids.setdefault(space, len(ids)), lo, hi, w, k)
+            for k, (_, _, r_iv, w_iv) in enumerate(touched)
+            for w, ivs in ((0, r_iv), (1, w_iv)) for space, lo, hi, _ in ivs]
+    if not rows:
+        return True
+    sid, lo, hi, write, k = (np.array(col, dtype=np.int64) for col in zip(*rows))
+    if len(ids) >= 1 << 22 or lo.min() < 0 or hi.max() >= _ADDR_LIMIT:
+        return False
+    t0 = np.array([t for _, t, _, _ in touched], dtype=np.int64)
+    t_end = np.array([st.t_end for st, _, _, _ in touched], dtype=np.int64)
+    key_lo, key_hi = sid * _ADDR_LIMIT + lo, sid * _ADDR_LIMIT + hi
+    cuts = np.unique(np.concatenate([key_lo, key_hi]))
+    first, past = np.searchsorted(cuts, key_lo), np.searchsorted(cuts, key_hi)
+    # one entry per (access, elementary segment it covers), in access order
+    count = past - first
+    acc = np.repeat(np.arange(len(rows)), count)
+    seg = np.repeat(first - np.cumsum(count) + count, count) + np.arange(int(count.sum()))
+    order = np.argsort(seg, kind="stable")  # by segment, then access order
+    seg, acc = seg[order], acc[order]
+    stage, w = k[acc], write[acc].astype(bool)
+    new_seg = np.ones(len(seg), dtype=bool)
+    new_seg[1:] = seg[1:] != seg[:-1]
+    new_run = new_seg.copy()  # a run: one stage's accesses to one segment
+    new_run[1:] |= stage[1:] != stage[:-1]
+    seg_start = np.flatnonzero(new_seg)[np.cumsum(new_seg) - 1]
+    before = np.flatnonzero(new_run)[np.cumsum(new_run) - 1] - 1  # the last entry of an earlier stage
+    earlier = before >= seg_start
+    # the latest end of a write (of a read) so far in its segment, as end + 1 (0: none),
+    # each segment's values raised above the ones before it so one running maximum serves all
+    span = int(t_end.max()) + 2
+    n_seg = int(new_seg.sum())
+    if n_seg * span >= 1 << 62:
+        return False
+    base = (np.cumsum(new_seg) - 1) * span
+    ends = t_end[stage] + 1
+    last_write = np.maximum.accumulate(np.where(w, ends, 0) + base) - base
+    last_read = np.maximum.accumulate(np.where(w, 0, ends) + base) - base
+    prev = np.where(earlier, before, 0)
+    after_write = np.where(earlier, last_write[prev], 0)
+    after_read = np.where(earlier & w, last_read[prev], 0)
+    start = t0[stage]
+    return not (np.any((after_write > 0) & (start < after_write - 1))
+                or np.any((after_read > 0) & (start < after_read - 1)))

@@ -57,7 +57,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import SanitizerError, kept, restored
-from .footprint import FootprintNumerics, Space, footprint
+from .footprint import FootprintNumerics, Space, footprint, hazard_free
 from ..hw.tiling import plan_stages
 
 RULES = ("commands_once", "cpu_dispatch_serial", "unit_capacity", "tcm_no_overlap",
@@ -524,47 +524,65 @@ def _hazard(kind, later, earlier, label, lo, hi, space, t_later, t_earlier):
 
 def check_data_dependencies(pe, plan, hbm_writes: list | None = None) -> int:
     """Rule ``data_dependencies``. Returns the number of byte-range accesses checked; HBM
-    writes are appended to ``hbm_writes`` as ``(lo, hi, pe, stage)`` for rule 10."""
+    writes are appended to ``hbm_writes`` as ``(lo, hi, pe, stage)`` for rule 10.
+
+    Every access is first checked at once (kbframe.sim.footprint.hazard_free, numpy);
+    only when that cannot show the rule holds are they walked one by one, which names
+    the first hazard in program order."""
     nx = FootprintNumerics()
-    spaces: dict = defaultdict(Space)
+    touched = []  # per stage that ran, in program order: (stage, t0, reads, writes)
     n = 0
+    mismatch = None
     for cmd, stages in plan:
         replanned = plan_stages(cmd, pe.by_role, nx)
         if len(replanned) != len(stages) or any(
                 a.unit is not b.unit or a.op_kind != b.op_kind or a.tile != b.tile
                 for a, b in zip(replanned, stages)):
-            _fail("data_dependencies", f"PE{pe.index} command {cmd.id}: the stages that ran do not "
-                                       f"match its plan ({len(stages)} ran, {len(replanned)} planned)")
+            mismatch = (f"PE{pe.index} command {cmd.id}: the stages that ran do not "
+                        f"match its plan ({len(stages)} ran, {len(replanned)} planned)")
+            break  # a hazard before this command still comes first
         for rst, st in zip(replanned, stages):
             reads, writes = nx.accesses(rst)
             r_iv = [iv for s in reads for iv in footprint(s)]
             w_iv = [iv for s in writes for iv in footprint(s)]
             n += len(r_iv) + len(w_iv)
             t0 = st.t_data if st.t_data >= 0 else st.t_start  # a DMA touches memory in its data phase
-            for space, lo, hi, label in r_iv:
-                for seg in spaces[space].cover(lo, hi):
-                    w = seg[2]
-                    if w is not None and w is not st and t0 < w.t_end:
-                        _hazard("RAW", st, w, label, seg[0], seg[1], space, t0, w.t_end)
-            for space, lo, hi, label in w_iv:
-                for seg in spaces[space].cover(lo, hi):
-                    w = seg[2]
-                    if w is not None and w is not st and t0 < w.t_end:
-                        _hazard("WAW", st, w, label, seg[0], seg[1], space, t0, w.t_end)
-                    for r in seg[3]:
-                        if r is not st and t0 < r.t_end:
-                            _hazard("WAR", st, r, label, seg[0], seg[1], space, t0, r.t_end)
-            for space, lo, hi, _ in r_iv:
-                for seg in spaces[space].cover(lo, hi):
-                    if not seg[3] or seg[3][-1] is not st:
-                        seg[3].append(st)
-            for space, lo, hi, _ in w_iv:
-                if space == "hbm" and hbm_writes is not None:
-                    hbm_writes.append((lo, hi, pe.index, st))
-                for seg in spaces[space].cover(lo, hi):
-                    seg[2] = st
-                    seg[3] = []
+            touched.append((st, t0, r_iv, w_iv))
+            if hbm_writes is not None:
+                hbm_writes += [(lo, hi, pe.index, st) for space, lo, hi, _ in w_iv if space == "hbm"]
+    if not hazard_free(touched):
+        _first_hazard(touched)
+    if mismatch is not None:
+        _fail("data_dependencies", mismatch)
     return n
+
+
+def _first_hazard(touched) -> None:
+    """Rule 6 access by access over ``touched`` (check_data_dependencies): the first
+    hazard in program order is raised (SanitizerError)."""
+    spaces: dict = defaultdict(Space)
+    for st, t0, r_iv, w_iv in touched:
+        for space, lo, hi, label in r_iv:
+            for seg in spaces[space].cover(lo, hi):
+                w = seg[2]
+                if w is not None and w is not st and t0 < w.t_end:
+                    _hazard("RAW", st, w, label, seg[0], seg[1], space, t0, w.t_end)
+        for space, lo, hi, label in w_iv:
+            for seg in spaces[space].cover(lo, hi):
+                w = seg[2]
+                if w is not None and w is not st and t0 < w.t_end:
+                    _hazard("WAW", st, w, label, seg[0], seg[1], space, t0, w.t_end)
+                for r in seg[3]:
+                    if r is not st and t0 < r.t_end:
+                        _hazard("WAR", st, r, label, seg[0], seg[1], space, t0, r.t_end)
+        for space, lo, hi, _ in r_iv:
+            for seg in spaces[space].cover(lo, hi):
+                if not seg[3] or seg[3][-1] is not st:
+                    seg[3].append(st)
+        for space, lo, hi, _ in w_iv:
+            for seg in spaces[space].cover(lo, hi):
+                seg[2] = st
+                seg[3] = []
 
 
 # ---- rules 7–9: IPCQ -------------------------------------------------------------------------
