@@ -300,20 +300,31 @@ def test_inputs_fit_names_the_input_beyond_the_data_dtype():
 def test_v_is_read_as_it_arrives_with_the_numbers_of_a_run_drawn_first(tmp_path, monkeypatch, data_dtype):
     """The simulation starts once q and k are drawn; v's rows are read as they arrive
     (kbframe.run.beside.Drawing, NumpyNumerics; float16 rows converted as they are
-    stored). Here the drawing is slowed so the simulation waits for rows, and every file
-    is the one a run gets whose inputs were all drawn before it started."""
-    import time
+    stored). Here the drawing hands out one chunk of v (64 rows, one KV tile) only when
+    the simulation waits for it, so every tile's read waits, and every file is the one a
+    run gets whose inputs were all drawn before it started."""
+    import threading
     from kbframe.sim.numerics import ArrivingRows
     from kbframe.workloads import attention
     monkeypatch.setattr(attention, "CHUNK_ROWS", 64)
     arrived, wait = ArrivingRows.arrived, ArrivingRows.wait
+    asked = threading.Semaphore(0)
     short = []  # (rows asked, rows drawn) of each read that found its rows not drawn yet
-    monkeypatch.setattr(ArrivingRows, "arrived", lambda self, ready: time.sleep(0.003) or arrived(self, ready))
-    monkeypatch.setattr(ArrivingRows, "wait", lambda self, rows: (self.ready < rows and short.append((rows, self.ready)))
-                        or wait(self, rows))
+
+    def arrived_when_asked(self, ready):
+        assert asked.acquire(timeout=60), "the simulation did not ask for v's next rows"
+        arrived(self, ready)
+
+    def counted_wait(self, rows):
+        if self.ready < rows:
+            short.append((rows, self.ready))
+            asked.release()
+        return wait(self, rows)
+    monkeypatch.setattr(ArrivingRows, "arrived", arrived_when_asked)
+    monkeypatch.setattr(ArrivingRows, "wait", counted_wait)
     keys = ("bench.S_kv=1024", f"bench.data_dtype={data_dtype}")
     m = run(tmp_path / "arriving", *keys)
-    assert len(short) >= 8 and all(rows % 64 == 0 and drawn < rows for rows, drawn in short)
+    assert short == [(64 * (t + 1), 64 * t) for t in range(16)]
     generate = GqaDecode.generate
     monkeypatch.setattr(GqaDecode, "generate", lambda self, rng, early=None: generate(self, rng))
     short.clear()
@@ -340,9 +351,34 @@ def test_a_drawing_that_fails_while_v_arrives_fails_the_run(tmp_path, monkeypatc
             raise MemoryError("no memory for v")
         arrived(self, ready)
     monkeypatch.setattr(ArrivingRows, "arrived", failing)
-    with pytest.raises(MemoryError, match="^no memory for v$"):
+    with pytest.raises(MemoryError, match="^no memory for v$") as ei:
         run(tmp_path, "bench.S_kv=1024")
     assert not (tmp_path / "op_log.jsonl").exists() and not (tmp_path / "tensors.npz").exists()
+    # raised in the simulation, from the drawing: not also in the thread writing tensors.npz
+    frames = [f.name for f in ei.traceback]
+    assert "wait" in frames and "draw_qkv" in frames and "inputs_drawn" not in frames
+
+
+def test_a_run_that_fails_after_the_hand_out_stops_its_drawing(tmp_path, monkeypatch):
+    """A run that fails while v is still being drawn (here q beyond float16, found once q
+    and k are handed out) stops the drawing at its next block of rows: no thread goes on
+    drawing beside the next job of a sweep."""
+    import threading
+    import time
+    from kbframe.errors import NumericsError
+    from kbframe.sim.numerics import ArrivingRows
+    from kbframe.workloads import attention
+    monkeypatch.setattr(attention, "CHUNK_ROWS", 64)
+    arrived = ArrivingRows.arrived
+    blocks = []
+    monkeypatch.setattr(ArrivingRows, "arrived", lambda self, ready: blocks.append(ready) or time.sleep(0.005)
+                        or arrived(self, ready))
+    with pytest.raises(NumericsError, match="^bench.data_dtype=float16: input 'q' has "):
+        run(tmp_path, "bench.S_kv=65536", "bench.inputs.peak=1e6", "bench.data_dtype=float16")
+    drawing = [t for t in threading.enumerate() if t.name == "inputs"]
+    for t in drawing:
+        t.join(5)
+    assert not any(t.is_alive() for t in drawing) and len(blocks) < 1024 // 4  # of 1024 blocks of 64 rows
 
 
 def test_make_inputs_draws_the_same_stream_in_chunks():

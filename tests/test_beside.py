@@ -191,3 +191,24 @@ def test_a_kept_bug_shows_its_traceback_once_here_or_after_a_fork():
     with pytest.raises(ZeroDivisionError) as e:  # raised again: still one note
         sent.result()
     assert len(e.value.__notes__) == 1
+
+
+def test_ctrl_c_during_the_fork_is_taken_after_it():
+    """A SIGINT that comes while the run forks (here sent by an at-fork handler, where
+    logging's own run) reaches the parent as KeyboardInterrupt just after the fork, not
+    inside the at-fork handlers, where Python would drop it with an "Exception ignored"
+    message and the run would go on."""
+    import subprocess
+    import sys
+    script = (
+        "import os, signal\n"
+        "from kbframe.run.beside import Forked\n"
+        "os.register_at_fork(after_in_parent=lambda: [os.kill(os.getpid(), signal.SIGINT), sum(range(10**5))])\n"
+        "try:\n"
+        "    Forked(abs, -3).result()\n"
+        "    print('not interrupted')\n"
+        "except KeyboardInterrupt:\n"
+        "    print('interrupted after the fork')\n")
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                       cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert (p.stdout, p.stderr) == ("interrupted after the fork\n", "")

@@ -219,6 +219,7 @@ def _run_bench(cfg, out_dir: Path, explicit, rd: RunDir, stack: ExitStack) -> di
     early, drawing, arriving = None, None, {}
     if b.data and inp is None:  # drawn in a thread beside the dry run, once nothing before can fail
         drawing = Drawing(wl.generate, np.random.default_rng(b.seed))
+        stack.callback(drawing.stop)  # a failed run's drawing does not go on beside the next job
         early = _EarlyDryRun(cfg, wl, kernel, recipes)
         inp, arriving = drawing.inputs()  # decode's v still arriving: read as the simulation goes
     if b.data:
@@ -248,9 +249,9 @@ def _run_bench(cfg, out_dir: Path, explicit, rd: RunDir, stack: ExitStack) -> di
         # thread beside the simulation (kbframe.run.beside), once the inputs are all drawn.
         stack.enter_context(threadpool_limits(1))
 
-        def inputs_drawn() -> dict:
-            drawn = drawing.result() if drawing is not None else inp
-            return {n: drawn[n] for n in wl.input_names()}
+        def inputs_drawn() -> dict | None:
+            drawn = drawing.drawn() if drawing is not None else inp
+            return None if drawn is None else {n: drawn[n] for n in wl.input_names()}
         tensors = stack.enter_context(TensorsFile(
             rd.temp("tensors.npz"), inputs_drawn,
             lambda: {**{wl.reference_name(o): r for o, r in wl.reference(inp).items()}, **wl.saved_scalars(inp)}))
@@ -258,6 +259,8 @@ def _run_bench(cfg, out_dir: Path, explicit, rd: RunDir, stack: ExitStack) -> di
     if not applied:
         sim = simulate(cfg, wl, kernel, recipes, inp, oplog_path, check, show, units, check_later=check,
                        arriving=arriving)
+        if drawing is not None:
+            drawing.result()  # its error, if the kernel left rows of an arriving tensor unread
     engine, pe, oplog, latency_ps, numerics = sim.engine, sim.pe, sim.oplog, sim.latency_ps, sim.numerics
     trace = bool(cfg.run.trace) if "run" in cfg else True
     trace_tmp = rd.temp("trace.json", debug=True)

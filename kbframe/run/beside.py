@@ -52,17 +52,20 @@ class Drawing:
     """``generate(rng, early)`` (a workload's Workload.generate) in a thread.
     :meth:`inputs` returns as soon as the workload hands its inputs out early, else once
     all are drawn; :meth:`result`, once all are drawn. An error of the drawing is raised by
-    both, and to a reader waiting for rows that did not arrive."""
+    both, and to a reader waiting for rows that did not arrive; :meth:`stop` ends a
+    drawing the run no longer needs."""
 
     def __init__(self, generate, rng):
         self._ready = threading.Event()
         self._early: tuple | None = None
+        self._stopped = self._failed = False
         self._thread = InThread(self._draw, generate, rng, name="inputs")
 
     def _draw(self, generate, rng) -> dict:
         try:
             return generate(rng, self._hand_out)
         except BaseException as e:
+            self._failed = True
             for rows in (self._early[1] if self._early else {}).values():
                 rows.fail(e)
             raise
@@ -72,6 +75,8 @@ class Drawing:
     def _hand_out(self, inputs: dict, late) -> dict:
         arriving = {name: ArrivingRows(inputs[name]) for name in late}
         self._early = (inputs, arriving)
+        if self._stopped:
+            self.stop()
         self._ready.set()
         return arriving
 
@@ -88,11 +93,25 @@ class Drawing:
         """The inputs, all drawn."""
         return self._thread.result()
 
+    def drawn(self) -> dict | None:
+        """The inputs once all are drawn, or None if the drawing failed: for a thread that
+        writes them (TensorsFile), so its error is raised only where the run reads the
+        inputs (:meth:`result`, a stage waiting for rows), never in two threads at once."""
+        self._thread.join()
+        return None if self._failed else self.result()
+
+    def stop(self) -> None:
+        """The run ended (failed) before it needed all the rows: the drawing stops at its
+        next block of rows (ArrivingRows.stop)."""
+        self._stopped = True
+        for rows in (self._early[1] if self._early else {}).values():
+            rows.stop()
+
 
 class TensorsFile:
     """Writes ``path`` (a staged temporary): the arrays ``first()`` returns (name → array:
-    the inputs, once drawn) and then those ``compute()`` returns (the references), in a
-    thread started here; :meth:`finish` adds the ``last`` arrays and closes the file.
+    the inputs, once drawn; None: nothing is written) and then those ``compute()``
+    returns (the references), in a thread started here; :meth:`finish` adds the ``last`` arrays and closes the file.
     :meth:`abandon` (also on leaving a ``with`` block) stops the thread after the entry
     being written, which closes the file (the caller removes it), waiting at most
     :data:`ABANDON_WAIT_S`.
@@ -107,6 +126,7 @@ class TensorsFile:
         self._zip = zipfile.ZipFile(path, mode="w", compression=zipfile.ZIP_STORED, allowZip64=True)
         self._first, self._compute = first, compute
         self._stop = False
+        self._waiting = True  # for first(): the inputs still being drawn
         self._thread = InThread(self._write, name="tensors.npz")  # no thread: written by results()
 
     def _add(self, name: str, array) -> None:
@@ -115,7 +135,11 @@ class TensorsFile:
 
     def _write(self) -> dict | None:
         try:
-            for name, array in self._first().items():
+            first = self._first()
+            self._waiting = False
+            if first is None:  # no inputs (their drawing failed): the run reports why
+                return None
+            for name, array in first.items():
                 if self._stop:
                     return None
                 self._add(name, array)
@@ -154,6 +178,8 @@ class TensorsFile:
         reference) is left to stop and close the file itself: Ctrl-C is not kept waiting,
         and the caller's removal of the file does not depend on it."""
         self._stop = True
+        if self._waiting:  # for the inputs: it stops, and closes the file, once they come
+            return
         self._thread.join(ABANDON_WAIT_S)
         if self._thread.is_alive():
             return
@@ -243,7 +269,7 @@ class Forked:
         try:
             r, w = os.pipe()
             try:
-                pid = os.fork()
+                pid = _fork()
             except OSError:
                 os.close(r)
                 os.close(w)
@@ -300,6 +326,31 @@ class Forked:
             except OSError:
                 pass
             self._f.close()
+
+
+def _fork() -> int:
+    """``os.fork()`` with Ctrl-C and SIGTERM held while it runs: a signal that comes during
+    the fork is taken just after it (the parent's own handler), not inside Python's
+    at-fork handlers (logging's), where it would be lost with an "Exception ignored"
+    message. The child starts with the parent's handlers."""
+    if threading.current_thread() is not threading.main_thread():
+        return os.fork()
+    held: list = []
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    for sig, handler in before.items():
+        if callable(handler):  # a Python handler (SIG_DFL and SIG_IGN run none)
+            signal.signal(sig, lambda signum, frame: held.append(signum))
+    pid = -1
+    try:
+        pid = os.fork()
+    finally:
+        for sig, handler in before.items():
+            if callable(handler):
+                signal.signal(sig, handler)
+        if pid != 0:
+            for sig in held:
+                signal.raise_signal(sig)
+    return pid
 
 
 def _child_setup(parent: int) -> None:

@@ -251,14 +251,23 @@ class ArrivingRows:
     def __init__(self, array: np.ndarray):
         self.array = array
         self.ready = 0
+        self.stopped = False
         self._error: BaseException | None = None
         self._cond = threading.Condition()
 
     def arrived(self, ready: int) -> None:
-        """Rows ``[0, ready)`` are drawn (the drawing's thread)."""
+        """Rows ``[0, ready)`` are drawn (the drawing's thread). Raises DrawingStopped once
+        :meth:`stop` was called: the drawing ends there."""
+        if self.stopped:
+            raise DrawingStopped("the run ended before its inputs were all drawn")
         with self._cond:
             self.ready = ready
             self._cond.notify_all()
+
+    def stop(self) -> None:
+        """The run no longer needs the rows (it failed): the drawing stops at its next block
+        of rows, rather than go on beside the next job of a sweep."""
+        self.stopped = True
 
     def fail(self, error: BaseException) -> None:
         """The drawing stopped with ``error``: a reader waiting for rows gets it."""
@@ -275,6 +284,11 @@ class ArrivingRows:
                     raise self._error
                 self._cond.wait()
             return self.ready
+
+
+class DrawingStopped(Exception):
+    """Raised in a drawing's thread by :meth:`ArrivingRows.arrived` after
+    :meth:`ArrivingRows.stop`; never reaches a user."""
 
 
 class _Arriving:
