@@ -111,10 +111,10 @@ class Drawing:
 class TensorsFile:
     """Writes ``path`` (a staged temporary): the arrays ``first()`` returns (name → array:
     the inputs, once drawn; None: nothing is written) and then those ``compute()``
-    returns (the references), in a thread started here; :meth:`finish` adds the ``last`` arrays and closes the file.
-    :meth:`abandon` (also on leaving a ``with`` block) stops the thread after the entry
-    being written, which closes the file (the caller removes it), waiting at most
-    :data:`ABANDON_WAIT_S`.
+    returns (the references), in a thread started here; :meth:`finish` adds the ``last``
+    arrays and closes the file. :meth:`abandon` (also on leaving a ``with`` block) stops
+    the thread after the entry being written, which closes the file (the caller removes
+    it), waiting at most :data:`ABANDON_WAIT_S` (not at all while it waits for ``first()``).
 
     Raises (from :meth:`results` or :meth:`finish`): whatever ``compute`` or the writing
     raised in the thread (OSError for a full disk, KeyboardInterrupt…), re-raised in the

@@ -40,9 +40,9 @@ def simulate(cfg, wl, kernel, recipes, inp, oplog_path, check: bool, show: bool,
     None: nowhere); ``units``: one PE's unbound units (default: built from
     ``cfg.hardware``). With ``check_later`` the sanitizer records what it needs but the
     caller checks (``kbframe.sim.sanitizer.check(sim.engine, oplog_path)``) and
-    ``Simulation.sanitizer`` is None. ``arriving``: inputs whose rows are still being drawn
-    (name → kbframe.sim.numerics.ArrivingRows), read as they arrive. Raises what the run raises (ValidationError,
-    TcmOverflowError, DeadlockError, SanitizerError)."""
+    ``Simulation.sanitizer`` is None. ``arriving``: inputs whose rows are still being
+    drawn (name → kbframe.sim.numerics.ArrivingRows), read as they arrive. Raises what the
+    run raises (ValidationError, TcmOverflowError, DeadlockError, SanitizerError)."""
     b = cfg.bench
     oplog = OpLog(oplog_path)
     numerics = NumpyNumerics(b.data_dtype) if b.data else Numerics()

@@ -183,6 +183,8 @@ def hazard_free(touched) -> bool:
         return False
     t0 = np.array([t for _, t, _, _ in touched], dtype=np.int64)
     t_end = np.array([st.t_end for st, _, _, _ in touched], dtype=np.int64)
+    if t_end.min() < 0:  # a stage that did not end: the walk says what it makes of it
+        return False
     key_lo, key_hi = sid * _ADDR_LIMIT + lo, sid * _ADDR_LIMIT + hi
     cuts = np.unique(np.concatenate([key_lo, key_hi]))
     first, past = np.searchsorted(cuts, key_lo), np.searchsorted(cuts, key_hi)
