@@ -303,6 +303,37 @@ def test_data_dependencies_waw(tmp_path, monkeypatch):
     assert "WAW: stage scale on math of command 3" in msg and "dma_read of command 2" in msg
 
 
+@pytest.mark.parametrize("failing_cmd, first", [(4, "WAW"), (2, "bug")])
+def test_a_replanning_that_fails_comes_after_an_earlier_hazard(tmp_path, monkeypatch, failing_cmd, first):
+    """Rule 6 re-plans every command before it checks their accesses at once; what stops
+    the re-planning (here a bug planted in command 4, or in command 2) still comes in
+    program order: after the WAW of command 3, before it when it is earlier."""
+    monkeypatch.setattr(PeScheduler, "_blocker", _raw_only)
+    plan = sanitizer.plan_stages
+
+    def planted(cmd, units, nx):
+        if cmd.id == failing_cmd:
+            raise RuntimeError(f"a bug re-planning command {cmd.id}")
+        return plan(cmd, units, nx)
+
+    def kern(tl):
+        z = tl.zeros((8, 64))
+        x = tl.load(tl.ref("a"))
+        tl.scale(z, 2.0, out=x)
+        tl.copy(x)
+    rng = np.random.default_rng(0)
+    sim = Sim(tmp_path, {"a": rng.standard_normal((8, 64)), "b": rng.standard_normal((8, 64))})
+    sanitizer.enable(sim.engine)
+    log = sim.run(kern)
+    monkeypatch.setattr(sanitizer, "plan_stages", planted)
+    if first == "WAW":
+        msg = _expect("data_dependencies", lambda: sanitizer.check(sim.engine, log))
+        assert "WAW: stage scale on math of command 3" in msg
+    else:
+        with pytest.raises(RuntimeError, match="^a bug re-planning command 2$"):
+            sanitizer.check(sim.engine, log)
+
+
 def test_serialized_dma_writes_are_not_a_hazard(tmp_path, monkeypatch):
     """Two loads into x on one DMA channel: their data phases are serialized in program
     order, so even a scheduler that ignores WAW produces a valid schedule."""
@@ -383,6 +414,12 @@ def test_all_accesses_at_once_agree_with_the_walk_by_hand():
         assert not hazard_free(_touched(bad))
         with pytest.raises(SanitizerError, match=f"^sanitizer: rule data_dependencies violated: {kind}: "):
             sanitizer._first_hazard(_touched(bad))
+    # what a run never makes is left to the walk: times not integer ps, a stage that did
+    # not end, an interval backwards
+    for odd in ([(0, -1, 10.5, [], [("tcm", 0, 8)]), (10.2, -1, 20, [("tcm", 0, 8)], [])],
+                [(-10, -1, -5, [], [("tcm", 0, 8)]), (-10, -1, 0, [("tcm", 0, 8)], [])],
+                [(0, -1, 10, [], [("tcm", 8, 0)])]):
+        assert not hazard_free(_touched(odd))
 
 
 def test_all_accesses_at_once_agree_with_the_walk_on_random_schedules():

@@ -270,7 +270,7 @@ class Forked:
             r, w = os.pipe()
             try:
                 pid = _fork()
-            except OSError:
+            except BaseException:  # OSError, or Ctrl-C taken just after the fork (the child is gone)
                 os.close(r)
                 os.close(w)
                 raise
@@ -332,7 +332,8 @@ def _fork() -> int:
     """``os.fork()`` with Ctrl-C and SIGTERM held while it runs: a signal that comes during
     the fork is taken just after it (the parent's own handler), not inside Python's
     at-fork handlers (logging's), where it would be lost with an "Exception ignored"
-    message. The child starts with the parent's handlers."""
+    message; if it raises, the child is killed and reaped first. The child starts with the
+    parent's handlers."""
     if threading.current_thread() is not threading.main_thread():
         return os.fork()
     held: list = []
@@ -340,17 +341,30 @@ def _fork() -> int:
     for sig, handler in before.items():
         if callable(handler):  # a Python handler (SIG_DFL and SIG_IGN run none)
             signal.signal(sig, lambda signum, frame: held.append(signum))
-    pid = -1
     try:
         pid = os.fork()
-    finally:
-        for sig, handler in before.items():
-            if callable(handler):
-                signal.signal(sig, handler)
-        if pid != 0:
-            for sig in held:
-                signal.raise_signal(sig)
+    except BaseException:
+        _restore(before)
+        raise
+    if pid == 0:  # the child starts with the parent's handlers
+        _restore(before)
+        return 0
+    try:
+        _restore(before)
+        for sig in held:
+            signal.raise_signal(sig)  # the handler runs here (KeyboardInterrupt …)
+    except BaseException:  # the caller never learns of the child: end it here
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        raise
     return pid
+
+
+def _restore(handlers: dict) -> None:
+    """Put back the Python signal handlers :func:`_fork` held."""
+    for sig, handler in handlers.items():
+        if callable(handler):
+            signal.signal(sig, handler)
 
 
 def _child_setup(parent: int) -> None:

@@ -178,12 +178,13 @@ def hazard_free(touched) -> bool:
             for w, ivs in ((0, r_iv), (1, w_iv)) for space, lo, hi, _ in ivs]
     if not rows:
         return True
-    sid, lo, hi, write, k = (np.array(col, dtype=np.int64) for col in zip(*rows))
-    if len(ids) >= 1 << 22 or lo.min() < 0 or hi.max() >= _ADDR_LIMIT:
-        return False
-    t0 = np.array([t for _, t, _, _ in touched], dtype=np.int64)
-    t_end = np.array([st.t_end for st, _, _, _ in touched], dtype=np.int64)
-    if t_end.min() < 0:  # a stage that did not end: the walk says what it makes of it
+    sid, lo, hi, write, k = (np.array(col) for col in zip(*rows))
+    t0 = np.array([t for _, t, _, _ in touched])
+    t_end = np.array([st.t_end for st, _, _, _ in touched])
+    # what a run never makes (times not integer ps, a stage that did not end, an interval
+    # backwards or beyond the keys): the walk says what it makes of it
+    if any(a.dtype.kind != "i" for a in (lo, hi, t0, t_end)) or len(ids) >= 1 << 22 \
+            or lo.min() < 0 or hi.max() >= _ADDR_LIMIT or (hi < lo).any() or t_end.min() < 0:
         return False
     key_lo, key_hi = sid * _ADDR_LIMIT + lo, sid * _ADDR_LIMIT + hi
     cuts = np.unique(np.concatenate([key_lo, key_hi]))

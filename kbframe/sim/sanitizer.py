@@ -532,28 +532,30 @@ def check_data_dependencies(pe, plan, hbm_writes: list | None = None) -> int:
     nx = FootprintNumerics()
     touched = []  # per stage that ran, in program order: (stage, t0, reads, writes)
     n = 0
-    mismatch = None
-    for cmd, stages in plan:
-        replanned = plan_stages(cmd, pe.by_role, nx)
-        if len(replanned) != len(stages) or any(
-                a.unit is not b.unit or a.op_kind != b.op_kind or a.tile != b.tile
-                for a, b in zip(replanned, stages)):
-            mismatch = (f"PE{pe.index} command {cmd.id}: the stages that ran do not "
-                        f"match its plan ({len(stages)} ran, {len(replanned)} planned)")
-            break  # a hazard before this command still comes first
-        for rst, st in zip(replanned, stages):
-            reads, writes = nx.accesses(rst)
-            r_iv = [iv for s in reads for iv in footprint(s)]
-            w_iv = [iv for s in writes for iv in footprint(s)]
-            n += len(r_iv) + len(w_iv)
-            t0 = st.t_data if st.t_data >= 0 else st.t_start  # a DMA touches memory in its data phase
-            touched.append((st, t0, r_iv, w_iv))
-            if hbm_writes is not None:
-                hbm_writes += [(lo, hi, pe.index, st) for space, lo, hi, _ in w_iv if space == "hbm"]
+    stopped = None  # what stopped the re-planning (a plan mismatch, a bug): after an earlier hazard
+    try:
+        for cmd, stages in plan:
+            replanned = plan_stages(cmd, pe.by_role, nx)
+            if len(replanned) != len(stages) or any(
+                    a.unit is not b.unit or a.op_kind != b.op_kind or a.tile != b.tile
+                    for a, b in zip(replanned, stages)):
+                _fail("data_dependencies", f"PE{pe.index} command {cmd.id}: the stages that ran do not "
+                                           f"match its plan ({len(stages)} ran, {len(replanned)} planned)")
+            for rst, st in zip(replanned, stages):
+                reads, writes = nx.accesses(rst)
+                r_iv = [iv for s in reads for iv in footprint(s)]
+                w_iv = [iv for s in writes for iv in footprint(s)]
+                n += len(r_iv) + len(w_iv)
+                t0 = st.t_data if st.t_data >= 0 else st.t_start  # a DMA touches memory in its data phase
+                touched.append((st, t0, r_iv, w_iv))
+                if hbm_writes is not None:
+                    hbm_writes += [(lo, hi, pe.index, st) for space, lo, hi, _ in w_iv if space == "hbm"]
+    except Exception as e:  # noqa: BLE001 — raised below, once the commands before it are checked
+        stopped = e
     if not hazard_free(touched):
         _first_hazard(touched)
-    if mismatch is not None:
-        _fail("data_dependencies", mismatch)
+    if stopped is not None:
+        raise stopped
     return n
 
 
