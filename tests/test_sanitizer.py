@@ -434,7 +434,7 @@ def test_all_accesses_at_once_agree_with_the_walk_on_random_schedules():
                       hs.lists(iv, max_size=3), hs.lists(iv, max_size=3)).map(
         lambda t: (t[0], t[0] + t[1] if t[2] else -1, t[0] + t[1] + t[3], t[4], t[5]))
 
-    @settings(max_examples=600, deadline=None, derandomize=True)
+    @settings(max_examples=300, deadline=None, derandomize=True)
     @given(hs.lists(stage, max_size=7))
     def agree(stages):
         touched = _touched(stages)

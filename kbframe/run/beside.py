@@ -58,17 +58,18 @@ class Drawing:
     def __init__(self, generate, rng):
         self._ready = threading.Event()
         self._early: tuple | None = None
-        self._stopped = self._failed = False
+        self._stopped = False
+        self._error: BaseException | None = None
         self._thread = InThread(self._draw, generate, rng, name="inputs")
 
-    def _draw(self, generate, rng) -> dict:
+    def _draw(self, generate, rng) -> dict | None:
         try:
             return generate(rng, self._hand_out)
-        except BaseException as e:
-            self._failed = True
+        except BaseException as e:  # kept, not raised on: the run's thread raises it, alone
+            self._error = e
             for rows in (self._early[1] if self._early else {}).values():
                 rows.fail(e)
-            raise
+            return None
         finally:
             self._ready.set()
 
@@ -90,15 +91,18 @@ class Drawing:
         return self._early
 
     def result(self) -> dict:
-        """The inputs, all drawn."""
-        return self._thread.result()
+        """The inputs, all drawn (raises the drawing's error)."""
+        inputs = self._thread.result()
+        if self._error is not None:
+            raise self._error
+        return inputs
 
     def drawn(self) -> dict | None:
         """The inputs once all are drawn, or None if the drawing failed: for a thread that
         writes them (TensorsFile), so its error is raised only where the run reads the
         inputs (:meth:`result`, a stage waiting for rows), never in two threads at once."""
         self._thread.join()
-        return None if self._failed else self.result()
+        return None if self._error is not None else self.result()
 
     def stop(self) -> None:
         """The run ended (failed) before it needed all the rows: the drawing stops at its
