@@ -18,7 +18,9 @@ own config); the plugin class Hydra instantiates is
 from __future__ import annotations
 
 import logging
+import os
 import re
+import signal
 import sys
 from collections import deque
 from concurrent.futures import FIRST_COMPLETED, wait
@@ -72,8 +74,8 @@ def launch(launcher, job_overrides: Sequence[Sequence[str]], initial_job_idx: in
                 if todo and slot not in busy:
                     idx, ov = todo.popleft()
                     if executors[slot] is None:
-                        executors[slot] = ProcessPoolExecutor(max_workers=1)
-                    fut = executors[slot].submit(execute_job, initial_job_idx + idx, ov, launcher.hydra_context,
+                        executors[slot] = ProcessPoolExecutor(max_workers=1, initializer=_quiet_when_idle)
+                    fut = executors[slot].submit(_job, initial_job_idx + idx, ov, launcher.hydra_context,
                                                  launcher.config, launcher.task_function, state)
                     running[fut] = (slot, idx, ov)
             done, _ = wait(list(running), return_when=FIRST_COMPLETED)
@@ -105,6 +107,26 @@ def launch(launcher, job_overrides: Sequence[Sequence[str]], initial_job_idx: in
         if ex is not None:
             ex.shutdown(wait=True)
     return results
+
+
+def _quiet_when_idle() -> None:
+    """A worker's start (loky ``initializer``): Ctrl-C that finds it between jobs ends it
+    quietly (the launcher stops the sweep and records what ran), not with a traceback
+    from loky's own loop; during a job it is KeyboardInterrupt, as in a single run."""
+    signal.signal(signal.SIGINT, _end_idle_worker)
+
+
+def _end_idle_worker(signum, frame) -> None:
+    os._exit(EXIT_INTERRUPTED)
+
+
+def _job(*args):
+    """Hydra's ``execute_job`` in a worker, with Ctrl-C a KeyboardInterrupt while it runs."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        return execute_job(*args)
+    finally:
+        signal.signal(signal.SIGINT, _end_idle_worker)
 
 
 def _out_dir_status(launcher, num: int, overrides, why: str, status: str = "failed"):
