@@ -168,7 +168,7 @@ def test_over_cap_error_dispatches_nothing(tmp_path):
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"op": "softmax_mrege"}, "unknown recipe 'softmax_mrege' (known: lse_merge, rmsnorm, softmax_merge)"),
+    ({"op": "softmax_mrege"}, "unknown recipe 'softmax_mrege' (known: lse_merge, rmsnorm, softmax_merge, swiglu)"),
     ({"O": None}, "recipe 'softmax_merge': missing operand(s) ['O']"),
     ({"x": "O"}, "recipe 'softmax_merge': unknown operand(s) ['x'] (takes ['s', 'm', 'l', 'O'])"),
 ], ids=["unknown_recipe", "missing_recipe_operand", "extra_recipe_operand"])

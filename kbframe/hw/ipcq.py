@@ -63,21 +63,27 @@ class Fabric:
         yd, xd = divmod(dst // self.pes_per_cube, self.cubes_x)
         return abs(xs - xd) + abs(ys - yd)
 
+    def figures(self, src: int, dst: int) -> tuple:
+        """``(latency_ps, gbps, sending unit)`` of the link ``src → dst``, from the sending PE's
+        IpcqSend (module doc), without making the link."""
+        sender = self.pes[src].by_role.get("ipcq_send")
+        if sender is None:
+            from ..errors import ConfigError
+            raise ConfigError(f"PE{src} has no unit serving role 'ipcq_send' (a hardware with IPCQ, "
+                              f"e.g. hardware=cube)")
+        hops = self.cube_hops(src, dst)
+        if hops:
+            latency_ns = sender.intra_latency_ns + hops * sender.d2d_latency_ns
+            gbps = sender.d2d_gbps
+        else:
+            latency_ns, gbps = sender.intra_latency_ns, sender.intra_gbps
+        return ns_to_ps(latency_ns), gbps, sender
+
     def link(self, src: int, dst: int) -> Link:
         ln = self.links.get((src, dst))
         if ln is None:
-            sender = self.pes[src].by_role.get("ipcq_send")
-            if sender is None:
-                from ..errors import ConfigError
-                raise ConfigError(f"PE{src} has no unit serving role 'ipcq_send' (a hardware with IPCQ, "
-                                  f"e.g. hardware=cube)")
-            hops = self.cube_hops(src, dst)
-            if hops:
-                latency_ns = sender.intra_latency_ns + hops * sender.d2d_latency_ns
-                gbps = sender.d2d_gbps
-            else:
-                latency_ns, gbps = sender.intra_latency_ns, sender.intra_gbps
-            ln = self.links[(src, dst)] = Link(src, dst, ns_to_ps(latency_ns), gbps, sender.credits, sender)
+            latency_ps, gbps, sender = self.figures(src, dst)
+            ln = self.links[(src, dst)] = Link(src, dst, latency_ps, gbps, sender.credits, sender)
         return ln
 
 

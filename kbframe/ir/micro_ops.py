@@ -73,6 +73,39 @@ def _sigmoid(x):
     return 1.0 / (1.0 + np.exp(-x))
 
 
+def _silu(x):
+    """SiLU (Llama's FFN activation): x·sigmoid(x), the sigmoid as 0.5·(1 + tanh(x/2)),
+    which never overflows."""
+    return x * (0.5 * (1.0 + np.tanh(0.5 * x)))
+
+
+def _rope_shape(x, pos):
+    if len(x) != 2 or tuple(pos) != (x[0], 1):
+        raise ValueError(f"rope takes x (rows, cols) and pos (rows, 1), got {tuple(x)} and {tuple(pos)}")
+    return tuple(x)
+
+
+def _rope(x, pos, theta, head_dim, rotary_cols):
+    """Rotary position embedding, rotate-half form (Hugging Face ``LlamaRotaryEmbedding`` /
+    ``apply_rotary_pos_emb``) on the first ``rotary_cols`` columns of ``x (rows, cols)``, in
+    heads of ``head_dim``; the rest (v) is passed through. Row r is at position ``pos[r]``:
+    ``inv_freq_i = theta^(−2i/d)``, angle ``pos·inv_freq`` repeated over both halves,
+    ``x·cos + rotate_half(x)·sin`` with ``rotate_half([x1, x2]) = [−x2, x1]``. The angles,
+    cos and sin are made in float64 from the integer positions (a cos/sin table of the
+    positions, exact to the storage dtype), the rotation at the MATH dtype."""
+    d, n = int(head_dim), int(rotary_cols)
+    half = d // 2
+    inv_freq = float(theta) ** (-np.arange(0, d, 2, dtype=np.float64) / d)
+    ang = np.asarray(pos, dtype=np.float64).reshape(-1, 1) * inv_freq
+    cos = np.concatenate([np.cos(ang), np.cos(ang)], axis=-1).astype(x.dtype)[:, None, :]
+    sin = np.concatenate([np.sin(ang), np.sin(ang)], axis=-1).astype(x.dtype)[:, None, :]
+    out = np.array(x, copy=True)
+    r = x[:, :n].reshape(x.shape[0], n // d, d)
+    rot = np.concatenate([-r[..., half:], r[..., :half]], axis=-1)
+    out[:, :n] = (r * cos + rot * sin).reshape(x.shape[0], n)
+    return out
+
+
 MICRO_OPS: dict[str, MicroOp] = {
     # the ndarray methods: the same reductions as np.max / np.sum, without their wrapper
     "rmax": MicroOp(("src",), lambda x: x.max(axis=-1, keepdims=True), _reduce),
@@ -96,17 +129,22 @@ MICRO_OPS: dict[str, MicroOp] = {
     "sigmoid": MicroOp(("src",), _sigmoid, _same),
     "clamp": MicroOp(("src",), lambda x, lo, hi: np.clip(x, lo, hi), _same, ("lo", "hi")),
     "dequant": MicroOp(("src",), lambda x, scale: x * scale, _same, ("scale",)),
+    # the decoder layer (kbframe/kernels/decoder_layer.py; recipes/swiglu.yaml)
+    "silu": MicroOp(("src",), _silu, _same),
+    "rope": MicroOp(("src", "pos"), _rope, _rope_shape, ("theta", "head_dim", "rotary_cols")),
 }
 
 #: epilogue ops apply to the GEMM accumulator: ``acc = fn(acc, *operands)``; the
 #: accumulator fills the op's first slot, named operands fill the rest.
 EPILOGUE_OPERANDS = {"scale": (), "add": ("other",), "mul_bcast": ("other",),
                      "div_bcast": ("other",), "bias": ("bias",), "relu": (), "gelu": (), "sigmoid": (),
-                     "clamp": (), "dequant": ()}
+                     "clamp": (), "dequant": (), "rope": ("pos",)}
 
 #: an epilogue's scope when its entry names none: ``dequant`` scales each K tile's partial
-#: product (per-K-block quantisation scales), every other op the finished output tile
-EPILOGUE_DEFAULT_SCOPE = {"dequant": "k_tile"}
+#: product (per-K-block quantisation scales), ``rope`` rotates whole heads of the finished
+#: output (after the tile loop: an output tile may split a head), every other op the
+#: finished output tile
+EPILOGUE_DEFAULT_SCOPE = {"dequant": "k_tile", "rope": "kernel"}
 
 
 def get(kind: str) -> MicroOp:

@@ -29,6 +29,9 @@ class Numerics:
         """Create storage for ``handle`` (zeros, ``value``, or the rows of ``arriving`` as
         they come)."""
 
+    def alias(self, handle, base) -> None:
+        """``handle`` names ``base``'s storage with another shape (``tl.reshape``)."""
+
     def copy(self, src, dst) -> None:
         """Effect: ``dst ← src`` (a DMA transfer or write-back)."""
 
@@ -119,6 +122,13 @@ class NumpyNumerics(Numerics):
         else:
             arr = self._fit(value, f"HBM tensor '{handle.name}'") if dt == self.dtype else np.asarray(value, dt)
             self.mem[handle.buf] = arr.reshape(handle.buf_shape)
+
+    def alias(self, handle, base) -> None:
+        arr = self.mem[base.buf]
+        view = arr.reshape(handle.buf_shape)
+        if not np.shares_memory(view, arr):  # never a copy: writes must go through both
+            raise RuntimeError(f"tl.reshape: {base.name} is not contiguous")
+        self.mem[handle.buf] = view
 
     def _arrive(self, h, all_rows: bool = False) -> None:
         """Wait until the rows of an arriving buffer that ``h`` views (all of them for a

@@ -34,7 +34,8 @@ class TL:
         self.hbm = hbm
         self.recipes = recipes or {}
         self.dtype = dtype
-        self._ids = itertools.count(1)
+        self.last_cmd_id = 0  # the id of the latest command this context dispatched
+        self.phases: list = []  # (name, first cmd id, last cmd id, info), see phase
         self._scope_depth = 0
         self._arena_slots: dict = {}
         self._scope_scratch: dict = {}  # (key, address) -> handle; see _scope_handle
@@ -111,7 +112,53 @@ class TL:
 
     # ---- primitive commands ----------------------------------------------------------
     def _completion(self, label: str) -> Completion:
-        return Completion(next(self._ids), label)
+        self.last_cmd_id += 1
+        return Completion(self.last_cmd_id, label)
+
+    # ---- annotations -----------------------------------------------------------------
+    def phase(self, name: str, **info) -> "_Phase":
+        """``with tl.phase("qkv"):`` — the commands dispatched inside are one occurrence of
+        phase ``name`` (like an NVTX range); ``info`` is kept with it (plain values). The
+        run reports each phase's span from its commands' records (kbframe.run.phases).
+        Phases may nest; they never change what is dispatched."""
+        return _Phase(self, name, info)
+
+    def link_figures(self, src_pe: int, dst_pe: int) -> tuple[int, float]:
+        """``(latency_ps, gbps)`` of the IPCQ link from PE ``src_pe`` to PE ``dst_pe`` (the
+        config's link figures, kbframe.hw.ipcq): what an α-β model of a collective uses."""
+        fabric = self.pe.fabric
+        for pe in (src_pe, dst_pe):
+            if not (isinstance(pe, int) and 0 <= pe < fabric.n_pes):
+                raise ValidationError(f"tl.link_figures: PE{pe} is not a PE of this hardware (PEs 0..{fabric.n_pes - 1})")
+        latency_ps, gbps, _ = fabric.figures(src_pe, dst_pe)
+        return latency_ps, gbps
+
+    def math_ps(self, n_elements: int) -> int:
+        """Duration of one MATH stage over ``n_elements`` on this PE, ps (its unit's rule)."""
+        unit = self.pe.by_role["math"]
+        return unit.duration_ps(_Sized(n_elements))
+
+    def reshape(self, h: TensorHandle, shape) -> TensorHandle:
+        """The same bytes as ``h`` (a whole, untransposed tensor) seen with another shape of
+        as many elements (row-major, as a contiguous buffer reshapes for free): e.g. the
+        QKV projection's ``(B, heads·d)`` as ``(B·heads, d)``. Writes through either handle
+        are seen by the other; hazards compare bytes, so they order both.
+
+        Raises:
+            ValidationError: a row window or transposed view, or a different element count.
+        """
+        shape = tuple(int(s) for s in shape)
+        if h.rows is not None or h.trans:
+            raise ValidationError(f"tl.reshape: {h} must be a whole tensor (not a row window or a transpose)")
+        n = 1
+        for s in shape:
+            n *= s
+        if n != h.n_elements or min(shape, default=0) < 1:
+            raise ValidationError(f"tl.reshape: {h} has {h.n_elements} elements, shape {shape} has {n}")
+        out = TensorHandle(f"{h.name}{list(shape)}", shape, h.dtype, h.space, h.addr, f"{h.buf}~{shape}", shape,
+                           None, False, h.pending)
+        self.pe.numerics.alias(out, h)
+        return out
 
     def _dispatch(self, cmd) -> None:
         request(Dispatch(cmd))
@@ -157,11 +204,15 @@ class TL:
         op = OpSpec("send", Scope.KERNEL, {"src": h}, {"peer": int(dst_pe)}, None)
         self._dispatch(PrimitiveCmd(self._completion("send"), op))
 
-    def recv_async(self, shape, src_pe: int, name: str = "recv") -> TensorHandle:
+    def recv_async(self, shape, src_pe: int, name: str = "recv", out: TensorHandle | None = None) -> TensorHandle:
         """Receive the next message from PE ``src_pe`` (FIFO per link) into a new TCM tensor of
-        ``shape``; the kernel goes on, and commands reading the result wait for it."""
+        ``shape`` (or into ``out``, a TCM tensor or window of that shape); the kernel goes
+        on, and commands reading the result wait for it."""
         self._peer("tl.recv", "ipcq_recv", src_pe)
-        out = self.empty(shape, name)
+        if out is None:
+            out = self.empty(shape, name)
+        elif out.space != "tcm" or tuple(out.shape) != tuple(shape):
+            raise ValidationError(f"tl.recv: out {out} must be a TCM tensor of shape {tuple(shape)}")
         return self._primitive(OpSpec("recv", Scope.KERNEL, {}, {"peer": int(src_pe)}, out), out)
 
     def recv(self, shape, src_pe: int, name: str = "recv") -> TensorHandle:
@@ -343,6 +394,31 @@ class TL:
         if h is None:
             h = self._arena_slots[arena_key] = self._alloc(shape, name)
         return h
+
+
+class _Phase:
+    """The context manager of :meth:`TL.phase`."""
+
+    __slots__ = ("tl", "name", "info", "first")
+
+    def __init__(self, tl: TL, name: str, info: dict):
+        self.tl, self.name, self.info = tl, name, info
+
+    def __enter__(self) -> None:
+        self.first = self.tl.last_cmd_id + 1
+
+    def __exit__(self, *exc) -> None:
+        if self.tl.last_cmd_id >= self.first:
+            self.tl.phases.append((self.name, self.first, self.tl.last_cmd_id, self.info))
+
+
+class _Sized:
+    """A stand-in stage of ``n_elements`` for :meth:`TL.math_ps` (a unit's rule reads its size)."""
+
+    __slots__ = ("n_elements", "nbytes", "flops")
+
+    def __init__(self, n: int):
+        self.n_elements, self.nbytes, self.flops = int(n), 0, 0
 
 
 class _ScratchScope:
