@@ -2,8 +2,8 @@
 ``decode_splitk``): the online-softmax inner loops over a key range, the final normalise and
 store, and the merge of partial states.
 
-One query token, ``G`` query heads sharing one KV head, ``K``/``V`` rows ``(S_kv, d)``
-streamed from HBM in tiles of ``tile`` keys (the last tile is ``S_kv mod tile`` long and
+One query token, ``G`` query heads sharing one KV head (``q (G, d)`` in HBM, loaded first,
+or already in TCM), ``K``/``V`` rows ``(S_kv, d)`` streamed from HBM in tiles of ``tile`` keys (the last tile is ``S_kv mod tile`` long and
 exact; DESIGN.md). :func:`partial_opt3` / :func:`partial_opt2` return the unnormalised
 partial ``(m, l, O)`` of their keys (TCM handles ``(G, 1)``, ``(G, 1)``, ``(G, d)``);
 :func:`finish` stores ``O / l``; :func:`merge` combines two partials with the ``lse_merge``
@@ -42,7 +42,7 @@ def partial_opt3(tl, q_h, k_h, v_h, *, G: int, d: int, S_kv: int, tile: int, sca
         return empty_partial(tl, G, d)
     tile = min(tile, S_kv)  # buffers for a tile longer than the sequence would only waste TCM
     tiles = _tiles(S_kv, tile)
-    q = tl.scale(tl.load(q_h), scale)
+    q = tl.scale(q_h if q_h.space == "tcm" else tl.load(q_h), scale)
     m, l, O = empty_partial(tl, G, d)
     kbuf = [tl.empty((tile, d), f"Kbuf{i}") for i in range(2)]
     vbuf = [tl.empty((tile, d), f"Vbuf{i}") for i in range(2)]
@@ -103,7 +103,7 @@ def partial_opt2(tl, q_h, k_h, v_h, *, G: int, d: int, S_kv: int, tile: int, sca
     tile = min(tile, S_kv)  # buffers for a tile longer than the sequence would only waste TCM
     tiles = _tiles(S_kv, tile)
     prefetch_v = v_staging == "prefetch"
-    q = tl.load(q_h)
+    q = q_h if q_h.space == "tcm" else tl.load(q_h)
     m, l, O = empty_partial(tl, G, d)
     sbuf = [tl.empty((G, tile), f"S{i}") for i in range(s_buffers)]
     vbuf = [tl.empty((tile, d), f"Vbuf{i}") for i in range(v_buffers)] if prefetch_v else []

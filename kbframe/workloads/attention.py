@@ -14,7 +14,8 @@ from omegaconf import OmegaConf
 
 from ..errors import ConfigError, InputsError, NumericsError
 from ..kernels.attention import PARTIALS
-from .base import BenchConfig, InputsConfig
+from .base import InputsConfig
+from .model import ModelConfig, preset_note
 
 #: rows of k and v drawn, or widened to float64, at a time
 CHUNK_ROWS = 8192
@@ -119,15 +120,12 @@ def reference(q, k, v, scale) -> np.ndarray:
 
 
 @dataclass
-class HeadsConfig(BenchConfig):
+class HeadsConfig(ModelConfig):
     """A batch of decode sequences × KV heads (``decode_heads``, ``decode_splitk``).
 
-    A model preset (``+model=NAME``, ``conf/model/``) sets ``model``, ``H_q``, ``H_kv`` and ``d``."""
+    A model preset (``+model=NAME``, ``conf/model/``) sets ``model``, ``H_q``, ``H_kv`` and
+    ``d`` (and the layer's dimensions, which these workloads do not read)."""
 
-    model: Optional[str] = None  # the model preset that set the heads (named in errors), or None
-    H_q: int = 64  # query heads
-    H_kv: int = 8  # KV heads; each serves G = H_q / H_kv query heads
-    d: int = 128  # head dim
     S_kv: Any = 4096  # keys per sequence: an int (every sequence), or a list (one per sequence: the batch)
     batch: int = 1  # sequences, when S_kv is an int
     tile: int = 64  # keys per KV tile (TILE)
@@ -201,7 +199,7 @@ class HeadsBatch:
             if c[key] < 1:
                 raise ConfigError(f"bench.{key} must be ≥ 1, got {c[key]}")
         if c.H_q % c.H_kv:
-            who = f"model preset '{c.model}' (conf/model/{c.model}.yaml): " if c.model else ""
+            who = preset_note(c)
             raise ConfigError(f"{who}query heads bench.H_q={c.H_q} are not a multiple of KV heads "
                               f"bench.H_kv={c.H_kv} (GQA needs H_q = G·H_kv)")
         s = c.S_kv

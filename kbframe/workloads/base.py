@@ -176,6 +176,11 @@ class Workload:
         """float64 reference, output name → array (the same shape the kernel writes)."""
         raise NotImplementedError
 
+    def read_outputs(self, read) -> dict:
+        """The outputs after the run, name → array: ``read(tensor)`` gives an HBM tensor's
+        numbers. Default: each name in :attr:`outputs` is an HBM tensor of that name."""
+        return {o: read(o) for o in self.outputs}
+
     def reference_name(self, output: str) -> str:
         """Name of an output's reference in ``tensors.npz``."""
         return "ref" if len(self.outputs) == 1 else f"ref_{output}"
