@@ -27,7 +27,9 @@ def _reference_rows(w: WaitLog) -> list:
         pe, unit, op_kind = names[code]
         end_ref = -1
         if kind == _RAW_STAGE:
-            if ref >= 0:
+            if ref <= -2:  # a receive readied by its message: the send's record
+                ready, why, ref = t0, "link", -2 - ref
+            elif ref >= 0:
                 ready, why = d[ref * _FIELDS + 3], "dep"
             else:
                 ready, why, ref = admit_ps.get((pe, cmd), t0), "admit", cmd

@@ -36,7 +36,7 @@ class Link:
         self.free_ps = 0
         self.outstanding = 0  # sent and not yet received (credits in use)
         self.max_outstanding = 0
-        self.arrivals: deque = deque()  # arrival times of messages no receive has taken yet
+        self.arrivals: deque = deque()  # (arrival time, send stage) of messages no receive has taken yet
         self.waiting: deque = deque()  # receive stages waiting for a message
         self.sent = self.received = self.bytes = self.busy_ps = 0
 
@@ -141,12 +141,12 @@ class IpcqSend(Unit):
         link.busy_ps += end - start
         stage.t_start, stage.t_end = start, end
         arrive = end + link.latency_ps
+        env.timeout(end - now, stage).callbacks.append(self._fire_cb)  # before the receive's: logged first
         if link.waiting:
             recv = link.waiting.popleft()
-            recv.unit.deliver(recv, link, arrive)
+            recv.unit.deliver(recv, link, arrive, stage)
         else:
-            link.arrivals.append(arrive)
-        env.timeout(end - now, stage).callbacks.append(self._fire_cb)
+            link.arrivals.append((arrive, stage))
 
     def credit_freed(self) -> None:
         """A receive took a message: start the sends now allowed, in order."""
@@ -174,21 +174,25 @@ class IpcqRecv(Unit):
     def submit(self, stage: Stage) -> None:
         link = self.pe.fabric.link(stage.peer, self.pe.index)
         if link.arrivals:
-            self.deliver(stage, link, link.arrivals.popleft())
+            self.deliver(stage, link, *link.arrivals.popleft())
         else:
             link.waiting.append(stage)
 
-    def deliver(self, stage: Stage, link: Link, arrive_ps: int) -> None:
-        """Complete receive ``stage`` with the message arriving at ``arrive_ps``."""
+    def deliver(self, stage: Stage, link: Link, arrive_ps: int, send: Stage) -> None:
+        """Complete receive ``stage`` with the message ``send`` sent, arriving at ``arrive_ps``.
+        A receive that waited for its message records that send as what readied it
+        (``ready_by = −2 − send.seq``: kbframe.sim.waits names the wait ``link``)."""
         env = self.env
         t = max(env.now, arrive_ps)
         stage.t_start = stage.t_end = t
         self.n_stages += 1
         link.received += 1
-        env.timeout(t - env.now, (stage, link)).callbacks.append(self._taken)
+        env.timeout(t - env.now, (stage, link, send if arrive_ps > env.now else None)).callbacks.append(self._taken)
 
     def _taken(self, ev) -> None:
-        stage, link = ev._value
+        stage, link, send = ev._value
+        if send is not None:
+            stage.ready_by = -2 - send.seq
         link.outstanding -= 1
         link.sender.credit_freed()
         self._on_done(stage)

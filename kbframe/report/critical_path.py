@@ -187,7 +187,7 @@ def walk(rows, sched: dict | None = None) -> list:
                 nxt = (idx, "start")
         else:  # the record's start (a command's: its admission)
             why, ref = WHY[idx], REF[idx]
-            if why in ("dep", "unit", "cpu"):
+            if why in ("dep", "unit", "cpu", "link"):
                 nxt = (ref, "end") if ref >= 0 else None
             elif why in ("admit", "room", "fifo"):
                 j = sched.get((pe, ref))

@@ -67,6 +67,29 @@ LINK_FLOW_BASE = 1 << 52
 LANE_STRIDE = 1000
 
 
+#: the tid of a PE's phase track (kbframe.run.phases), lanes after it
+PHASE_TID = 900 * LANE_STRIDE
+
+
+def _write_phases(write, phases, dumps) -> set:
+    """Write the phase slices (:func:`write_trace`'s ``phases``), each on the first lane of
+    its PE whose last slice ended by its start; the ``(pe, lane)`` pairs used."""
+    ends: dict = {}
+    used = set()
+    for pe, name, t0, t1, layer in sorted(phases, key=lambda s: (s[0], s[2], -s[3])):
+        lanes = ends.setdefault(pe, [])
+        lane = next((i for i, e in enumerate(lanes) if e <= t0), len(lanes))
+        if lane == len(lanes):
+            lanes.append(t1)
+        else:
+            lanes[lane] = t1
+        used.add((pe, lane))
+        args = {} if layer is None else {"layer": layer}
+        write(',\n{"name":%s,"cat":"phase","ph":"X","ts":%s,"dur":%s,"pid":%d,"tid":%d,"args":%s}'
+              % (dumps(name), _us(t0), _us(t1 - t0), pe, PHASE_TID + lane, dumps(args)))
+    return used
+
+
 def _ps(ns) -> int:
     """op_log ns (≤ 3 decimals, from integer ps) → the exact integer ps."""
     return round(ns * 1000)
@@ -165,7 +188,7 @@ def _flow(fid: int, steps: list) -> str:
 
 
 def write_trace(op_log: Path | str, out: Path | str, tracks: dict | None = None, critical=None,
-                records: tuple | None = None) -> dict:
+                records: tuple | None = None, phases=()) -> dict:
     """Convert ``op_log`` (op_log.jsonl) into ``out`` (trace.json), atomically (a temporary
     file, then rename). ``tracks`` (op_log unit → track name, in track order; the units'
     declared labels, :func:`tracks_from_units`) names the tracks; a unit it does not list
@@ -181,6 +204,11 @@ def write_trace(op_log: Path | str, out: Path | str, tracks: dict | None = None,
     ``records``: the op_log's records as ``(table, codes, nums)`` (a fast-forwarded run's,
     kbframe.run.fastforward), read instead of parsing the op_log's text; the trace is the
     same.
+
+    ``phases``: ``(pe, name, t0_ps, t1_ps, layer)`` per phase occurrence (the kernel's
+    ``tl.phase`` groups, kbframe.run.phases), drawn as slices (``cat`` ``phase``) on a
+    per-PE track ``layer`` above the units (overlapping phases on lanes ``layer ·2`` ...).
+    Like the critical flags, only the run knows them.
 
     Returns:
         ``{"slices": {unit: count}, "flows": n_commands, "link_flows": n_sends_received,
@@ -330,8 +358,9 @@ def write_trace(op_log: Path | str, out: Path | str, tracks: dict | None = None,
                     if len(chain) >= 2:
                         n_flows += 1
                         write(_flow(k.pe * FLOW_ID_STRIDE + int(cmd), [text for _, _, text in chain]))
+            phase_lanes = _write_phases(write, phases, dumps)
             meta = []
-            for pe in sorted({p for p, _ in lanes}):
+            for pe in sorted({p for p, _ in lanes} | {p for p, _ in phase_lanes}):
                 meta.append({"name": "process_name", "ph": "M", "pid": pe, "tid": 0,
                              "args": {"name": f"PE{pe}"}})
                 meta.append({"name": "process_sort_index", "ph": "M", "pid": pe, "tid": 0,
@@ -348,6 +377,11 @@ def write_trace(op_log: Path | str, out: Path | str, tracks: dict | None = None,
                                  "args": {"name": base if lane == 0 else f"{base} ·{lane + 1}"}})
                     meta.append({"name": "thread_sort_index", "ph": "M", "pid": pe, "tid": tid,
                                  "args": {"sort_index": tid}})
+            for (pe, lane) in sorted(phase_lanes):
+                meta.append({"name": "thread_name", "ph": "M", "pid": pe, "tid": PHASE_TID + lane,
+                             "args": {"name": "layer" if lane == 0 else f"layer ·{lane + 1}"}})
+                meta.append({"name": "thread_sort_index", "ph": "M", "pid": pe, "tid": PHASE_TID + lane,
+                             "args": {"sort_index": -100 + lane}})
             for ev in meta:
                 write(sep + dumps(ev, ensure_ascii=False))
                 sep = ",\n"

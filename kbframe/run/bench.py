@@ -32,7 +32,7 @@ from .schema import CalibrationConfig, HardwareConfig, RunConfig
 from ..report import critical_path
 from ..report.trace import tracks_from_metrics, write_trace
 from ..workloads.base import Workload
-from . import fastforward
+from . import fastforward, phases
 from .metrics import run_metrics, unit_labels
 from .beside import Drawing, Forked, Outcome, TensorsFile
 from .simulate import simulate
@@ -267,16 +267,25 @@ def _run_bench(cfg, out_dir: Path, explicit, rd: RunDir, stack: ExitStack) -> di
 
     resources = critical_path.resources_from_roles({name: u.roles for name, u in pe.stage_units.items()})
 
+    phase_slices: list = []
+
     def analysis() -> tuple[dict, set]:
-        """The critical path and the metrics: ``(metrics, records on the path)``."""
-        cp = critical_path.analyse(oplog.waits, wl.n_units(), wl.unit, resources)
-        return run_metrics(cfg, wl, engine, pe, oplog, latency_ps, cp.metrics), cp.records
+        """The critical path and the metrics: ``(metrics, records on the path)``; the
+        phases' slices for the trace in ``phase_slices``."""
+        rows = critical_path.as_records(oplog.waits)
+        cp = critical_path.analyse(rows, wl.n_units(), wl.unit, resources)
+        metrics = run_metrics(cfg, wl, engine, pe, oplog, latency_ps, cp.metrics)
+        found, slices = phases.analyse(sim.phases or {}, rows, cp.segments, latency_ps,
+                                       {name: u.roles for name, u in pe.stage_units.items()})
+        metrics.update(found)
+        phase_slices[:] = slices
+        return metrics, cp.records
 
     def report() -> dict:
         """The critical path, the metrics and trace.json (written); the metrics."""
         metrics, on_path = analysis()
         if trace:
-            write_trace(oplog_path, trace_tmp, tracks_from_metrics(metrics), critical=on_path)
+            write_trace(oplog_path, trace_tmp, tracks_from_metrics(metrics), critical=on_path, phases=phase_slices)
         return metrics
 
     def report_and_record_rules() -> tuple:

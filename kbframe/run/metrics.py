@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..report import critical_path, roofline
+from . import phases
 from ..timebase import ps_to_ns
 
 
@@ -153,6 +154,7 @@ def summary(metrics: dict, out_dir: Path) -> str:
         lines.append(f"  IPCQ        {len(q['links'])} links, {q['sends']} sends, {q['bytes']:,} B; busiest "
                      f"PE{busiest['src']}→PE{busiest['dst']} {busiest['busy_ns']:.1f} ns "
                      f"({busiest['utilisation']:.1%}), {busiest['max_queued']} of {busiest['credits']} credits")
+    lines += phases.summary_lines(metrics)
     ff = metrics.get("fast_forward")
     if ff and ff["mode"] != "off" and not n["enabled"]:
         lines.append(f"  fast-fwd    {ff['note']}")

@@ -31,6 +31,7 @@ class Simulation:
     latency_ps: int
     sanitizer: dict | None
     numerics: Numerics
+    phases: dict = None  # {pe: TL.phases}: the kernel's tl.phase annotations (kbframe.run.phases)
 
 
 def simulate(cfg, wl, kernel, recipes, inp, oplog_path, check: bool, show: bool,
@@ -53,7 +54,12 @@ def simulate(cfg, wl, kernel, recipes, inp, oplog_path, check: bool, show: bool,
         for name, shape in wl.tensors().items():
             value = inp[name] if (b.data and name not in wl.outputs) else None
             engine.add_hbm_tensor(name, shape, b.dtype, value, (arriving or {}).get(name))
-        programs = wl.programs(kernel, lambda i: TL(engine.pes[i], engine.hbm, recipes, b.dtype), inp)
+        tls = {}
+
+        def make_tl(i):
+            tls[i] = TL(engine.pes[i], engine.hbm, recipes, b.dtype)
+            return tls[i]
+        programs = wl.programs(kernel, make_tl, inp)
         pe = engine.pes[min(programs)]
         stream, rows = wl.progress_stream()
         # one BLAS thread: the simulator's matmuls are tile-sized, where threading only adds
@@ -65,4 +71,4 @@ def simulate(cfg, wl, kernel, recipes, inp, oplog_path, check: bool, show: bool,
     finally:
         oplog.close()
     san = None if check_later else sanitizer.check(engine, oplog_path) if check else {"rules_checked": 0}
-    return Simulation(engine, pe, oplog, latency_ps, san, numerics)
+    return Simulation(engine, pe, oplog, latency_ps, san, numerics, {i: t.phases for i, t in tls.items()})

@@ -23,6 +23,8 @@ stage       ``dep``                     record of the predecessor stage that end
             ``admit``                   its command (no predecessor: ready at admission)
             ``unit``                    record of the unit's stage that ended at its
                                         start (unit busy; on DMA, no free slot)
+            ``link``                    (an IPCQ receive) the send whose message it
+                                        waited for; the gap is the link's latency
 ==========  ==========================  =============================================
 
 ``end_ref`` is a second wait: for a DMA stage, the record of the transfer whose data
@@ -38,7 +40,7 @@ from array import array
 import numpy as np
 
 #: wait kind names, by the code stored per record
-KINDS = ("start", "cpu", "room", "wait", "dispatch", "hazard", "fifo", "dep", "admit", "unit")
+KINDS = ("start", "cpu", "room", "wait", "dispatch", "hazard", "fifo", "dep", "admit", "unit", "link")
 #: wait kind name → its code (what OpLog stores)
 WAIT_CODE = {k: i for i, k in enumerate(KINDS)}
 _RAW_STAGE = -1  # kind of a stage record until rows() classifies it
@@ -118,6 +120,8 @@ class WaitLog:
         # latest admission record of the command anywhere in the log), else at their start
         st = np.nonzero(stage)[0]
         s_ref, s_t0 = ref[st], t0[st]
+        link = s_ref <= -2  # a receive readied by its message: the send's record is −2 − ref
+        s_ref = np.where(link, -2 - s_ref, s_ref)
         dep = s_ref >= 0
         ready = np.where(dep, t1[np.where(dep, s_ref, 0)], s_t0)
         adm = np.nonzero(~stage & (unit_of == sched_u))[0]
@@ -133,7 +137,8 @@ class WaitLog:
         # held by its unit: the latest stage of the same (pe, unit) before it that ended
         # at its start (-1: none)
         stream = (pe_of[st] << 16) | unit_of[st]
-        late = np.nonzero(s_t0 != ready)[0]
+        s_why[link] = WAIT_CODE["link"]
+        late = np.nonzero((s_t0 != ready) & ~link)[0]
         if len(late):
             s_why[late] = WAIT_CODE["unit"]
             s_ref[late] = _latest_before(stream, t1[st], st, stream[late], s_t0[late], st[late])

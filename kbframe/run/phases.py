@@ -1,0 +1,180 @@
+"""What each phase of a kernel cost: the spans, busy times, bounds and critical-path time
+of the command groups a kernel names with ``tl.phase`` (like NVTX ranges), and the
+simulated time of its collectives against their α-β model (DESIGN.md decisions 10, 12).
+
+A phase *occurrence* is the commands one PE dispatched inside one ``with tl.phase(...)``;
+the occurrences of the same name and ``layer`` on the PEs of a run (the k-th of each) are
+one *group*: its span runs from its first stage's start on any PE to its last stage's end.
+Phases may overlap in time (PE_CPU runs ahead, DMA overlaps compute), so shares need not
+add up to 100 %; the critical-path time of each phase does add up to the path's length.
+
+A group's busy time per resource (``hbm``: DMA data phases, ``gemm``, ``math``, ``link``:
+IPCQ sends, ``dispatch``: PE_CPU) is its busiest PE's; its bound is the largest of them
+and it is bound by that resource when its busy time fills ≥ 95 % of the span (the
+critical path's rule), else by its ``chain``.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..timebase import ps_to_ns
+
+#: unit role → the resource it stands for in a phase's busy times
+RESOURCE = {"dma_read": "hbm", "dma_write": "hbm", "gemm": "gemm", "math": "math", "ipcq_send": "link"}
+RESOURCES = ("hbm", "gemm", "math", "link", "dispatch")
+BINDS = 0.95
+
+
+def _resources(roles: dict) -> dict:
+    """``{op_log unit name: resource}`` from ``{unit name: roles}``; PE_CPU is ``dispatch``."""
+    out = {"cpu": "dispatch"}
+    for name, rs in roles.items():
+        for r in rs:
+            if r in RESOURCE:
+                out[name] = RESOURCE[r]
+                break
+    return out
+
+
+def analyse(phases: dict, rows, segments, latency_ps: int, roles: dict) -> tuple[dict, list]:
+    """``(metrics, trace slices)`` of a run's phases, or ``({}, [])`` when it named none.
+
+    Args:
+        phases: ``{pe: [(name, first cmd, last cmd, info), ...]}`` (``TL.phases``).
+        rows: the run's records (kbframe.report.critical_path.Records).
+        segments: its critical path (``CriticalPath.segments``).
+        roles: ``{op_log unit name: roles}`` of the PEs' units.
+    Returns:
+        metrics: ``phases`` (``layers_ns``: each layer's span; ``by_phase``: per name its
+        ``count``, ``span_ns``, ``per_layer_ns``, ``share``, ``busy_ns`` per resource,
+        ``bound_ns``, ``binding``, ``critical_path_ns``) and ``collectives`` (each group
+        with ``collective`` info: ``algorithm``, ``pes``, ``bytes``, ``ns`` from the last
+        partial's end to the last PE's last command's end, ``model_ns``).
+        slices: ``(pe, name, t0_ps, t1_ps, layer)`` per occurrence, for the trace.
+    """
+    if not any(phases.values()):
+        return {}, []
+    res = _resources(roles)
+    pe = np.asarray(rows.pe, dtype=np.int64)
+    cmd = np.asarray(rows.cmd, dtype=np.int64)
+    t0 = np.asarray(rows.t0, dtype=np.int64)
+    t1 = np.asarray(rows.t1, dtype=np.int64)
+    td = np.asarray(rows.td, dtype=np.int64)
+    names = sorted(set(rows.unit))
+    code = {u: i for i, u in enumerate(names)}
+    ucode = np.asarray([code[u] for u in rows.unit], dtype=np.int64)
+    sched = code.get("scheduler", -1)
+    res_of = np.asarray([RESOURCES.index(res[u]) if u in res else -1 for u in names], dtype=np.int64)[ucode]
+    stage = (res_of >= 0) & (res_of != RESOURCES.index("dispatch"))
+    # each record's occurrence (-1: none): per PE, the phase whose id range holds its command
+    occ = np.full(len(pe), -1, dtype=np.int64)
+    table = []  # occurrence → (pe, name, layer, info, group key, last command)
+    seen: dict = {}
+    for p, ph in sorted(phases.items()):
+        if not ph:
+            continue
+        base = len(table)
+        for name, first, last, info in ph:
+            k = (name, info.get("layer"))
+            seen[(p, k)] = seen.get((p, k), -1) + 1
+            table.append((p, name, info.get("layer"), info, (k, seen[(p, k)]), last))
+        firsts = np.asarray([f for _, f, _, _ in ph], dtype=np.int64)
+        lasts = np.asarray([e for _, _, e, _ in ph], dtype=np.int64)
+        at = np.nonzero(pe == p)[0]
+        i = np.searchsorted(firsts, cmd[at], side="right") - 1
+        ok = (i >= 0) & (cmd[at] <= lasts[np.maximum(i, 0)])
+        occ[at[ok]] = base + i[ok]
+    n = len(table)
+    big = np.iinfo(np.int64).max
+    start = np.full(n, big, dtype=np.int64)
+    end = np.full(n, -1, dtype=np.int64)
+    m = (occ >= 0) & stage
+    np.minimum.at(start, occ[m], t0[m])
+    np.maximum.at(end, occ[m], t1[m])
+    busy = np.zeros((n, len(RESOURCES)), dtype=np.int64)
+    m = (occ >= 0) & (res_of >= 0)
+    work = t1 - np.where(td >= 0, np.maximum(t0, td), t0)  # a DMA's data phase; others whole
+    np.add.at(busy, (occ[m], res_of[m]), work[m])
+    # the critical path's time per occurrence
+    on_path = np.zeros(n + 1, dtype=np.int64)  # [n]: time on no phase's record
+    for s in segments:
+        o = occ[s.rec] if s.rec >= 0 else -1
+        on_path[o if o >= 0 else n] += s.t1 - s.t0
+    # command ends, for the collectives
+    done = {}
+    at = np.nonzero(ucode == sched)[0]
+    for i in at.tolist():
+        done[(int(pe[i]), int(cmd[i]))] = int(t1[i])
+
+    groups: dict = {}
+    for j, (p, name, layer, info, key, _) in enumerate(table):
+        groups.setdefault(key, []).append(j)
+    by_phase: dict = {}
+    layers: dict = {}
+    collectives = []
+    slices = []
+    for key, js in groups.items():
+        name, layer = key[0]
+        live = [j for j in js if end[j] >= 0]
+        g0 = min((int(start[j]) for j in live), default=0)
+        g1 = max((int(end[j]) for j in live), default=0)
+        span = g1 - g0
+        gbusy = busy[js].max(axis=0) if js else np.zeros(len(RESOURCES), dtype=np.int64)
+        e = by_phase.setdefault(name, {"phase": name, "count": 0, "span_ps": 0, "busy": np.zeros(len(RESOURCES), np.int64),
+                                       "critical_ps": 0})
+        e["count"] += 1
+        e["span_ps"] += span
+        e["busy"] += gbusy
+        e["critical_ps"] += int(on_path[js].sum())
+        if layer is not None and live:
+            lo, hi = layers.get(layer, (g0, g1))
+            layers[layer] = (min(lo, g0), max(hi, g1))
+        for j in live:
+            slices.append((table[j][0], name, int(start[j]), int(end[j]), layer))
+        info = table[js[0]][3]
+        if info.get("collective"):
+            ready = [done.get((table[j][0], table[j][3].get("after")), 0) for j in js]
+            last = [done.get((table[j][0], table[j][5]), 0) for j in js]
+            collectives.append({"collective": info["collective"], "phase": name, "layer": layer,
+                                "algorithm": info.get("algorithm"), "pes": info.get("pes"),
+                                "bytes": info.get("bytes"), "ns": ps_to_ns(max(last) - max(ready)),
+                                "model_ns": ps_to_ns(int(info.get("model_ps", 0)))})
+    n_layers = max(1, len(layers))
+    out = []
+    for e in by_phase.values():
+        b = {r: ps_to_ns(int(v)) for r, v in zip(RESOURCES, e["busy"])}
+        top = max(b, key=b.get)
+        span_ns = ps_to_ns(e["span_ps"])
+        out.append({"phase": e["phase"], "count": e["count"], "span_ns": span_ns,
+                    "per_layer_ns": span_ns / n_layers, "share": e["span_ps"] / latency_ps if latency_ps else 0.0,
+                    "busy_ns": b, "bound_ns": b[top],
+                    "binding": top if span_ns and b[top] >= BINDS * span_ns else "chain",
+                    "critical_path_ns": ps_to_ns(e["critical_ps"])})
+    metrics = {"phases": {"layers_ns": [ps_to_ns(hi - lo) for _, (lo, hi) in sorted(layers.items())],
+                          "by_phase": out, "critical_path_other_ns": ps_to_ns(int(on_path[n]))}}
+    if collectives:
+        metrics["collectives"] = collectives
+    return metrics, slices
+
+
+def summary_lines(metrics: dict) -> list[str]:
+    """The console's ``phases`` and ``all-reduce`` lines (empty when the run named no phases)."""
+    ph = metrics.get("phases")
+    if not ph:
+        return []
+    lat = metrics["sim"]["latency_ns"]
+    layers = ph["layers_ns"]
+    rows = sorted(ph["by_phase"], key=lambda e: -e["critical_path_ns"])
+    parts = [f"{e['phase']} {e['per_layer_ns'] / 1000:.2f} µs {e['binding']} (path {e['critical_path_ns'] / lat:.0%})"
+             if lat else e["phase"] for e in rows if e["critical_path_ns"] or e["span_ns"]]
+    lines = []
+    if layers:
+        lines.append(f"  layer       {sum(layers) / len(layers) / 1000:.2f} µs per layer ({len(layers)} layer"
+                     f"{'s' if len(layers) != 1 else ''}); by critical-path time: " + ", ".join(parts[:6]))
+    coll = metrics.get("collectives")
+    if coll:
+        c = coll[0]
+        ns = [x["ns"] for x in coll]
+        lines.append(f"  all-reduce  {len(coll)} × {c['algorithm']} over {len(c['pes'])} PEs, {c['bytes']:,} B each: "
+                     f"{min(ns):.1f}–{max(ns):.1f} ns simulated, α-β model {c['model_ns']:.1f} ns")
+    return lines
