@@ -95,6 +95,7 @@ def make_files(tmp: Path) -> None:
     np.savez(tmp / "q60k.npz", q=q60, k=rng.standard_normal((32, 8)) * 1e-3, v=rng.standard_normal((32, 8)),
              scale=np.float64(2.0))
     write_npz_bomb(tmp / "bomb.npz")
+    make_layer_files(tmp, rng)
     os.mkfifo(tmp / "fifo.npz")
     (tmp / "zero.npz").symlink_to("/dev/zero")
     (tmp / "adir").mkdir()
@@ -111,6 +112,23 @@ def make_files(tmp: Path) -> None:
     (tmp / "more" / "bench" / "loads_global.yaml").write_text(
         "defaults:\n  - decode_opt2\n  - /recipes: [global]\n  - _self_\nname: loads_global\n")
     (tmp / "runs" / "out_file_blocked" / "metrics.json").mkdir(parents=True)
+
+
+def make_layer_files(tmp: Path, rng) -> None:
+    """decoder_layer inputs (L 1, B 1, H 8, 2/1 heads, d 4, F 8, S_kv 3): a good file and one
+    bad array each."""
+    L, B, H, hq, hkv, d, F, S = 1, 1, 8, 2, 1, 4, 8, 3
+    shapes = {"x": (B, H), "attn_norm": (L, H), "wq": (L, H, hq * d), "wk": (L, H, hkv * d), "wv": (L, H, hkv * d),
+              "wo": (L, hq * d, H), "ffn_norm": (L, H), "w_gate": (L, H, F), "w_up": (L, H, F), "w_down": (L, F, H),
+              "k_cache": (L, B, hkv, S, d), "v_cache": (L, B, hkv, S, d)}
+    good = {n: rng.standard_normal(s) for n, s in shapes.items()}
+    good.update(positions=np.array([S]), rope_theta=np.float64(1e4), eps=np.float64(1e-5))
+    np.savez(tmp / "layer_good.npz", **good)
+    np.savez(tmp / "layer_wq.npz", **{**good, "wq": good["wq"][:, :6]})
+    np.savez(tmp / "layer_layers.npz", **{**good, "w_down": np.concatenate([good["w_down"]] * 2)})
+    np.savez(tmp / "layer_no_wo.npz", **{n: a for n, a in good.items() if n != "wo"})
+    np.savez(tmp / "layer_extra.npz", **good, bias=np.zeros(8))
+    np.savez(tmp / "layer_pos.npz", **{**good, "positions": np.array([-1])})
 
 
 def _prepare(row: dict, tmp: Path):

@@ -1,0 +1,235 @@
+"""The decoder_layer workload (kbframe/workloads/decoder_layer.py, kernels/decoder_layer.py):
+its float64 reference against hand-made cases, data-mode parity over tensor parallelism,
+fusions, all-reduce algorithms, GQA group sizes, ragged caches, batches and layers; the
+all-reduces' time against their model; fused against unfused dispatch; the attention
+commands against decode_heads'; the model presets against their published numbers."""
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import REPO, load_out, read_oplog, run
+from kbframe.workloads.decoder_layer import FILE_ARRAYS, reference_layers
+
+SMALL = ("bench.H=64", "bench.H_q=4", "bench.H_kv=2", "bench.d=16", "bench.F=96", "bench.S_kv=100")
+
+
+def _inputs(L, B, H, H_q, H_kv, d, F, S, theta=10000.0, eps=1e-12, pos=0):
+    z = lambda *s: np.zeros(s)  # noqa: E731
+    return {"x": z(B, H), "attn_norm": np.ones((L, H)), "ffn_norm": np.ones((L, H)), "wq": z(L, H, H_q * d),
+            "wk": z(L, H, H_kv * d), "wv": z(L, H, H_kv * d), "wo": z(L, H_q * d, H), "w_gate": z(L, H, F),
+            "w_up": z(L, H, F), "w_down": z(L, F, H), "k_cache": z(L, B, H_kv, S, d), "v_cache": z(L, B, H_kv, S, d),
+            "positions": np.full(B, pos), "rope_theta": np.float64(theta), "eps": np.float64(eps)}
+
+
+def test_reference_of_a_one_hot_token_through_identity_weights():
+    """x = e0 (H = 4), wq = wo = I, wk = wv = the first two columns of I, an empty cache, a
+    zero FFN, position 0 (RoPE is the identity there): h = rms(x) = 2·e0, every query head
+    attends to the one new key, o = [v, v] = [2, 0, 2, 0], out = x + o = [3, 0, 2, 0]."""
+    inp = _inputs(1, 1, 4, 2, 1, 2, 4, 0)
+    inp["x"][0, 0] = 1.0
+    inp["wq"][0] = np.eye(4)
+    inp["wk"][0] = np.eye(4)[:, :2]
+    inp["wv"][0] = np.eye(4)[:, :2]
+    inp["wo"][0] = np.eye(4)
+    ref = reference_layers(inp, 2, 1)
+    np.testing.assert_allclose(ref["out"], [[3.0, 0.0, 2.0, 0.0]], atol=1e-9)
+    np.testing.assert_allclose(ref["k_new"][0, 0, 0], [2.0, 0.0], atol=1e-9)
+    np.testing.assert_allclose(ref["v_new"][0, 0, 0], [2.0, 0.0], atol=1e-9)
+
+
+def test_reference_rope_rotates_each_pair_by_position_times_frequency():
+    """d = 4, theta = 100: frequencies 1 and 1/10; at position p the pair (k_i, k_{i+2}) turns
+    by p·freq_i: k' = (k_i cos − k_{i+2} sin, k_{i+2} cos + k_i sin). Position 0 leaves it."""
+    for pos in (0, 3):
+        inp = _inputs(1, 1, 4, 1, 1, 4, 4, 0, theta=100.0, pos=pos)
+        inp["x"][0] = [1.0, 2.0, 3.0, 4.0]
+        inp["wk"][0] = np.eye(4)
+        k = reference_layers(inp, 1, 1)["k_new"][0, 0, 0]
+        h = np.array([1.0, 2.0, 3.0, 4.0]) / math.sqrt(7.5)
+        a = pos * np.array([1.0, 0.1])
+        want = np.concatenate([h[:2] * np.cos(a) - h[2:] * np.sin(a), h[2:] * np.cos(a) + h[:2] * np.sin(a)])
+        np.testing.assert_allclose(k, want, atol=1e-12)
+
+
+def test_reference_attention_over_the_cache_and_the_new_key():
+    """Two cached keys and the new one: softmax over all three scores (scale 1/sqrt(d)), the
+    output the weighted values, added to the residual stream by wo = I."""
+    inp = _inputs(1, 1, 2, 1, 1, 2, 2, 2)
+    inp["x"][0] = [1.0, 1.0]  # rms = 1: h = x
+    inp["wq"][0] = inp["wk"][0] = inp["wv"][0] = inp["wo"][0] = np.eye(2)
+    inp["k_cache"][0, 0, 0] = [[1.0, 0.0], [0.0, -1.0]]
+    inp["v_cache"][0, 0, 0] = [[5.0, 0.0], [0.0, 7.0]]
+    ref = reference_layers(inp, 1, 1)
+    s = np.array([1.0, -1.0, 2.0]) / math.sqrt(2)
+    p = np.exp(s) / np.exp(s).sum()
+    o = p[0] * np.array([5.0, 0.0]) + p[1] * np.array([0.0, 7.0]) + p[2] * np.array([1.0, 1.0])
+    np.testing.assert_allclose(ref["out"][0], np.array([1.0, 1.0]) + o, atol=1e-12)
+
+
+CASES = [  # (hardware, overrides): every tp, fusion, all-reduce, G ∈ {1, 2, 4, 7, 8}, ragged S, B > 1, L = 2
+    ("default", ("bench.fusion=none",)),
+    ("default", ("bench.fusion=fused", "bench.inner=opt3", "bench.layers=2", "bench.batch=2")),
+    ("cube", ("bench.tp=2", "bench.fusion=none", "bench.allreduce=ring", "bench.S_kv=65")),
+    ("cube", ("bench.tp=2", "bench.fusion=fused", "bench.allreduce=tree", "bench.batch=3", "bench.layers=2")),
+    ("cube", ("bench.tp=2", "bench.fusion=fused", "bench.allreduce=direct", "bench.S_kv=0")),
+    ("cube", ("bench.tp=4", "bench.H_q=4", "bench.H_kv=4", "bench.F=64", "bench.fusion=none",
+              "bench.allreduce=direct", "bench.S_kv=1")),  # G = 1
+    ("cube", ("bench.tp=4", "bench.H_q=16", "bench.H_kv=4", "bench.F=64", "bench.allreduce=tree",
+              "bench.layers=2", "bench.S_kv=129")),  # G = 4
+    ("cube", ("bench.tp=8", "bench.H_q=56", "bench.H_kv=8", "bench.d=8", "bench.F=64", "bench.allreduce=ring",
+              "bench.batch=2", "bench.S_kv=63")),  # G = 7
+    ("cube", ("bench.tp=8", "bench.H_q=64", "bench.H_kv=8", "bench.d=8", "bench.F=64", "bench.fusion=none",
+              "bench.allreduce=tree", "bench.inner=opt3")),  # G = 8
+    ("cube_mesh", ("bench.tp=16", "bench.H_q=32", "bench.H_kv=16", "bench.d=8", "bench.F=64",
+                   "bench.allreduce=ring", "bench.S_kv=17")),  # across cubes
+]
+
+
+@pytest.mark.parametrize("hw,overrides", CASES, ids=[f"{h}-" + "-".join(o.split("=")[1] for o in ov)
+                                                      for h, ov in CASES])
+def test_data_mode_matches_the_float64_reference(tmp_path, hw, overrides):
+    m = run(tmp_path, f"hardware={hw}", *SMALL, "bench.data=true", "run.trace=false", *overrides,
+            bench="decoder_layer")
+    assert m["numerics"]["max_rel_err"] <= 1e-5, m["numerics"]
+    out = load_out(tmp_path)
+    assert set(out) >= {*FILE_ARRAYS, "out", "k_new", "v_new", "ref_out", "ref_k_new", "ref_v_new"}
+    c = m["shape"]
+    assert out["out"].shape == (c["B"], c["H"])
+    assert out["k_new"].shape == out["v_new"].shape == (c["layers"], c["B"], c["H_kv"], c["d"])
+    # the kernel's k_new, v_new are what the reference appends, and the reference is recomputed from the saved inputs
+    ref = reference_layers({n: out[n] for n in FILE_ARRAYS}, c["H_q"], c["H_kv"])
+    for name in ("out", "k_new", "v_new"):
+        np.testing.assert_allclose(out[name], ref[name], rtol=0, atol=1e-5 * np.abs(ref[name]).max())
+        np.testing.assert_array_equal(out[f"ref_{name}"], ref[name])
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "tree", "direct"])
+def test_a_layers_all_reduces_take_their_model_time(tmp_path, algorithm):
+    """Llama-3-8B's dimensions on a cube, tp 8, a short cache, unfused: the o-projection and
+    the down projection take long enough for PE_CPU to have dispatched each all-reduce
+    before its partials are ready, and every rank's partial is ready at once, so each
+    takes exactly its α-β model's time. (Fused, rank 0's partial also adds the residual
+    in its epilogue and is ready last; the tree, rooted there, then starts before it.)"""
+    m = run(tmp_path, "hardware=cube", "bench.tp=8", "bench.S_kv=64", f"bench.allreduce={algorithm}",
+            "bench.fusion=none", "run.trace=false", bench="decoder_layer")
+    coll = m["collectives"]
+    assert len(coll) == 2 and all(c["algorithm"] == algorithm and c["pes"] == list(range(8)) for c in coll)
+    assert all(c["bytes"] == 4096 * 2 and c["ns"] == c["model_ns"] > 0 for c in coll)
+
+
+def test_fused_saves_dispatch_over_none(tmp_path):
+    """Per layer and PE: RMSNorm 6 → 0 extra commands (prologue of the QKV GEMM) and 6 → 1
+    (the FFN's), RoPE 1 → 0, SiLU·mul 2 → 0, the residual adds 2 → 0 (epilogues)."""
+    ms = {f: run(tmp_path / f, "hardware=cube", "bench.tp=2", *SMALL, f"bench.fusion={f}", "run.trace=false",
+                 bench="decoder_layer") for f in ("none", "fused")}
+    none, fused = ms["none"]["dispatch"], ms["fused"]["dispatch"]
+    assert none["commands"] - fused["commands"] == 2 * (6 + 5 + 1 + 2 + 2)
+    assert fused["cycles"] < none["cycles"]
+    names = {f: [e["phase"] for e in m["phases"]["by_phase"]] for f, m in ms.items()}
+    assert names["none"] == ["load", "norm", "qkv", "rope", "kv_append", "attention", "o_proj", "all_reduce",
+                             "residual", "ffn", "store"]
+    assert names["fused"] == ["load", "norm+qkv+rope", "kv_append", "attention", "o_proj+residual", "all_reduce",
+                              "norm", "ffn+residual", "store"]
+
+
+def _dispatches(path: Path) -> list:
+    return [(r["op_kind"], r["bytes"]) for r in read_oplog(path / "op_log.jsonl") if r["unit"] == "cpu"]
+
+
+def test_attention_issues_the_commands_decode_heads_issues(tmp_path):
+    """tp 1, one layer: each (sequence, KV head)'s attention is decode_heads' item over the
+    S_kv + 1 keys, less decode_heads' q load (q is already in TCM) and its final store
+    (the layer writes O/l into its o buffer)."""
+    S = 70
+    m = run(tmp_path / "layer", *SMALL, f"bench.S_kv={S}", "bench.batch=2", "run.trace=false", bench="decoder_layer")
+    run(tmp_path / "heads", "bench.H_q=4", "bench.H_kv=2", "bench.d=16", f"bench.S_kv={S + 1}", "bench.batch=2",
+        "bench.data=false", "run.trace=false", bench="decode_heads")
+    heads = _dispatches(tmp_path / "heads")
+    layer = _dispatches(tmp_path / "layer")
+    # decode_heads: per item load q, the state's fills, the loop, div_bcast, store; items back to back
+    assert heads[0][0] == "load" and heads[-1][0] == "store"
+    per_item = len(heads) // 4
+    item = heads[1:per_item - 1]
+    assert [k for k, _ in item].count("composite") == 2 * math.ceil((S + 1) / 64) and item[-1][0] == "div_bcast"
+    at = next(i for i in range(len(layer)) if layer[i:i + len(item)] == item)
+    assert layer[at:at + 4 * len(item)] == item * 4  # the four items, each ending in O/l into the o buffer
+    assert m["phases"]["by_phase"][[e["phase"] for e in m["phases"]["by_phase"]].index("attention")]["count"] == 1
+
+
+def test_phases_cover_the_layer_and_name_the_critical_path(tmp_path):
+    m = run(tmp_path, "hardware=cube", "bench.tp=2", *SMALL, "bench.layers=2", bench="decoder_layer")
+    ph = m["phases"]
+    assert len(ph["layers_ns"]) == 2 and all(ns > 0 for ns in ph["layers_ns"])
+    path = sum(e["critical_path_ns"] for e in ph["by_phase"]) + ph["critical_path_other_ns"]
+    assert path == pytest.approx(m["sim"]["latency_ns"], abs=1e-6)
+    for e in ph["by_phase"]:
+        assert e["bound_ns"] == max(e["busy_ns"].values())
+        assert e["binding"] in ("chain", *e["busy_ns"])
+    trace = json.loads((tmp_path / "trace.json").read_text())
+    slices = [e for e in trace["traceEvents"] if e.get("cat") == "phase"]
+    assert {e["pid"] for e in slices} == {0, 1}
+    assert {e["name"] for e in slices} == {e["phase"] for e in ph["by_phase"]}
+    names = {(e["pid"], e["args"]["name"]) for e in trace["traceEvents"] if e.get("name") == "thread_name"}
+    assert (0, "layer") in names
+
+
+PRESETS = ["llama3_8b", "llama3_70b", "llama31_405b", "mistral_7b", "qwen2_72b", "qwen25_7b", "gemma2_9b"]
+COMMENT_KEYS = {"hidden_size": "H", "num_attention_heads": "H_q", "num_key_value_heads": "H_kv", "head dim": "d",
+                "intermediate_size": "F", "num_hidden_layers": "layers", "rope_theta": "rope_theta",
+                "rms_norm_eps": "eps"}
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_model_preset_matches_the_numbers_its_comment_quotes(name):
+    text = (REPO / "conf" / "model" / f"{name}.yaml").read_text()
+    comment = " ".join(line for line in text.splitlines() if line.startswith("#"))
+    import yaml
+    values = yaml.safe_load(text)
+    for quoted, key in COMMENT_KEYS.items():
+        found = re.search(rf"{quoted} ([0-9.e+-]+)", comment)
+        assert found, f"{name}: the comment quotes no {quoted}"
+        assert float(found.group(1).rstrip(".,")) == float(values[key]), (name, quoted)
+    assert values["H_q"] % values["H_kv"] == 0
+
+
+@pytest.mark.parametrize("name", PRESETS[:-1])
+def test_every_llama_family_preset_composes_for_the_layer(tmp_path, name):
+    """The preset's dimensions reach the workload (one layer of a short cache, timing only:
+    its shape in metrics.json is the preset's)."""
+    import yaml
+    values = yaml.safe_load((REPO / "conf" / "model" / f"{name}.yaml").read_text())
+    from conftest import compose_cfg
+    from kbframe.run.bench import validate
+    cfg = compose_cfg(f"+model={name}", "hardware=cube", "bench.tp=4", bench="decoder_layer")
+    wl = validate(cfg)
+    s = wl.shape()
+    assert (s["H"], s["H_q"], s["H_kv"], s["d"], s["F"], s["layers"]) == (
+        values["H"], values["H_q"], values["H_kv"], values["d"], values["F"], values["layers"])
+
+
+def test_an_inputs_file_sets_every_shape_key_and_its_positions(tmp_path):
+    """From a file: L = 2, B = 2, H = 16, 4/2 heads, d = 4, F = 12, S_kv = 5, each sequence's
+    own position; the file's shapes and scalars are the run's (metrics.json shape) and the
+    output matches the float64 reference of the file's arrays."""
+    rng = np.random.default_rng(3)
+    inp = _inputs(2, 2, 16, 4, 2, 4, 12, 5, theta=5000.0, eps=1e-6)
+    for n, a in inp.items():
+        if n not in ("positions", "rope_theta", "eps"):
+            inp[n] = rng.standard_normal(a.shape) * (0.3 if n.startswith("w") else 1.0)
+    inp["positions"] = np.array([5, 2])
+    np.savez(tmp_path / "layer.npz", **inp)
+    m = run(tmp_path / "run", "hardware=cube", "bench.tp=2", f"bench.inputs.path={tmp_path / 'layer.npz'}",
+            "bench.data=true", "run.trace=false", bench="decoder_layer")
+    s = m["shape"]
+    assert (s["layers"], s["B"], s["H"], s["H_q"], s["H_kv"], s["d"], s["F"], s["S_kv"]) == (2, 2, 16, 4, 2, 4, 12, 5)
+    out = load_out(tmp_path / "run")
+    ref = reference_layers(inp, 4, 2)
+    assert m["numerics"]["max_rel_err"] <= 1e-5
+    np.testing.assert_allclose(out["k_new"], ref["k_new"], atol=1e-5 * np.abs(ref["k_new"]).max())
+    np.testing.assert_array_equal(out["positions"], [5, 2])
