@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from conftest import REPO
+from kbframe.ir.micro_ops import MICRO_OPS
 
 PRE_GEMM = ("+recipes.pre_gemm={operands: {x: R, w: R}, primary_out: {name: Y, from_shape: x}, "
             "engine_seq: [{engine: GEMM, op: gemm, src_a: x, src_b: w, dst: Y}]}")
@@ -23,7 +24,8 @@ BAD_RECIPE = textwrap.dedent("""\
       - {op: copy, src: x, dst: y}
       - {op: softmax, src: x, dst: y}
     """)
-KNOWN = "add, bias, clamp, copy, dequant, div_bcast, exp_diff, fill, fma, gelu, max_elem, mul_bcast, relu, rmax, rmean, rsqrt, rsum, scale, sigmoid"
+KNOWN = ", ".join(sorted(MICRO_OPS))  # the registry's kinds (kbframe/ir/micro_ops.py)
+BENCHES = ", ".join(sorted(p.stem for p in (REPO / "conf" / "bench").glob("*.yaml")))
 
 
 def _cases(tmp):
@@ -42,8 +44,8 @@ def _cases(tmp):
                   "be converted to Float"),
         "typo": (o3 + ["+calibration.typo=1"],
                  "kbframe: error: unknown key 'calibration.typo' (known: FIXED, R, cap_bytes)"),
-        "bench_nope": (["+bench=nope"], "kbframe: error: unknown bench 'nope' (available: decode_heads, decode_opt2, decode_opt3, decode_splitk, gemm_load_load, gemm_load_ref, gemm_ref_ref, rmsnorm_linear)"),
-        "no_bench": ([], "kbframe: error: no bench selected; add +bench=NAME (available: decode_heads, decode_opt2, decode_opt3, decode_splitk, gemm_load_load, gemm_load_ref, gemm_ref_ref, rmsnorm_linear)"),
+        "bench_nope": (["+bench=nope"], f"kbframe: error: unknown bench 'nope' (available: {BENCHES})"),
+        "no_bench": ([], f"kbframe: error: no bench selected; add +bench=NAME (available: {BENCHES})"),
         "tile0": (o3 + ["bench.tile=0"], "kbframe: error: bench.tile must be ≥ 1, got 0"),
         "skv0": (o3 + ["bench.S_kv=0"], "kbframe: error: bench.S_kv must be ≥ 1, got 0"),
         "missing_file": (o3 + [f"bench.inputs.path={tmp}/nope.npz"],

@@ -160,7 +160,7 @@ def model_ps(P: int, algorithm: str, n: int, itemsize: int, link, add_ps) -> int
     return end
 
 
-def all_reduce(tl, x, *, pes: list, rank: int, algorithm: str, name: str = "all-reduce") -> None:
+def all_reduce(tl, x, *, pes: list, rank: int, algorithm: str, name: str = "all-reduce", **info) -> None:
     """Sum the ranks' ``x`` in place: afterwards ``x`` (a whole TCM tensor, the same shape on
     every rank) holds Σ over ranks on every rank (module doc). Its receive buffers live in
     a scratch scope of their own.
@@ -171,10 +171,11 @@ def all_reduce(tl, x, *, pes: list, rank: int, algorithm: str, name: str = "all-
             ``collective``, ``algorithm``, ``pes``, ``bytes`` (one rank's tensor),
             ``model_ps`` (:func:`model_ps`) and ``after`` (the command that made this
             rank's partial: the all-reduce is timed from the last such command's end).
+        info: more of the phase's info (e.g. ``layer``).
     """
     P = len(pes)
     n = x.n_elements
-    info = dict(collective="all_reduce", algorithm=algorithm, pes=list(pes), bytes=x.nbytes,
+    info = dict(info, collective="all_reduce", algorithm=algorithm, pes=list(pes), bytes=x.nbytes,
                 after=x.pending.cmd_id if x.pending is not None else None,
                 model_ps=model_ps(P, algorithm, n, x.nbytes // n,
                                   lambda a, b: tl.link_figures(pes[a], pes[b]), tl.math_ps) if P > 1 else 0)

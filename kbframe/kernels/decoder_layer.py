@@ -28,7 +28,9 @@ write each).
 
 Commands are grouped in phases (``tl.phase``) for the reports: ``norm``, ``qkv``,
 ``rope``, ``kv_append``, ``attention``, ``o_proj``, ``all_reduce``, ``residual``, ``ffn``
-(fused: ``norm+qkv+rope``, ``o_proj+residual``, ``ffn+residual``), each with its layer.
+(fused: ``norm+qkv+rope``, ``o_proj+residual``, ``ffn+residual``), each with its layer,
+its least HBM traffic (weights and KV cache read once) and its FLOPs: what an analytic
+roofline estimate of the phase takes.
 """
 from __future__ import annotations
 
@@ -72,7 +74,17 @@ def decoder_layer(tl, *, rank: int, pes: list, B: int, H: int, H_q: int, H_kv: i
     w_gate, w_up = ref("w_gate_shards"), ref("w_up_shards")
     kc, vc = ref("k_rows"), ref("v_rows")
     rope = dict(theta=float(rope_theta), head_dim=d, rotary_cols=(hq + hkv) * d)
-    with tl.phase("load"):
+    isz = x_h.nbytes // x_h.n_elements  # bytes per element (the timing dtype)
+    n_items = B * hkv
+    # each phase's least HBM traffic and its FLOPs, for the analytic estimate beside the
+    # simulation (kbframe.run.phases): weights and the KV cache read once, nothing else
+    qkv_cost = dict(hbm_bytes=(H * C + H) * isz, flops=2 * B * H * C)
+    kv_cost = dict(hbm_bytes=2 * n_items * d * isz, flops=0)
+    attn_cost = dict(hbm_bytes=2 * n_items * (S_kv + 1) * d * isz, flops=4 * n_items * G * (S_kv + 1) * d)
+    o_cost = dict(hbm_bytes=hq * d * H * isz, flops=2 * B * hq * d * H)
+    ffn_cost = dict(hbm_bytes=3 * H * fp * isz, flops=6 * B * H * fp)
+    norm_cost = dict(hbm_bytes=H * isz, flops=0)
+    with tl.phase("load", hbm_bytes=(B * H + B) * isz, flops=0):
         x = tl.load(x_h, out=tl.empty((B, H), "x"))
         xb = tl.empty((B, H), "x_next")
         pos = tl.load(pos_h)
@@ -82,15 +94,15 @@ def decoder_layer(tl, *, rank: int, pes: list, B: int, H: int, H_q: int, H_kv: i
         with tl.scratch_scope():
             # ---- attention block
             if fused:
-                with tl.phase("norm+qkv+rope", layer=l):
+                with tl.phase("norm+qkv+rope", layer=l, **qkv_cost):
                     g = tl.load(attn_norm[l:l + 1])
                     qkv = tl.composite(prologue=[{"op": "rmsnorm", "x": x, "gamma": g, "eps": eps_t}], op="gemm",
                                        b=wqkv[wb:wb + H], out=tl.empty((B, C), "qkv"),
                                        epilogue=[{"op": "rope", "pos": pos, **rope}])
             else:
-                with tl.phase("norm", layer=l):
+                with tl.phase("norm", layer=l, **norm_cost):
                     h = _rmsnorm(tl, x, tl.load(attn_norm[l:l + 1]), eps_t)
-                with tl.phase("qkv", layer=l):
+                with tl.phase("qkv", layer=l, hbm_bytes=H * C * isz, flops=2 * B * H * C):
                     qkv = tl.dot(h, wqkv[wb:wb + H], out=tl.empty((B, C), "qkv"))
                 with tl.phase("rope", layer=l):
                     tl.math("rope", qkv, pos, out=qkv, **rope)
@@ -98,12 +110,12 @@ def decoder_layer(tl, *, rank: int, pes: list, B: int, H: int, H_q: int, H_kv: i
             o = tl.empty((B, hq * d), "attn_out")
             o_heads = tl.reshape(o, (B * hq, d))
             items = [(b, j, ((l * B + b) * H_kv + rank * hkv + j) * (S_kv + 1)) for b in range(B) for j in range(hkv)]
-            with tl.phase("kv_append", layer=l):
+            with tl.phase("kv_append", layer=l, **kv_cost):
                 for b, j, r0 in items:
                     k_row = b * nh + hq + j
                     tl.store(kc[r0 + S_kv:r0 + S_kv + 1], heads[k_row:k_row + 1])
                     tl.store(vc[r0 + S_kv:r0 + S_kv + 1], heads[k_row + hkv:k_row + hkv + 1])
-            with tl.phase("attention", layer=l):
+            with tl.phase("attention", layer=l, **attn_cost):
                 for b, j, r0 in items:
                     with tl.scratch_scope():
                         q0 = b * nh + j * G
@@ -113,23 +125,23 @@ def decoder_layer(tl, *, rank: int, pes: list, B: int, H: int, H_q: int, H_kv: i
                         tl.div_bcast(O, lsum, out=o_heads[o0:o0 + G])
             ob = l * H_q * d + rank * hq * d
             residual = [{"op": "add", "other": x}] if fused and rank == 0 else []
-            with tl.phase("o_proj+residual" if fused else "o_proj", layer=l):
+            with tl.phase("o_proj+residual" if fused else "o_proj", layer=l, **o_cost):
                 if fused:
                     tl.composite(op="gemm", a=o, b=wo[ob:ob + hq * d], out=xb, epilogue=residual)
                 else:
                     tl.dot(o, wo[ob:ob + hq * d], out=xb)
-            all_reduce(tl, xb, pes=pes, rank=rank, algorithm=allreduce, name="all_reduce")
+            all_reduce(tl, xb, pes=pes, rank=rank, algorithm=allreduce, name="all_reduce", layer=l)
             x, xb = _residual(tl, x, xb, fused, l)
         with tl.scratch_scope():
             # ---- FFN block
-            with tl.phase("norm", layer=l):
+            with tl.phase("norm", layer=l, **norm_cost):
                 g = tl.load(ffn_norm[l:l + 1])
                 if fused:
                     h = tl.composite(op=None, prologue=[{"op": "rmsnorm", "x": x, "gamma": g, "eps": eps_t}])
                 else:
                     h = _rmsnorm(tl, x, g, eps_t)
             db = l * F + rank * fp
-            with tl.phase("ffn+residual" if fused else "ffn", layer=l):
+            with tl.phase("ffn+residual" if fused else "ffn", layer=l, **ffn_cost):
                 gate = tl.dot(h, w_gate[wb:wb + H]) if not fused else \
                     tl.composite(op="gemm", a=h, b=w_gate[wb:wb + H])
                 up = tl.dot(h, w_up[wb:wb + H]) if not fused else tl.composite(op="gemm", a=h, b=w_up[wb:wb + H])
@@ -140,10 +152,10 @@ def decoder_layer(tl, *, rank: int, pes: list, B: int, H: int, H_q: int, H_kv: i
                 else:
                     a = tl.mul_bcast(tl.math("silu", gate), up)
                     tl.dot(a, w_down[db:db + fp], out=xb)
-            all_reduce(tl, xb, pes=pes, rank=rank, algorithm=allreduce, name="all_reduce")
+            all_reduce(tl, xb, pes=pes, rank=rank, algorithm=allreduce, name="all_reduce", layer=l)
             x, xb = _residual(tl, x, xb, fused, l)
     if rank == 0:
-        with tl.phase("store"):
+        with tl.phase("store", hbm_bytes=B * H * isz, flops=0):
             tl.store(ref("out"), x)
 
 
@@ -152,6 +164,6 @@ def _residual(tl, x, total, fused: bool, layer: int):
     residual (rank 0's epilogue added x); else ``x ← x + total`` (one MATH add)."""
     if fused:
         return total, x
-    with tl.phase("residual", layer=layer):
+    with tl.phase("residual", layer=layer, hbm_bytes=0, flops=0):
         tl.add(x, total, out=x)
     return x, total

@@ -56,7 +56,12 @@ def _columns(jobs: list[Job]) -> tuple[list[str], list[str]]:
     shapes = shape_columns(jobs)
     covered = {"bench"} | set(CONFIG_FALLBACK.values()) | {"bench." + c[len("shape."):] for c in shapes}
     extra = [k for k in swept_keys(jobs) if k not in covered]
-    return HEAD_COLUMNS + shapes + RESULT_COLUMNS, extra
+    steps = STEP_COLUMNS if any(dig(j.metrics or {}, "step.latency_ns") is not None for j in jobs) else []
+    return HEAD_COLUMNS + shapes + RESULT_COLUMNS + steps, extra
+
+
+#: a model step's columns, when a job of the sweep has ``metrics.json`` ``step``
+STEP_COLUMNS = ["step.latency_ns", "step.tokens_per_s", "step.layer_ns", "step.binding", "step.analytic_ns"]
 
 
 def csv_rows(jobs: list[Job]) -> tuple[list[str], list[dict]]:

@@ -276,8 +276,10 @@ def _run_bench(cfg, out_dir: Path, explicit, rd: RunDir, stack: ExitStack) -> di
         cp = critical_path.analyse(rows, wl.n_units(), wl.unit, resources)
         metrics = run_metrics(cfg, wl, engine, pe, oplog, latency_ps, cp.metrics)
         found, slices = phases.analyse(sim.phases or {}, rows, cp.segments, latency_ps,
-                                       {name: u.roles for name, u in pe.stage_units.items()})
+                                       {name: u.roles for name, u in pe.stage_units.items()}, *_peaks(engine, pe, sim))
         metrics.update(found)
+        if found and wl.tokens():
+            metrics["step"] = phases.step(metrics, wl.tokens())
         phase_slices[:] = slices
         return metrics, cp.records
 
@@ -374,6 +376,17 @@ def _run_bench(cfg, out_dir: Path, explicit, rd: RunDir, stack: ExitStack) -> di
     # trace.json with run.trace=false, tensors.npz when timing only, is removed), or none do
     rd.commit(staged)
     return metrics
+
+
+def _peaks(engine, pe, sim) -> tuple[float, float]:
+    """One PE's HBM bandwidth (its share of the cube's, when the run's PEs share it) and
+    its GEMM peak, GB/s and TFLOP/s: what kbframe.run.phases' analytic estimate takes."""
+    gbps = max([u.bandwidth_gbps for u in pe.units_serving("dma_read")] or [0.0])
+    if engine.shared_hbm:
+        used = len(sim.phases or {}) or 1
+        gbps = min(gbps, engine.cube_hbm_gbps / min(used, engine.ppc))
+    gemm = pe.by_role.get("gemm")
+    return gbps, (gemm.peak_tflops if gemm is not None else 0.0)
 
 
 class _EarlyDryRun:

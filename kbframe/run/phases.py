@@ -9,7 +9,8 @@ Phases may overlap in time (PE_CPU runs ahead, DMA overlaps compute), so shares 
 add up to 100 %; the critical-path time of each phase does add up to the path's length.
 
 A group's busy time per resource (``hbm``: DMA data phases, ``gemm``, ``math``, ``link``:
-IPCQ sends, ``dispatch``: PE_CPU) is its busiest PE's; its bound is the largest of them
+IPCQ sends, ``dispatch``: PE_CPU), counted within the span of each PE's occurrence (PE_CPU
+dispatches ahead), is its busiest PE's; its bound is the largest of them
 and it is bound by that resource when its busy time fills ≥ 95 % of the span (the
 critical path's rule), else by its ``chain``.
 """
@@ -36,7 +37,8 @@ def _resources(roles: dict) -> dict:
     return out
 
 
-def analyse(phases: dict, rows, segments, latency_ps: int, roles: dict) -> tuple[dict, list]:
+def analyse(phases: dict, rows, segments, latency_ps: int, roles: dict, hbm_gbps: float = 0.0,
+            peak_tflops: float = 0.0) -> tuple[dict, list]:
     """``(metrics, trace slices)`` of a run's phases, or ``({}, [])`` when it named none.
 
     Args:
@@ -44,10 +46,18 @@ def analyse(phases: dict, rows, segments, latency_ps: int, roles: dict) -> tuple
         rows: the run's records (kbframe.report.critical_path.Records).
         segments: its critical path (``CriticalPath.segments``).
         roles: ``{op_log unit name: roles}`` of the PEs' units.
+        hbm_gbps, peak_tflops: one PE's HBM bandwidth (its share, when the PEs share it)
+            and GEMM peak, for the analytic estimate: a phase whose info gives
+            ``hbm_bytes`` and ``flops`` takes ``max(hbm_bytes / hbm_gbps, flops / peak)``
+            on its busiest PE, a collective its ``model_ps`` (GenZ / LLM-Viewer style:
+            no dispatch, no chains, every transfer at full bandwidth).
     Returns:
         metrics: ``phases`` (``layers_ns``: each layer's span; ``by_phase``: per name its
         ``count``, ``span_ns``, ``per_layer_ns``, ``share``, ``busy_ns`` per resource,
-        ``bound_ns``, ``binding``, ``critical_path_ns``) and ``collectives`` (each group
+        ``bound_ns``, ``binding``, ``critical_path_ns``, ``analytic_ns`` (None when its
+        phases give no costs); ``analytic_ns``: their sum; ``critical_path_other_ns``: path
+        time on no phase's record; ``link_bound_ns``: the busiest PE's IPCQ send time, the
+        links' roofline bound beside ``roofline``'s HBM, compute and dispatch) and ``collectives`` (each group
         with ``collective`` info: ``algorithm``, ``pes``, ``bytes``, ``ns`` from the last
         partial's end to the last PE's last command's end, ``model_ns``).
         slices: ``(pe, name, t0_ps, t1_ps, layer)`` per occurrence, for the trace.
@@ -93,8 +103,12 @@ def analyse(phases: dict, rows, segments, latency_ps: int, roles: dict) -> tuple
     np.maximum.at(end, occ[m], t1[m])
     busy = np.zeros((n, len(RESOURCES)), dtype=np.int64)
     m = (occ >= 0) & (res_of >= 0)
-    work = t1 - np.where(td >= 0, np.maximum(t0, td), t0)  # a DMA's data phase; others whole
-    np.add.at(busy, (occ[m], res_of[m]), work[m])
+    b0 = np.where(td >= 0, np.maximum(t0, td), t0)  # a DMA's data phase; others whole
+    work = t1 - b0
+    o = occ[m]
+    live = end[o] >= 0  # within the occurrence's span (PE_CPU dispatches ahead of it)
+    inside = np.clip(np.minimum(t1[m], end[o]) - np.maximum(b0[m], start[o]), 0, None)
+    np.add.at(busy, (o[live], res_of[m][live]), inside[live])
     # the critical path's time per occurrence
     on_path = np.zeros(n + 1, dtype=np.int64)  # [n]: time on no phase's record
     for s in segments:
@@ -132,6 +146,8 @@ def analyse(phases: dict, rows, segments, latency_ps: int, roles: dict) -> tuple
         for j in live:
             slices.append((table[j][0], name, int(start[j]), int(end[j]), layer))
         info = table[js[0]][3]
+        e["analytic_ps"] = _add(e.get("analytic_ps", 0), max((_analytic(table[j][3], hbm_gbps, peak_tflops)
+                                                              for j in js), key=lambda v: -1 if v is None else v))
         if info.get("collective"):
             ready = [done.get((table[j][0], table[j][3].get("after")), 0) for j in js]
             last = [done.get((table[j][0], table[j][5]), 0) for j in js]
@@ -149,12 +165,46 @@ def analyse(phases: dict, rows, segments, latency_ps: int, roles: dict) -> tuple
                     "per_layer_ns": span_ns / n_layers, "share": e["span_ps"] / latency_ps if latency_ps else 0.0,
                     "busy_ns": b, "bound_ns": b[top],
                     "binding": top if span_ns and b[top] >= BINDS * span_ns else "chain",
-                    "critical_path_ns": ps_to_ns(e["critical_ps"])})
+                    "critical_path_ns": ps_to_ns(e["critical_ps"]),
+                    "analytic_ns": None if e["analytic_ps"] is None else ps_to_ns(round(e["analytic_ps"]))})
+    link = res_of == RESOURCES.index("link")  # the links' bound: the busiest PE's IPCQ sends
+    link_ps = int(np.bincount(pe[link], weights=work[link]).max()) if link.any() else 0
     metrics = {"phases": {"layers_ns": [ps_to_ns(hi - lo) for _, (lo, hi) in sorted(layers.items())],
-                          "by_phase": out, "critical_path_other_ns": ps_to_ns(int(on_path[n]))}}
+                          "by_phase": out, "critical_path_other_ns": ps_to_ns(int(on_path[n])),
+                          "link_bound_ns": ps_to_ns(link_ps),
+                          "analytic_ns": None if any(e["analytic_ns"] is None for e in out)
+                          else round(sum(e["analytic_ns"] for e in out), 3)}}
     if collectives:
         metrics["collectives"] = collectives
     return metrics, slices
+
+
+def _analytic(info: dict, hbm_gbps: float, peak_tflops: float):
+    """One occurrence's analytic time, ps (None: its info gives no costs)."""
+    if "model_ps" in info:
+        return float(info["model_ps"])
+    if "hbm_bytes" not in info or not hbm_gbps or not peak_tflops:
+        return None
+    return max(info["hbm_bytes"] / hbm_gbps, info.get("flops", 0) / (peak_tflops * 1000.0)) * 1000.0
+
+
+def _add(a, b):
+    return None if a is None or b is None else a + b
+
+
+def step(metrics: dict, tokens: int) -> dict:
+    """``metrics.json`` ``step`` of a model's decode step making ``tokens`` tokens (one per
+    sequence): its latency, ``tokens_per_s``, layers, per-layer latency, each phase's share
+    and binding, what binds the step and the analytic estimate beside it."""
+    lat = metrics["sim"]["latency_ns"]
+    ph = metrics.get("phases", {})
+    layers = ph.get("layers_ns", [])
+    return {"latency_ns": lat, "tokens": tokens, "tokens_per_s": tokens / lat * 1e9 if lat else 0.0,
+            "layers": len(layers), "layer_ns": sum(layers) / len(layers) if layers else None,
+            "binding": metrics["roofline"]["binding"],
+            "analytic_ns": ph.get("analytic_ns"),
+            "phases": [{k: e[k] for k in ("phase", "per_layer_ns", "share", "critical_path_ns", "binding",
+                                          "analytic_ns")} for e in ph.get("by_phase", [])]}
 
 
 def summary_lines(metrics: dict) -> list[str]:
@@ -168,6 +218,11 @@ def summary_lines(metrics: dict) -> list[str]:
     parts = [f"{e['phase']} {e['per_layer_ns'] / 1000:.2f} µs {e['binding']} (path {e['critical_path_ns'] / lat:.0%})"
              if lat else e["phase"] for e in rows if e["critical_path_ns"] or e["span_ns"]]
     lines = []
+    st = metrics.get("step")
+    if st:
+        an = f"; analytic roofline {st['analytic_ns'] / 1000:.2f} µs" if st["analytic_ns"] else ""
+        lines.append(f"  step        {st['latency_ns'] / 1000:.2f} µs for {st['tokens']} token(s) over "
+                     f"{st['layers']} layer(s): {st['tokens_per_s']:,.0f} tokens/s, binding {st['binding']}{an}")
     if layers:
         lines.append(f"  layer       {sum(layers) / len(layers) / 1000:.2f} µs per layer ({len(layers)} layer"
                      f"{'s' if len(layers) != 1 else ''}); by critical-path time: " + ", ".join(parts[:6]))

@@ -231,8 +231,14 @@ def check_resources(cfg, wl, kernel, recipes: dict, inputs: dict | None, units: 
     b, hw = cfg.bench, cfg.hardware
     shape = _shape_text(wl)
     check = bool(cfg.run.check) if "run" in cfg else True
-    fig = dry_run(hw, wl, kernel, recipes, b.dtype, inputs, count_stages=check, units=units)
-    check_sanitizer_memory(cfg, fig)
+    fig = dry_run(hw, wl, kernel, recipes, b.dtype, inputs, count_stages=True, units=units)
+    if check:
+        check_sanitizer_memory(cfg, fig)
+    budget = int(cfg.run.get("max_records", 0)) if "run" in cfg else 0
+    if fig and budget and fig["records"] > budget:
+        raise ConfigError(f"{b.name} at {shape} would be simulated record by record: {fig['records']:,} op_log "
+                          f"records ({fig['commands']:,} commands), over run.max_records={budget:,}; raise "
+                          f"run.max_records or shrink the run")
     if fig and fig["dispatch_ps"] >= MAX_PS:  # PE_CPU dispatches one command at a time
         c = cfg.calibration
         raise TimeBaseError(f"PE_CPU alone needs {fig['dispatch_ps']:.4g} ps to dispatch the kernel's "

@@ -47,6 +47,7 @@ class RunConfig:
     progress: bool = True
     trace: bool = True  # write trace.json; python -m kbframe.report.trace RUN_DIR makes it later
     fast_forward: str = "on"  # off | on | verify: a periodic timing-only schedule is written, not simulated
+    max_records: int = 20_000_000  # op_log records a simulated run may make (checked before it simulates)
 
 
 def workload_classes() -> dict:

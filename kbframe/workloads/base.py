@@ -167,6 +167,11 @@ class Workload:
         n = self.n_units()
         return f"{keys} ({n} {self.unit}{'s' if n != 1 else ''})"
 
+    def tokens(self) -> int | None:
+        """Tokens one run makes (a model's decode step: one per sequence), for
+        ``metrics.json`` ``step`` (tokens/s); None (the default): not a model step."""
+        return None
+
     def extra_metrics(self, inputs: dict | None) -> dict:
         """Workload-specific top-level ``metrics.json`` entries."""
         return {}

@@ -221,6 +221,9 @@ class DecoderLayer(Workload):
     def n_units(self) -> int:
         return int(self.cfg.layers)
 
+    def tokens(self) -> int:
+        return int(self.cfg.batch)
+
     def progress_stream(self) -> tuple[str, int]:
         return "w_down", int(self.cfg.F)
 

@@ -18,7 +18,8 @@ def test_the_workloads_are_found():
     """Every workload module, and only those: the shared decode helpers (workloads/attention.py,
     a mixin and functions, no Workload subclass) are not one."""
     assert [(n, c.__name__) for n, c in WORKLOADS] == [("decode_heads", "DecodeHeads"),
-                                                      ("decode_splitk", "DecodeSplitk"), ("gemm", "Gemm"),
+                                                      ("decode_splitk", "DecodeSplitk"),
+                                                      ("decoder_layer", "DecoderLayer"), ("gemm", "Gemm"),
                                                       ("gqa_decode", "GqaDecode"),
                                                       ("rmsnorm_linear", "RmsnormLinear")]
 
