@@ -26,9 +26,9 @@ def _reference_rows(w: WaitLog) -> list:
         code, cmd, t0, t1, t_data, kind, ref = d[i * _FIELDS:(i + 1) * _FIELDS]
         pe, unit, op_kind = names[code]
         end_ref = -1
-        if kind == _RAW_STAGE:
-            if ref <= -2:  # a receive readied by its message: the send's record
-                ready, why, ref = t0, "link", -2 - ref
+        if kind in (_RAW_STAGE, _RAW_STAGE - 1):
+            if kind == _RAW_STAGE - 1:  # a receive readied by its message: ref is the send's record
+                ready, why = t0, "link"
             elif ref >= 0:
                 ready, why = d[ref * _FIELDS + 3], "dep"
             else:

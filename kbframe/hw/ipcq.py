@@ -181,7 +181,8 @@ class IpcqRecv(Unit):
     def deliver(self, stage: Stage, link: Link, arrive_ps: int, send: Stage) -> None:
         """Complete receive ``stage`` with the message ``send`` sent, arriving at ``arrive_ps``.
         A receive that waited for its message records that send as what readied it
-        (``ready_by = −2 − send.seq``: kbframe.sim.waits names the wait ``link``)."""
+        (``ready_by = −2 − send.seq``; the op_log's wait record keeps ``send.seq`` and
+        kbframe.sim.waits names the wait ``link``)."""
         env = self.env
         t = max(env.now, arrive_ps)
         stage.t_start = stage.t_end = t

@@ -298,8 +298,10 @@ def _run_bench(cfg, out_dir: Path, explicit, rd: RunDir, stack: ExitStack) -> di
     def trace_of_records() -> None:
         """A fast-forwarded run's trace.json, from its records (no re-parse) and the walk
         of its critical path alone (the flags), before the metrics are known."""
+        _, slices = phases.analyse(sim.phases or {}, critical_path.as_records(oplog.waits), [], latency_ps,
+                                   {name: u.roles for name, u in pe.stage_units.items()})
         write_trace(oplog_path, trace_tmp, tracks_from_metrics(unit_labels(engine, pe, oplog)),
-                    critical=critical_path.on_path(oplog.waits), records=out.records)
+                    critical=critical_path.on_path(oplog.waits), records=out.records, phases=slices)
 
     def beside(work, job):
         """``work()`` here while ``job()`` runs in a forked process (kbframe.run.beside: both

@@ -260,15 +260,59 @@ def run(cfg, wl, kernel, recipes, check: bool, units: dict | None = None) -> Out
     copies = _Copies(cfg, wl, kernel, recipes, check, key, step, r,
                      units if units is not None else build_units(cfg.hardware))
     try:
-        return _run(copies, q, key, t_start)
+        return _run(copies, q, key, t_start, wl.ff_min_steps or MIN_STEPS, wl.ff_budget)
     finally:
         copies.close()
 
 
-def _run(copies: _Copies, q: int, key: str, t_start: float) -> Outcome:
-    """:func:`run` with its short copies, for a run of ``q`` whole steps of ``key``."""
+def _phases(runs: Runs, n_a: int, p: int, k_full: int) -> dict | None:
+    """The full run's ``tl.phase`` annotations (kbframe.run.phases) from the copies', when
+    the axis is the layers their phases are tagged with: per PE, the first copy's phases
+    up to its last layer, that layer's repeated for each skipped one (command ids shifted
+    by a layer's commands, relabelled), then what follows it, shifted by them all. None when
+    the second copy is not what this predicts from the first (the phases are left out)."""
+    a, b = runs.sims[0], runs.sims[1]
+    if not a.phases:
+        return {}
+    if p != 1:
+        return None
+
+    def shifted(entry, by: int, layer=None):
+        nm, f, l_, inf = entry
+        inf = dict(inf)
+        if layer is not None:
+            inf["layer"] = layer
+        if inf.get("after") is not None:  # a collective's partial: a command id too
+            inf["after"] += by
+        return nm, f + by, l_ + by, inf
+
+    def predict(ph: list, last: int, extra: int, per: int) -> list:
+        at = [i for i, e in enumerate(ph) if e[3].get("layer") == last]
+        if not at:
+            return ph
+        i0, i1 = at[0], at[-1]
+        out = ph[:i1 + 1]
+        for k in range(1, extra + 1):
+            out += [shifted(e, k * per, last + k) for e in ph[i0:i1 + 1]]
+        return out + [shifted(e, extra * per) for e in ph[i1 + 1:]]
+
+    full = {}
+    for pe, ph in a.phases.items():
+        per = b.engine.pes[pe].cpu.n_commands - a.engine.pes[pe].cpu.n_commands
+        last = n_a - 1
+        if predict(ph, last, 1, per) != b.phases.get(pe):
+            return None
+        full[pe] = predict(ph, last, k_full, per)
+    return full
+
+
+def _run(copies: _Copies, q: int, key: str, t_start: float, min_steps: int = MIN_STEPS,
+         budget_share: float | None = None) -> Outcome:
+    """:func:`run` with its short copies, for a run of ``q`` whole steps of ``key``; the
+    copies start at ``min_steps`` and may cost ``budget_share`` of the run (None: the
+    defaults)."""
     why = None
-    n_min = MIN_STEPS
+    n_min = min_steps
     while True:
         settling = False
         for p in PERIODS:
@@ -276,7 +320,7 @@ def _run(copies: _Copies, q: int, key: str, t_start: float) -> Outcome:
             k_full = (q - n_a) // p
             if k_full < MIN_COPIES or (n_a + 3 * p) * 2 > q:
                 break
-            budget = SETTLING_BUDGET if n_min > MIN_STEPS else BUDGET
+            budget = budget_share or (SETTLING_BUDGET if n_min > min_steps else BUDGET)
             if copies.steps + copies.cost(n_a, p) > budget * q:
                 return Outcome(None, f"simulated in full: {why + '; more' if why else 'its'} short copies would "
                                      f"cost over {budget:.0%} of the run")
@@ -317,6 +361,7 @@ def _run(copies: _Copies, q: int, key: str, t_start: float) -> Outcome:
                 return Outcome(None, f"simulated in full: a short copy failed ({e})")
             sim = runs.sims[3]
             _apply(sim, tot, table, codes, nums)
+            sim.phases = _phases(runs, n_a, p, k_full)
             sim.engine.wall_s = time.perf_counter() - t_start
             return Outcome(sim, f"fast-forwarded {k_full - 3} of {k_full} periods of {p} {key} step(s) "
                                 f"({len(codes) - len(runs.recs[3])} of {len(codes)} records by shifting)",

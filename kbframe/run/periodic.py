@@ -60,7 +60,7 @@ def records_of(rows: list, waits, heads: dict | None = None) -> list[tuple]:
     local = np.empty(len(sid), dtype=np.int64)
     local[order] = np.arange(len(sid)) - first       # its place within its stream
     why, ref = w[:, 5], w[:, 6].copy()
-    readied = np.nonzero((why == -1) & (ref >= 0))[0]  # stages readied by record ref
+    readied = np.nonzero((why < 0) & (ref >= 0))[0]  # stages readied by record ref (kbframe.sim.waits)
     ref_sid = np.full(len(sid), -1, dtype=np.int64)
     ref_sid[readied] = sid[ref[readied]]
     ref[readied] = local[ref[readied]]

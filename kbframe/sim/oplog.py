@@ -20,7 +20,7 @@ from collections import defaultdict
 import numpy as np
 
 from ..ir.commands import command_kind
-from .waits import _FIELDS, WAIT_CODE, WaitLog
+from .waits import _FIELDS, _LINK_STAGE, WAIT_CODE, WaitLog
 
 #: ``_FRAC[r]``: how Python prints the fraction of ``r / 1000`` (``".5"``, ``".001"``, ``".0"``).
 _FRAC = tuple(repr(r / 1000)[1:] for r in range(1000))
@@ -211,7 +211,11 @@ class OpLog:
         code = t.codes.get(st.op_kind)
         if code is None:
             code = t.codes[st.op_kind] = self.waits.code(pe, unit.name, st.op_kind)
-        self._wdata.extend((code, st.cmd.id, t0, t1, t_data, -1, st.ready_by))
+        ready = st.ready_by
+        if ready < -1:  # a receive readied by its message: the send's record (kbframe.hw.ipcq)
+            self._wdata.extend((code, st.cmd.id, t0, t1, t_data, _LINK_STAGE, -2 - ready))
+        else:
+            self._wdata.extend((code, st.cmd.id, t0, t1, t_data, -1, ready))
         if st.peer >= 0 and self._f is not None:  # an IPCQ stage also names the other PE
             if self._rows:
                 self._flush()

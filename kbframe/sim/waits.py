@@ -44,6 +44,7 @@ KINDS = ("start", "cpu", "room", "wait", "dispatch", "hazard", "fifo", "dep", "a
 #: wait kind name → its code (what OpLog stores)
 WAIT_CODE = {k: i for i, k in enumerate(KINDS)}
 _RAW_STAGE = -1  # kind of a stage record until rows() classifies it
+_LINK_STAGE = -2  # kind of an IPCQ receive readied by its message (ref: the send's record)
 _FIELDS = 7  # per record: name code, cmd, t_start, t_end, t_data (-1: none), kind, ref
 
 
@@ -110,7 +111,7 @@ class WaitLog:
         unit_of = np.array([units.index(u) for _, u, _ in names], dtype=np.int64)[code]
         cpu_u = units.index("cpu") if "cpu" in units else -1
         sched_u = units.index("scheduler") if "scheduler" in units else -1
-        stage = kind == _RAW_STAGE
+        stage = kind <= _RAW_STAGE
         why = np.where(stage, 0, kind)  # a code into KINDS
         ref = ref.copy()
         end_ref = np.full(n, -1, dtype=np.int64)
@@ -120,8 +121,7 @@ class WaitLog:
         # latest admission record of the command anywhere in the log), else at their start
         st = np.nonzero(stage)[0]
         s_ref, s_t0 = ref[st], t0[st]
-        link = s_ref <= -2  # a receive readied by its message: the send's record is −2 − ref
-        s_ref = np.where(link, -2 - s_ref, s_ref)
+        link = kind[st] == _LINK_STAGE  # a receive readied by its message: ref is the send's record
         dep = s_ref >= 0
         ready = np.where(dep, t1[np.where(dep, s_ref, 0)], s_t0)
         adm = np.nonzero(~stage & (unit_of == sched_u))[0]

@@ -71,6 +71,11 @@ class Workload:
     generated_only_keys: tuple = ("seed",)
     #: optional 0-d arrays an inputs file may hold besides the input tensors
     file_scalars: tuple = ()
+    #: fast-forward's short copies (kbframe.run.fastforward): the steps of the periodic axis
+    #: the first keeps, and the share of the run's steps the copies may simulate; None:
+    #: fast-forward's defaults (made for KV tiles: thousands of short steps)
+    ff_min_steps: int | None = None
+    ff_budget: float | None = None
 
     def __init__(self, cfg, n_pes: int = 1):
         self.cfg = cfg

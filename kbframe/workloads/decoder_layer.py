@@ -63,6 +63,10 @@ class DecoderLayer(Workload):
     Config = DecoderLayerConfig
     unit = "layer"
     outputs = ("out", "k_new", "v_new")
+    # layers repeat from the third on (PE_CPU's run-ahead settles in the first two), and
+    # copies of 3 to 6 layers stand for a model's 30 to 126
+    ff_min_steps = 3
+    ff_budget = 0.3
 
     # ---- checks ----------------------------------------------------------------------
     def validate(self) -> None:
@@ -220,6 +224,10 @@ class DecoderLayer(Workload):
 
     def n_units(self) -> int:
         return int(self.cfg.layers)
+
+    def periodic_axis(self) -> tuple[str, int] | None:
+        # every layer the same work (timing only); generated inputs: the shapes are the keys'
+        return ("layers", 1) if self.cfg.inputs.path is None else None
 
     def tokens(self) -> int:
         return int(self.cfg.batch)

@@ -233,3 +233,23 @@ def test_an_inputs_file_sets_every_shape_key_and_its_positions(tmp_path):
     assert m["numerics"]["max_rel_err"] <= 1e-5
     np.testing.assert_allclose(out["k_new"], ref["k_new"], atol=1e-5 * np.abs(ref["k_new"]).max())
     np.testing.assert_array_equal(out["positions"], [5, 2])
+
+
+SMALL_STEP = ("bench.H=256", "bench.H_q=8", "bench.H_kv=2", "bench.d=32", "bench.F=512", "bench.S_kv=200",
+              "bench.layers=60")
+
+
+def test_a_step_of_many_layers_fast_forwards_exactly(tmp_path):
+    """60 layers of a small model on two PEs, timing only: the layers repeat from the third,
+    the run is written from copies of 3 to 6 layers, and run.fast_forward=verify finds it
+    identical to the full simulation (op_log, totals, wait records); metrics, phases of all
+    60 layers, the step and trace.json are the full run's."""
+    args = ("hardware=cube", "bench.tp=2", *SMALL_STEP, "bench.data=false")
+    full = run(tmp_path / "full", *args, "run.fast_forward=off", bench="decoder_layer")
+    m = run(tmp_path / "ff", *args, "run.fast_forward=verify", bench="decoder_layer")
+    assert m["fast_forward"]["applied"] and "verified" in m["fast_forward"]["note"]
+    for key in set(full) - {"fast_forward", "sim"}:
+        assert m[key] == full[key], key
+    assert len(m["phases"]["layers_ns"]) == 60 and m["step"]["layers"] == 60
+    for name in ("op_log.jsonl", "trace.json"):
+        assert (tmp_path / "ff" / name).read_bytes() == (tmp_path / "full" / name).read_bytes(), name
