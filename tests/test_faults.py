@@ -218,9 +218,9 @@ def test_commit_rolls_back_when_a_new_file_cannot_move_in(tmp_path, monkeypatch)
 
 @pytest.mark.parametrize("entry", ["q", "out"])
 def test_ctrl_c_while_tensors_are_written_leaves_no_temporary(tmp_path, monkeypatch, entry):
-    """Class 13: Ctrl-C while tensors.npz is written, in an entry the background thread
-    writes (the input q) or one the main thread adds last (the output): the half-written
-    temporary is removed and the earlier run's files are untouched."""
+    """Class 13: Ctrl-C while tensors.npz is written, in its first entry (the input q) or
+    its last (the output): the half-written temporary is removed and the earlier run's
+    files are untouched."""
     run(tmp_path, "bench.S_kv=256")
     before = {n: (tmp_path / n).read_bytes() for n in os.listdir(tmp_path)}
     real = np.lib.format.write_array

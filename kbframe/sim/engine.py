@@ -215,9 +215,8 @@ class Engine:
         self._hbm_top = 0
         self.wall_s = 0.0
 
-    def add_hbm_tensor(self, name: str, shape, dtype: str, value=None, arriving=None) -> TensorHandle:
-        """Place an HBM tensor (numbers in data mode: ``value``, or the rows of
-        ``arriving``, a kbframe.sim.numerics.ArrivingRows, as they are drawn) and return
+    def add_hbm_tensor(self, name: str, shape, dtype: str, value=None) -> TensorHandle:
+        """Place an HBM tensor (its numbers in data mode: ``value``, else zeros) and return
         its handle."""
         shape = tuple(int(s) for s in shape)
         nbytes = itemsize(dtype)
@@ -225,7 +224,7 @@ class Engine:
             nbytes *= s
         h = TensorHandle(name, shape, dtype, "hbm", self._hbm_top, f"hbm.{name}", shape)
         self._hbm_top += -(-nbytes // 4096) * 4096
-        self.numerics.allocate(h, value, arriving)
+        self.numerics.allocate(h, value)
         self.hbm[name] = h
         return h
 
