@@ -171,6 +171,82 @@ def test_disk_full_is_one_line_and_leaves_nothing(tmpfs_200k):
     assert sorted(os.listdir(out)) == [".hydra", "status.json"]
 
 
+@pytest.fixture
+def tmpfs_300k(tmp_path):
+    """A 300 KB tmpfs (root only)."""
+    if not _is_root() or shutil.which("mount") is None:
+        pytest.skip("mounting a tmpfs needs root")
+    d = tmp_path / "full"
+    d.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=300k", "tmpfs", str(d)]).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here")
+    yield d
+    subprocess.run(["umount", str(d)])
+
+
+def _describes_one_run(out):
+    """status.json and .hydra/overrides.yaml are those of the same run."""
+    from omegaconf import OmegaConf
+    assert read_status(out)["overrides"] == list(OmegaConf.load(out / ".hydra" / "overrides.yaml"))
+
+
+FULL_DISK_CASES = {  # what fills the disk: tensors.npz, the op_log, the trace, on one PE or eight
+    "one PE, data, S_kv=256": ["+bench=decode_opt2", "bench.S_kv=256"],
+    "one PE, data, S_kv=65536": ["+bench=decode_opt2", "bench.S_kv=65536"],
+    "one PE, timing only, S_kv=65536": ["+bench=decode_opt2", "bench.S_kv=65536", "bench.data=false"],
+    "one PE, timing only, unchecked, S_kv=16384": ["+bench=decode_opt3", "bench.S_kv=16384", "bench.data=false",
+                                                   "run.check=false"],
+    "8 PEs, timing only, S_kv=512": ["+bench=decode_heads", "+model=llama3_70b", "hardware=cube", "bench.S_kv=512",
+                                     "bench.data=false"],
+    "8 PEs, timing only, S_kv=8192": ["+bench=decode_heads", "+model=llama3_70b", "hardware=cube",
+                                      "bench.S_kv=8192", "bench.data=false"],
+    "4 PEs, data, S_kv=4096": ["+bench=decode_splitk", "bench.S_kv=4096"],
+}
+
+
+@pytest.mark.parametrize("case", FULL_DISK_CASES)
+def test_a_full_disk_never_leaves_running(tmpfs_300k, case):
+    """A disk that fills during the run, whatever fills it and on one PE or many: one line,
+    exit 1, status.json failed (never running: the disk's room is freed first, and the
+    status has room of its own), none of the run's files left, and the directory describes
+    that one run."""
+    out = tmpfs_300k / "run"
+    p = subprocess.run([*CLI, *FULL_DISK_CASES[case], f"hydra.run.dir={out}"], cwd=REPO, capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr
+    assert p.stderr.startswith("kbframe: error: cannot ") and p.stderr.endswith(": No space left on device\n")
+    assert p.stderr.count("\n") == 1, p.stderr
+    st = read_status(out)
+    assert st["status"] == "failed" and st["error_type"] == "OutputError"
+    assert sorted(os.listdir(out)) == [".hydra", "status.json"]
+    _describes_one_run(out)
+
+
+def test_a_run_on_a_disk_already_full_records_itself_not_the_earlier_run(tmpfs_300k):
+    """The disk is full before the run starts (something else filled it): Hydra rewrites
+    .hydra/ in place; the status is written into the room status.json already takes, so it
+    says this run failed (not the earlier run's ok), and the earlier run's files are kept."""
+    out = tmpfs_300k / "run"
+    first = subprocess.run([*CLI, "+bench=decode_opt2", "bench.S_kv=64", "bench.data=false", "run.trace=false",
+                            f"hydra.run.dir={out}"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert first.returncode == 0, first.stderr
+    kept = {n: (out / n).read_bytes() for n in ("metrics.json", "op_log.jsonl")}
+    with open(tmpfs_300k / "filler", "wb", buffering=0) as f:  # every block left
+        try:
+            while True:
+                f.write(b"x" * 4096)
+        except OSError:
+            pass
+    p = subprocess.run([*CLI, "+bench=decode_opt2", "bench.S_kv=128", "bench.data=false", "run.trace=false",
+                        f"hydra.run.dir={out}"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr
+    assert p.stderr.count("\n") == 1 and p.stderr.endswith(": No space left on device\n"), p.stderr
+    st = read_status(out)
+    assert st["status"] == "failed" and "bench.S_kv=128" in st["overrides"]
+    _describes_one_run(out)
+    assert {n: (out / n).read_bytes() for n in kept} == kept
+
+
 def test_commit_is_all_or_nothing(tmp_path):
     """Class 12: metrics.json cannot be replaced (chattr +i): the run says so in one line
     and op_log.jsonl, trace.json, tensors.npz stay the earlier run's (no mix of two runs)."""

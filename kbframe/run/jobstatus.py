@@ -29,9 +29,11 @@ lists the failed ones and makes the command exit non-zero.
 from __future__ import annotations
 
 import datetime as _dt
+import json
 import os
 import signal
 import socket
+import stat
 import sys
 import threading
 import time
@@ -40,7 +42,7 @@ from pathlib import Path
 
 from . import rundir
 from ..errors import KbframeError, OutputError
-from ..files import STATUS_FILE, read_status, write_json
+from ..files import STATUS_FILE, atomic_write, read_status
 
 #: exit status of an interrupted run (128 + SIGINT) and of a terminated one (128 + SIGTERM)
 EXIT_INTERRUPTED = 130
@@ -62,10 +64,61 @@ def _now() -> str:
     return _dt.datetime.now().astimezone().isoformat(timespec="milliseconds")
 
 
+#: bytes every ``status.json`` takes (its JSON padded with spaces): the room its next
+#: status is written into, in place, when the disk has no room for a new file
+STATUS_ROOM = 4096
+
+
+def _status_bytes(status: dict, size: int = STATUS_ROOM) -> bytes | None:
+    """``status`` as JSON padded with spaces to ``size`` bytes; a status too long for it
+    without its traceback, then without indentation; None if it still does not fit."""
+    for st, indent in ((status, 2), ({k: v for k, v in status.items() if k != "traceback"}, 2),
+                       ({k: v for k, v in status.items() if k != "traceback"}, None)):
+        data = (json.dumps(st, indent=indent, ensure_ascii=False) + "\n").encode()
+        if len(data) < size:
+            return data + b" " * (size - len(data) - 1) + b"\n"
+    return None
+
+
 def write_status(out_dir: Path, status: dict) -> None:
-    """Write ``status`` to ``out_dir/status.json`` atomically."""
+    """Write ``status`` to ``out_dir/status.json``: atomically (a temporary file renamed
+    over it), or, when that cannot be done (a full disk), in place into the room the file
+    already takes (:data:`STATUS_ROOM`), so a run's end is recorded whatever filled the
+    disk.
+
+    Raises:
+        OSError: neither could be done (no status.json yet on a full disk, a read-only
+            directory).
+    """
+    out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    write_json(out_dir / STATUS_FILE, status)
+    path = out_dir / STATUS_FILE
+    data = _status_bytes(status, max(STATUS_ROOM, len(json.dumps(status, indent=2).encode()) + 2))
+    try:
+        atomic_write(path, lambda tmp: tmp.write_bytes(data))
+    except OSError:
+        if not _write_in_place(path, status):
+            raise
+
+
+def _write_in_place(path: Path, status: dict) -> bool:
+    """Overwrite ``path`` with ``status`` in the bytes it holds (none allocated); False if
+    it does not exist, is not a regular file, or the status does not fit."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW)
+    except OSError:
+        return False
+    try:
+        size = os.fstat(fd).st_size
+        data = _status_bytes(status, size) if stat.S_ISREG(os.fstat(fd).st_mode) else None
+        if data is None:
+            return False
+        os.pwrite(fd, data, 0)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def mark_killed(out_dir: Path, job: dict, why: str, status: str = "failed") -> dict:
