@@ -66,3 +66,11 @@ class OutputError(KbframeError):
 class NumericsError(KbframeError):
     """A number the data mode needs cannot be represented (e.g. beyond fp16's range) or a
     result is not finite; names the array or op and the limit."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (kill, a batch system's time limit), handled as Ctrl-C is: the run records
+    ``interrupted``; the command exits 143 rather than 130."""
+
+    def __str__(self) -> str:
+        return "terminated (SIGTERM)"

@@ -20,6 +20,7 @@ import sys
 
 from ..run import rundir
 from ..run.rundir import RunDirBusy
+from . import stop
 from .checks import precheck, run_dir_arg
 
 
@@ -171,7 +172,10 @@ def _run(hydra_main) -> None:
             sys.stderr = real
             text = tap.take()
             failed = e.code not in (0, None) and text.strip()
-            if failed and "Traceback (most recent call last)" not in text:
+            if stop.stopped():  # what unwinding from Ctrl-C raised is not an error of the user's
+                stop.to(real)
+                real.write(text)
+            elif failed and "Traceback (most recent call last)" not in text:
                 print(f"kbframe: error: {one_line(text)}", file=real)
             elif failed and yaml_error(text):
                 print(f"kbframe: error: {yaml_error(text)}", file=real)
@@ -195,4 +199,5 @@ def _run(hydra_main) -> None:
         if not tap.released:
             sys.stderr = real
             real.write(tap.take())
+            stop.to(real)
         _tap = None
