@@ -245,6 +245,11 @@ def test_a_run_on_a_disk_already_full_records_itself_not_the_earlier_run(tmpfs_3
     assert st["status"] == "failed" and "bench.S_kv=128" in st["overrides"]
     _describes_one_run(out)
     assert {n: (out / n).read_bytes() for n in kept} == kept
+    fresh = tmpfs_300k / "fresh"  # a new directory: Hydra cannot write .hydra/ at all
+    p = subprocess.run([*CLI, "+bench=decode_opt2", "bench.S_kv=128", "bench.data=false", f"hydra.run.dir={fresh}"],
+                       cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert (p.returncode, p.stderr) == (1, "kbframe: error: cannot write the run's .hydra/ (Hydra's copy of its "
+                                           "config): No space left on device\n")
 
 
 def test_commit_is_all_or_nothing(tmp_path):

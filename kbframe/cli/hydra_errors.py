@@ -90,6 +90,33 @@ def omegaconf_error(text: str) -> str | None:
     return None
 
 
+_OS_EXC = re.compile(r"^(?:\w+\.)*(\w*Error): \[Errno \d+\] (.*)$")
+
+
+def save_error(text: str) -> str | None:
+    """The reason, for a traceback of Hydra failing to write a run's ``.hydra/`` (a full
+    disk, a read-only directory); None for any other traceback."""
+    lines = text.rstrip().splitlines()
+    if not any("_save_config" in ln for ln in lines):
+        return None
+    for ln in reversed(lines):
+        m = _OS_EXC.match(ln.strip())
+        if m:
+            return m.group(2)
+        if ln.startswith("  File "):
+            return None
+    return None
+
+
+def _record_save_error(why: str) -> None:
+    """A single run into a named directory whose ``.hydra/`` Hydra began to rewrite:
+    status.json says this run failed (in place if need be), not an earlier run's end."""
+    key, val = run_dir_arg(sys.argv[1:])
+    if key == "hydra.run.dir" and val and "${" not in val and stop.hydra_began(val):
+        from ..run.jobstatus import mark_interrupted
+        mark_interrupted(val, None, why, status="failed", error_type="OutputError")
+
+
 class _Tap(io.TextIOBase):
     """stderr stand-in that buffers until released, then passes writes through."""
 
@@ -181,6 +208,10 @@ def _run(hydra_main) -> None:
                 print(f"kbframe: error: {yaml_error(text)}", file=real)
             elif failed and omegaconf_error(text):
                 print(f"kbframe: error: {omegaconf_error(text)}", file=real)
+            elif failed and save_error(text):
+                why = f"cannot write the run's .hydra/ (Hydra's copy of its config): {save_error(text)}"
+                _record_save_error(why)
+                print(f"kbframe: error: {why}", file=real)
             else:
                 real.write(text)
         raise

@@ -125,10 +125,11 @@ def mark_killed(out_dir: Path, job: dict, why: str, status: str = "failed") -> d
     return st
 
 
-def mark_interrupted(out_dir, st: dict | None, why: str) -> None:
-    """Record ``out_dir``'s job as ``interrupted`` with ``why``: a job Hydra started (its
-    ``.hydra/`` written) that was stopped before it recorded itself (``st``: its
-    status.json as it is, or None; kbframe.cli.stop)."""
+def mark_interrupted(out_dir, st: dict | None, why: str, status: str = "interrupted",
+                     error_type: str = "KeyboardInterrupt") -> None:
+    """Record ``out_dir``'s job as ``status`` (``interrupted``) with ``why``: a job Hydra
+    started (its ``.hydra/`` written, or begun) that ended before it recorded itself
+    (``st``: its status.json as it is, or None; kbframe.cli.stop, kbframe.cli.hydra_errors)."""
     from omegaconf import OmegaConf
     try:
         overrides = [str(o) for o in OmegaConf.load(Path(out_dir) / ".hydra" / "overrides.yaml")]
@@ -136,7 +137,7 @@ def mark_interrupted(out_dir, st: dict | None, why: str) -> None:
         overrides = None
     st = {"status": "running", "num": None, "overrides": overrides, "started": None, "wall_s": None,
           "host": socket.gethostname(), "pid": os.getpid()} if st is None or st.get("status") != "running" else st
-    st.update(status="interrupted", finished=now(), error=why, error_type="KeyboardInterrupt")
+    st.update(status=status, finished=now(), error=why, error_type=error_type)
     try:
         write_status(Path(out_dir), st)
     except OSError:
