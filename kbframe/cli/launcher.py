@@ -29,9 +29,10 @@ from concurrent.futures import FIRST_COMPLETED, wait
 from pathlib import Path
 from typing import Sequence
 
+from hydra.core.hydra_config import HydraConfig
 from hydra.core.singleton import Singleton
-from hydra.core.utils import JobReturn, JobStatus as HydraJobStatus, configure_log, filter_overrides, setup_globals
-from hydra_plugins.hydra_joblib_launcher._core import execute_job
+from hydra.core.utils import (JobReturn, JobStatus as HydraJobStatus, configure_log, filter_overrides, run_job,
+                              setup_globals)
 from joblib import effective_n_jobs
 from joblib.externals.loky.process_executor import BrokenProcessPool, ProcessPoolExecutor, ShutdownExecutorError
 from omegaconf import OmegaConf, open_dict
@@ -155,8 +156,23 @@ def _stop_job(signum, frame) -> None:
     raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
 
 
+def execute_job(idx: int, overrides, hydra_context, config, task_function, singleton_state) -> JobReturn:
+    """Job ``idx`` in a worker, as Hydra's joblib launcher runs it (its ``execute_job``,
+    with Hydra's public calls): Hydra's state from the launching process, the job's config
+    (its id and number), then ``run_job`` in the sweep's directory."""
+    setup_globals()
+    Singleton.set_state(singleton_state)
+    sweep_config = hydra_context.config_loader.load_sweep_config(config, list(overrides))
+    with open_dict(sweep_config):
+        sweep_config.hydra.job.id = f"{sweep_config.hydra.job.name}_{idx}"
+        sweep_config.hydra.job.num = idx
+    HydraConfig.instance().set_config(sweep_config)
+    return run_job(hydra_context=hydra_context, config=sweep_config, task_function=task_function,
+                   job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
+
+
 def _job(*args):
-    """Hydra's ``execute_job`` in a worker, with Ctrl-C a KeyboardInterrupt and SIGTERM a
+    """:func:`execute_job` in a worker, with Ctrl-C a KeyboardInterrupt and SIGTERM a
     Terminated while it runs (once each job)."""
     global _stopping
     _stopping = False

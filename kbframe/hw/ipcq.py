@@ -182,7 +182,7 @@ class IpcqRecv(Unit):
         env.timeout(t - env.now, (stage, link)).callbacks.append(self._taken)
 
     def _taken(self, ev) -> None:
-        stage, link = ev._value
+        stage, link = ev.value
         link.outstanding -= 1
         link.sender.credit_freed()
         self._on_done(stage)
