@@ -1,4 +1,5 @@
-from .cli.main import main
-from .cli.speed import main_then_exit
+"""``python -m kbframe``: Ctrl-C and SIGTERM are handled from before the imports
+(kbframe.cli.stop)."""
+from .cli.stop import entry
 
-main_then_exit(main)
+entry()

@@ -55,7 +55,7 @@ class SanitizerError(KbframeError):
         super().__init__(message)
         self.rule = rule
 
-    def __reduce__(self):  # pickled with its rule (kbframe.run.beside)
+    def __reduce__(self):  # pickled with its rule (a sweep's worker process sends it back)
         return type(self), (str(self), self.rule)
 
 
@@ -68,21 +68,9 @@ class NumericsError(KbframeError):
     result is not finite; names the array or op and the limit."""
 
 
-def kept(e: BaseException) -> BaseException:
-    """``e``, to be raised later (after what must come first, or in another process): a bug
-    (an Exception not a KbframeError) keeps its traceback's text, which survives the
-    pickling a forked process's answer goes through (kbframe.run.beside);
-    :func:`restored` gives it back when it is raised."""
-    if isinstance(e, Exception) and not isinstance(e, KbframeError):
-        import traceback
-        e._kbframe_traceback = "".join(traceback.format_exception(e)).rstrip()
-    return e
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (kill, a batch system's time limit), handled as Ctrl-C is: the run records
+    ``interrupted``; the command exits 143 rather than 130."""
 
-
-def restored(e: BaseException) -> BaseException:
-    """``e`` (:func:`kept`) to raise: if it lost its traceback on the way (pickled), the
-    text of the one it had, as a note; else as it is (no traceback shown twice)."""
-    text = getattr(e, "_kbframe_traceback", None)
-    if text and e.__traceback__ is None and text not in getattr(e, "__notes__", ()):
-        e.add_note(text)
-    return e
+    def __str__(self) -> str:
+        return "terminated (SIGTERM)"

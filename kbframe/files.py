@@ -68,17 +68,6 @@ def dir_lock(path):
             os.close(fd)  # releases the flock
 
 
-def release_inherited_locks() -> None:
-    """In a forked child: close its copies of the parent's :func:`dir_lock` descriptors,
-    so the locks end with the parent (the parent's own descriptors keep them held)."""
-    for fd, _ in _held.values():
-        try:
-            os.close(fd)
-        except OSError:
-            pass
-    _held.clear()
-
-
 def dir_locked(path) -> bool:
     """Whether a process (this one or another) holds ``path``'s :func:`dir_lock` now;
     False also when it cannot be opened."""

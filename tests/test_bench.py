@@ -206,10 +206,9 @@ def test_tcm_too_small(tmp_path):
     assert not (tmp_path / "op_log.jsonl").exists()
 
 
-def test_the_dry_run_beside_the_draws_keeps_the_error_order(tmp_path):
-    """In data mode the dry run is made while the inputs are drawn (kbframe.run.bench
-    _EarlyDryRun); its error still comes after the inputs' own checks, as when it ran
-    after them: inputs beyond float16 and a TCM too small give the inputs' error."""
+def test_the_inputs_are_checked_before_the_dry_run(tmp_path):
+    """In data mode the inputs' own checks come before the pre-flight dry run: inputs
+    beyond float16 and a TCM too small give the inputs' error."""
     from kbframe.errors import NumericsError
     with pytest.raises(NumericsError) as e:
         run(tmp_path, "hardware.tcm_bytes=1024", "bench.S_kv=256", "bench.inputs.peak=1e6", "bench.data_dtype=float16")
@@ -221,31 +220,13 @@ def test_the_dry_run_beside_the_draws_keeps_the_error_order(tmp_path):
 
 
 def test_no_inputs_are_drawn_for_a_run_that_fails_before(tmp_path, monkeypatch):
-    """The draws start only once nothing before the dry run can fail: a bad kernel name is
-    refused without a thread left drawing (in a sweep, each failed job's would pile up)."""
-    from kbframe.run import bench
-    started = []
-    monkeypatch.setattr(bench, "Drawing", lambda *a: started.append(a))
+    """The inputs are drawn only once nothing before the dry run can fail: a bad kernel
+    name is refused without drawing them."""
+    drawn = []
+    monkeypatch.setattr(GqaDecode, "generate", lambda self, rng: drawn.append(rng))
     with pytest.raises(ConfigError, match="^bench.kernel: "):
         run(tmp_path, "bench.S_kv=256", "bench.kernel=kbframe.kernels.no_such_kernel")
-    assert started == []
-
-
-def test_the_dry_run_is_made_again_when_the_drawn_inputs_change_the_kernels_arguments(tmp_path, monkeypatch):
-    """The early dry run stands for the real one only if the kernel's arguments without
-    input values are those with them; otherwise it is made again with the inputs."""
-    from kbframe.run import preflight
-    calls = []
-    real = preflight.check_resources
-    monkeypatch.setattr(preflight, "check_resources", lambda *a, **k: calls.append(a[4] is None) or real(*a, **k))
-    run(tmp_path / "same", "bench.S_kv=256")
-    assert calls == [True]
-    kwargs = GqaDecode.kernel_kwargs
-    monkeypatch.setattr(GqaDecode, "kernel_kwargs",
-                        lambda self, inputs: {**kwargs(self, inputs), "scale": 0.5 if inputs is None else 0.25})
-    calls.clear()
-    run(tmp_path / "other", "bench.S_kv=256")
-    assert calls == [True, False]
+    assert drawn == []
 
 
 def test_explicit_scale_wins_over_the_files_and_is_recorded(tmp_path):
@@ -294,91 +275,6 @@ def test_inputs_fit_names_the_input_beyond_the_data_dtype():
     with pytest.raises(NumericsError, match=r"^bench\.data_dtype=float16: input 'v' has \|x\| up to 70000, beyond "
                                             r"float16's largest value 65504 "):
         check_inputs_fit("float16", {"q": np.ones((1, 2)), "k": np.ones((1, 2)), "v": v})
-
-
-@pytest.mark.parametrize("data_dtype", ["float32", "float16"])
-def test_v_is_read_as_it_arrives_with_the_numbers_of_a_run_drawn_first(tmp_path, monkeypatch, data_dtype):
-    """The simulation starts once q and k are drawn; v's rows are read as they arrive
-    (kbframe.run.beside.Drawing, NumpyNumerics; float16 rows converted as they are
-    stored). Here the drawing hands out one chunk of v (64 rows, one KV tile) only when
-    the simulation waits for it, so every tile's read waits, and every file is the one a
-    run gets whose inputs were all drawn before it started."""
-    import threading
-    from kbframe.sim.numerics import ArrivingRows
-    from kbframe.workloads import attention
-    monkeypatch.setattr(attention, "CHUNK_ROWS", 64)
-    arrived, wait = ArrivingRows.arrived, ArrivingRows.wait
-    asked = threading.Semaphore(0)
-    short = []  # (rows asked, rows drawn) of each read that found its rows not drawn yet
-
-    def arrived_when_asked(self, ready):
-        assert asked.acquire(timeout=60), "the simulation did not ask for v's next rows"
-        arrived(self, ready)
-
-    def counted_wait(self, rows):
-        if self.ready < rows:
-            short.append((rows, self.ready))
-            asked.release()
-        return wait(self, rows)
-    monkeypatch.setattr(ArrivingRows, "arrived", arrived_when_asked)
-    monkeypatch.setattr(ArrivingRows, "wait", counted_wait)
-    keys = ("bench.S_kv=1024", f"bench.data_dtype={data_dtype}")
-    m = run(tmp_path / "arriving", *keys)
-    assert short == [(64 * (t + 1), 64 * t) for t in range(16)]
-    generate = GqaDecode.generate
-    monkeypatch.setattr(GqaDecode, "generate", lambda self, rng, early=None: generate(self, rng))
-    short.clear()
-    whole = run(tmp_path / "whole", *keys)
-    assert short == []
-    for name in ("op_log.jsonl", "trace.json", "tensors.npz"):
-        assert (tmp_path / "arriving" / name).read_bytes() == (tmp_path / "whole" / name).read_bytes(), name
-    for x in (m, whole):
-        x["sim"].pop("wall_s")
-    assert m == whole and m["numerics"]["dtype"] == data_dtype
-
-
-def test_a_drawing_that_fails_while_v_arrives_fails_the_run(tmp_path, monkeypatch):
-    """An error of the drawing after the simulation started (here MemoryError at v's third
-    chunk) reaches the simulation waiting for those rows: the run fails with it and leaves
-    no op_log, rather than waiting for ever."""
-    from kbframe.sim.numerics import ArrivingRows
-    from kbframe.workloads import attention
-    monkeypatch.setattr(attention, "CHUNK_ROWS", 64)
-    arrived = ArrivingRows.arrived
-
-    def failing(self, ready):
-        if ready > 128:
-            raise MemoryError("no memory for v")
-        arrived(self, ready)
-    monkeypatch.setattr(ArrivingRows, "arrived", failing)
-    with pytest.raises(MemoryError, match="^no memory for v$") as ei:
-        run(tmp_path, "bench.S_kv=1024")
-    assert not (tmp_path / "op_log.jsonl").exists() and not (tmp_path / "tensors.npz").exists()
-    # raised in the simulation, from the drawing: not also in the thread writing tensors.npz
-    frames = [f.name for f in ei.traceback]
-    assert "wait" in frames and "draw_qkv" in frames and "inputs_drawn" not in frames
-
-
-def test_a_run_that_fails_after_the_hand_out_stops_its_drawing(tmp_path, monkeypatch):
-    """A run that fails while v is still being drawn (here q beyond float16, found once q
-    and k are handed out) stops the drawing at its next block of rows: no thread goes on
-    drawing beside the next job of a sweep."""
-    import threading
-    import time
-    from kbframe.errors import NumericsError
-    from kbframe.sim.numerics import ArrivingRows
-    from kbframe.workloads import attention
-    monkeypatch.setattr(attention, "CHUNK_ROWS", 64)
-    arrived = ArrivingRows.arrived
-    blocks = []
-    monkeypatch.setattr(ArrivingRows, "arrived", lambda self, ready: blocks.append(ready) or time.sleep(0.005)
-                        or arrived(self, ready))
-    with pytest.raises(NumericsError, match="^bench.data_dtype=float16: input 'q' has "):
-        run(tmp_path, "bench.S_kv=65536", "bench.inputs.peak=1e6", "bench.data_dtype=float16")
-    drawing = [t for t in threading.enumerate() if t.name == "inputs"]
-    for t in drawing:
-        t.join(5)
-    assert not any(t.is_alive() for t in drawing) and len(blocks) < 1024 // 4  # of 1024 blocks of 64 rows
 
 
 def test_make_inputs_draws_the_same_stream_in_chunks():

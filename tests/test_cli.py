@@ -222,9 +222,9 @@ def test_the_kbframe_script_exits_with_the_runs_status(tmp_path):
 @pytest.mark.parametrize("sweep", [False, True])
 def test_ctrl_c_outside_a_job_is_one_line_and_status_130(monkeypatch, capsys, sweep):
     """Ctrl-C while Hydra composes a config (a single run's, or the next job's of a sweep),
-    outside any job's JobStatus: one line and exit 130, never a traceback; in a sweep, how
-    to summarise what finished, as a job interrupted in its run says (the sweep's
-    directory as its start recorded it: kbframe.cli.callbacks)."""
+    outside any job's JobStatus: one line and exit 130, never a traceback; in a sweep, that
+    line says how to summarise what finished (the sweep's directory as its start recorded
+    it: kbframe.cli.callbacks)."""
     from kbframe.cli import callbacks, hydra_errors, main
 
     def composing(_):
@@ -236,5 +236,5 @@ def test_ctrl_c_outside_a_job_is_one_line_and_status_130(monkeypatch, capsys, sw
     with pytest.raises(SystemExit) as e:
         main.main()
     assert e.value.code == 130
-    assert capsys.readouterr().err == "kbframe: interrupted\n" + (
-        "kbframe: summarise what finished with: python -m kbframe.report /tmp/the_sweep\n" if sweep else "")
+    assert capsys.readouterr().err == "kbframe: interrupted" + (
+        "; summarise what finished with: python -m kbframe.report /tmp/the_sweep" if sweep else "") + "\n"

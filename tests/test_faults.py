@@ -171,6 +171,87 @@ def test_disk_full_is_one_line_and_leaves_nothing(tmpfs_200k):
     assert sorted(os.listdir(out)) == [".hydra", "status.json"]
 
 
+@pytest.fixture
+def tmpfs_300k(tmp_path):
+    """A 300 KB tmpfs (root only)."""
+    if not _is_root() or shutil.which("mount") is None:
+        pytest.skip("mounting a tmpfs needs root")
+    d = tmp_path / "full"
+    d.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=300k", "tmpfs", str(d)]).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here")
+    yield d
+    subprocess.run(["umount", str(d)])
+
+
+def _describes_one_run(out):
+    """status.json and .hydra/overrides.yaml are those of the same run."""
+    from omegaconf import OmegaConf
+    assert read_status(out)["overrides"] == list(OmegaConf.load(out / ".hydra" / "overrides.yaml"))
+
+
+FULL_DISK_CASES = {  # what fills the disk: tensors.npz, the op_log, the trace, on one PE or eight
+    "one PE, data, S_kv=256": ["+bench=decode_opt2", "bench.S_kv=256"],
+    "one PE, data, S_kv=65536": ["+bench=decode_opt2", "bench.S_kv=65536"],
+    "one PE, timing only, S_kv=65536": ["+bench=decode_opt2", "bench.S_kv=65536", "bench.data=false"],
+    "one PE, timing only, unchecked, S_kv=16384": ["+bench=decode_opt3", "bench.S_kv=16384", "bench.data=false",
+                                                   "run.check=false"],
+    "8 PEs, timing only, S_kv=512": ["+bench=decode_heads", "+model=llama3_70b", "hardware=cube", "bench.S_kv=512",
+                                     "bench.data=false"],
+    "8 PEs, timing only, S_kv=8192": ["+bench=decode_heads", "+model=llama3_70b", "hardware=cube",
+                                      "bench.S_kv=8192", "bench.data=false"],
+    "4 PEs, data, S_kv=4096": ["+bench=decode_splitk", "bench.S_kv=4096"],
+}
+
+
+@pytest.mark.parametrize("case", FULL_DISK_CASES)
+def test_a_full_disk_never_leaves_running(tmpfs_300k, case):
+    """A disk that fills during the run, whatever fills it and on one PE or many: one line,
+    exit 1, status.json failed (never running: the disk's room is freed first, and the
+    status has room of its own), none of the run's files left, and the directory describes
+    that one run."""
+    out = tmpfs_300k / "run"
+    p = subprocess.run([*CLI, *FULL_DISK_CASES[case], f"hydra.run.dir={out}"], cwd=REPO, capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr
+    assert p.stderr.startswith("kbframe: error: cannot ") and p.stderr.endswith(": No space left on device\n")
+    assert p.stderr.count("\n") == 1, p.stderr
+    st = read_status(out)
+    assert st["status"] == "failed" and st["error_type"] == "OutputError"
+    assert sorted(os.listdir(out)) == [".hydra", "status.json"]
+    _describes_one_run(out)
+
+
+def test_a_run_on_a_disk_already_full_records_itself_not_the_earlier_run(tmpfs_300k):
+    """The disk is full before the run starts (something else filled it): Hydra rewrites
+    .hydra/ in place; the status is written into the room status.json already takes, so it
+    says this run failed (not the earlier run's ok), and the earlier run's files are kept."""
+    out = tmpfs_300k / "run"
+    first = subprocess.run([*CLI, "+bench=decode_opt2", "bench.S_kv=64", "bench.data=false", "run.trace=false",
+                            f"hydra.run.dir={out}"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert first.returncode == 0, first.stderr
+    kept = {n: (out / n).read_bytes() for n in ("metrics.json", "op_log.jsonl")}
+    with open(tmpfs_300k / "filler", "wb", buffering=0) as f:  # every block left
+        try:
+            while True:
+                f.write(b"x" * 4096)
+        except OSError:
+            pass
+    p = subprocess.run([*CLI, "+bench=decode_opt2", "bench.S_kv=128", "bench.data=false", "run.trace=false",
+                        f"hydra.run.dir={out}"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr
+    assert p.stderr.count("\n") == 1 and p.stderr.endswith(": No space left on device\n"), p.stderr
+    st = read_status(out)
+    assert st["status"] == "failed" and "bench.S_kv=128" in st["overrides"]
+    _describes_one_run(out)
+    assert {n: (out / n).read_bytes() for n in kept} == kept
+    fresh = tmpfs_300k / "fresh"  # a new directory: Hydra cannot write .hydra/ at all
+    p = subprocess.run([*CLI, "+bench=decode_opt2", "bench.S_kv=128", "bench.data=false", f"hydra.run.dir={fresh}"],
+                       cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert (p.returncode, p.stderr) == (1, "kbframe: error: cannot write the run's .hydra/ (Hydra's copy of its "
+                                           "config): No space left on device\n")
+
+
 def test_commit_is_all_or_nothing(tmp_path):
     """Class 12: metrics.json cannot be replaced (chattr +i): the run says so in one line
     and op_log.jsonl, trace.json, tensors.npz stay the earlier run's (no mix of two runs)."""
@@ -218,9 +299,9 @@ def test_commit_rolls_back_when_a_new_file_cannot_move_in(tmp_path, monkeypatch)
 
 @pytest.mark.parametrize("entry", ["q", "out"])
 def test_ctrl_c_while_tensors_are_written_leaves_no_temporary(tmp_path, monkeypatch, entry):
-    """Class 13: Ctrl-C while tensors.npz is written, in an entry the background thread
-    writes (the input q) or one the main thread adds last (the output): the half-written
-    temporary is removed and the earlier run's files are untouched."""
+    """Class 13: Ctrl-C while tensors.npz is written, in its first entry (the input q) or
+    its last (the output): the half-written temporary is removed and the earlier run's
+    files are untouched."""
     run(tmp_path, "bench.S_kv=256")
     before = {n: (tmp_path / n).read_bytes() for n in os.listdir(tmp_path)}
     real = np.lib.format.write_array
@@ -267,3 +348,112 @@ def test_signal_mid_run_records_the_end_and_cleans_up(tmp_path, sig, rc, status)
     assert err == f"kbframe: {word}; status in {out / 'status.json'}\n"
     assert read_status(out)["status"] == status
     assert sorted(os.listdir(out)) == [".hydra", "status.json"]
+
+
+# ---------------------------------------------------------------- Ctrl-C outside the run window
+
+#: runs ``python -m kbframe ARGV`` after planting a Ctrl-C (SIGINT to itself) at one moment:
+#: WHEN is ``import:MODULE`` (as Python imports it), or ``call:MODULE:ATTR:N`` (the N-th call
+#: of that function; with ``+error`` the function then fails as a library half-way through
+#: something does, the interrupt as its context)
+_PLANT = r"""
+import importlib, os, runpy, signal, sys
+when, argv = sys.argv[1], sys.argv[2:]
+kind, *where = when.split(":")
+
+def ctrl_c():
+    os.kill(os.getpid(), signal.SIGINT)
+    for _ in range(10000):  # the handler runs here, at the latest
+        pass
+
+if kind == "import":
+    class Hook:
+        def find_spec(self, name, path=None, target=None):
+            if name == where[0]:
+                sys.meta_path.remove(self)
+                ctrl_c()
+    sys.meta_path.insert(0, Hook())
+else:
+    mod, attr, n = where[0], where[1], int(where[2].split("+")[0])
+    owner = importlib.import_module(mod)
+    *path, name = attr.split(".")
+    for p in path:
+        owner = getattr(owner, p)
+    real, calls = getattr(owner, name), []
+
+    def planted(*a, **k):
+        calls.append(1)
+        if len(calls) == n:
+            try:
+                ctrl_c()
+            finally:
+                if when.endswith("+error"):
+                    raise AttributeError("'NoneType' object has no attribute '_invalidate_flags_cache'")
+        return real(*a, **k)
+    setattr(owner, name, planted)
+sys.argv = ["kbframe", *argv]
+runpy.run_module("kbframe", run_name="__main__", alter_sys=True)
+"""
+
+
+def _planted(when, *argv, cwd=REPO):
+    return subprocess.run([sys.executable, "-c", _PLANT, when, *argv], cwd=cwd, capture_output=True, text=True,
+                          timeout=300)
+
+
+@pytest.mark.parametrize("when", [
+    "import:hydra.core.utils",  # Python's imports
+    "import:numpy.linalg",
+    "call:hydra._internal.config_loader_impl:ConfigLoaderImpl.load_configuration:1",  # Hydra composing
+    "call:hydra._internal.config_loader_impl:ConfigLoaderImpl.load_configuration:1+error",  # a library
+    # error raised as it unwinds
+    "call:hydra.core.utils:_save_config:2",  # Hydra writing the run's .hydra/
+])
+def test_ctrl_c_before_the_run_is_one_line_and_exit_130(tmp_path, when):
+    """Ctrl-C at a moment before the run records itself: one line, exit 130, no traceback;
+    a run directory Hydra began (its .hydra/ written in part) records the run as
+    interrupted, not the earlier run's ok."""
+    out = tmp_path / "run"
+    first = _planted("import:no.such.module", "+bench=decode_opt2", "bench.S_kv=64", "bench.data=false",
+                     f"hydra.run.dir={out}")
+    assert first.returncode == 0 and read_status(out)["status"] == "ok", first.stderr
+    p = _planted(when, "+bench=decode_opt2", "bench.S_kv=128", "bench.data=false", f"hydra.run.dir={out}")
+    assert (p.returncode, p.stderr) == (130, "kbframe: interrupted\n"), p.stderr
+    st = read_status(out)
+    if when.startswith("call:hydra.core.utils"):  # Hydra rewrote .hydra/: the directory is this run's
+        assert st["status"] == "interrupted"
+    else:
+        assert st["status"] == "ok" and "bench.S_kv=64" in st["overrides"]
+    assert not [n for n in os.listdir(out) if TEMP_MARK in n]
+
+
+@pytest.mark.parametrize("when, n_done", [
+    ("call:hydra.core.utils:run_job:2", 1),  # Hydra starting the sweep's next job
+    ("call:hydra.core.utils:_save_config:4", 1),  # Hydra writing the next job's .hydra/
+    ("call:hydra._internal.config_loader_impl:ConfigLoaderImpl.load_sweep_config:3+error", None),  # composing
+    # the next job, a library error raised as it unwinds
+])
+def test_ctrl_c_between_a_sweeps_jobs_is_one_line_naming_the_sweep(tmp_path, when, n_done):
+    """Ctrl-C while a basic sweep goes from one job to the next: exit 130, one line naming
+    the sweep directory and how to summarise it; no job is left running and a job Hydra
+    began records itself interrupted."""
+    d = tmp_path / "sweep"
+    p = _planted(when, "-m", "+bench=decode_opt2", "bench.S_kv=64,128,256", "bench.data=false",
+                 f"hydra.sweep.dir={d}")
+    assert p.returncode == 130, p.stderr
+    assert p.stderr == f"kbframe: interrupted; summarise what finished with: python -m kbframe.report {d}\n"
+    jobs = sorted(j for j in os.listdir(d) if (d / j).is_dir())
+    statuses = [read_status(d / j)["status"] for j in jobs]
+    assert "running" not in statuses and all(s in ("ok", "interrupted") for s in statuses), statuses
+    if n_done is not None:
+        assert statuses[:n_done] == ["ok"] * n_done and statuses[n_done:] in ([], ["interrupted"])
+
+
+def test_ctrl_c_as_a_search_starts_is_one_line(tmp_path):
+    """Ctrl-C while the Optuna sweeper makes its study: one line, exit 130."""
+    pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
+    d = tmp_path / "search"
+    p = _planted("call:optuna:create_study:1", "-m", "+bench=decode_opt2", "+search=decode_tile", "bench.data=false",
+                 "bench.S_kv=256", f"hydra.sweep.dir={d}")
+    assert p.returncode == 130 and p.stderr.count("\n") == 1, p.stderr
+    assert p.stderr.startswith("kbframe: interrupted")

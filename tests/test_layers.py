@@ -23,7 +23,7 @@ ALLOWED = {
     "run": {"workloads", "kernels", "report", "tl", "sim", "hw", "ir"},
     "cli": {"run", "report", "workloads", "tl", "sim", "hw", "ir"},
 }
-FOUNDATION = {"errors", "timebase", "files"}
+FOUNDATION = {"errors", "timebase", "files", "internals"}
 
 
 def _imports(path: Path) -> set[str]:

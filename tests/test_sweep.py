@@ -298,3 +298,51 @@ def test_a_sweep_dir_holding_another_sweep_is_refused_unless_reused(tmp_path):
     assert third.returncode == 0, third.stderr[-2000:]
     rows = read_csv(d / "sweep.csv")
     assert [(r["job"], r["status"], r["shape.S_kv"]) for r in rows] == [("0", "ok", "128")]
+
+
+# ---------------------------------------------------------------- SIGTERM on a sweep
+
+@pytest.mark.parametrize("launcher", ["basic", "joblib"])
+@pytest.mark.parametrize("to", ["process", "group"])
+def test_sigterm_on_a_sweep_ends_every_job_and_says_how_to_summarise(tmp_path, launcher, to):
+    """SIGTERM to the launching process alone (``kill PID``) or to its whole process group (a
+    batch system's time limit) while job 0 runs: exit 143, no traceback; every job's
+    status.json says ok or interrupted (none running), no job leaves a temporary; one
+    line names the sweep directory and how to summarise it; every process of the sweep
+    ends (no worker left, no loky leaked-semlock warning)."""
+    from kbframe.files import TEMP_MARK
+    extra = []
+    if launcher == "joblib":
+        pytest.importorskip("hydra_plugins.hydra_joblib_launcher")
+        extra = ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"]
+    d = tmp_path / "sweep"
+    # job 0 simulates a million-token context in full (a minute): it is running when the signal comes
+    p = subprocess.Popen([sys.executable, "-m", "kbframe", "-m", "+bench=decode_opt2", "bench.S_kv=1048576,64,128",
+                          "bench.data=false", "run.fast_forward=off", "run.progress=false", f"hydra.sweep.dir={d}",
+                          *extra], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    try:
+        _job_pid(d, 0, p, timeout=120)
+        (os.kill if to == "process" else os.killpg)(p.pid, signal.SIGTERM)
+        _, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    assert p.returncode == 143 and "Traceback" not in err and "leaked" not in err, err[-3000:]
+    line = f"kbframe: terminated (SIGTERM); summarise what finished with: python -m kbframe.report {d}"
+    assert err.splitlines()[-1] == line and sum(str(d) + "\n" in ln + "\n" for ln in err.splitlines()) == 1, err
+    jobs = sorted(j for j in os.listdir(d) if (d / j).is_dir())
+    assert jobs[0] == "0"
+    for j in jobs:
+        st = json.loads((d / j / "status.json").read_text())
+        assert st["status"] in ("ok", "interrupted"), (j, st)
+        assert not [f for f in os.listdir(d / j) if TEMP_MARK in f or f.endswith((".tmp", ".partial"))], j
+    assert json.loads((d / "0" / "status.json").read_text())["status"] == "interrupted"
+    deadline = time.monotonic() + 60  # the sweep's processes end (loky's resource tracker a moment later)
+    while True:
+        try:
+            os.killpg(p.pid, 0)
+        except ProcessLookupError:
+            break
+        assert time.monotonic() < deadline, "a process of the sweep outlived it"
+        time.sleep(0.05)

@@ -53,6 +53,16 @@ def running_sweep() -> str | None:
     return next(iter(_SWEEP_LOCKS), None)
 
 
+_LAST_JOB: list = [None, None]  # [directory, start time] of the job Hydra started last here
+
+
+def last_job() -> tuple:
+    """``(directory, start time)`` of the job Hydra started last in this process (its
+    ``.hydra/`` written), else ``(None, None)``: what an interrupt before the job recorded
+    itself marks ``interrupted`` (kbframe.cli.stop)."""
+    return tuple(_LAST_JOB)
+
+
 def _fail(msg: str) -> None:
     _release_stderr()
     print(f"kbframe: error: {msg}", file=sys.stderr)
@@ -104,6 +114,11 @@ class SweepReport(Callback):
             _fail(f"the sweep directory '{sweep_dir}' holds another sweep's jobs (its job "
                   f"directories); choose a new hydra.sweep.dir, or reuse it with "
                   f"hydra.callbacks.sweep_report.reuse_dir=true (the report then lists this sweep's jobs only)")
+
+    def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
+        """Hydra wrote the job's ``.hydra/``: note the job (:func:`last_job`)."""
+        from ..run.jobstatus import now
+        _LAST_JOB[:] = [str(config.hydra.runtime.output_dir), now()]
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         _remove_submitit_placeholder(Path(str(config.hydra.sweep.dir)))

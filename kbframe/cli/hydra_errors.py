@@ -20,6 +20,7 @@ import sys
 
 from ..run import rundir
 from ..run.rundir import RunDirBusy
+from . import stop
 from .checks import precheck, run_dir_arg
 
 
@@ -87,6 +88,33 @@ def omegaconf_error(text: str) -> str | None:
         if lines[i].startswith("  File "):
             return None
     return None
+
+
+_OS_EXC = re.compile(r"^(?:\w+\.)*(\w*Error): \[Errno \d+\] (.*)$")
+
+
+def save_error(text: str) -> str | None:
+    """The reason, for a traceback of Hydra failing to write a run's ``.hydra/`` (a full
+    disk, a read-only directory); None for any other traceback."""
+    lines = text.rstrip().splitlines()
+    if not any("_save_config" in ln for ln in lines):
+        return None
+    for ln in reversed(lines):
+        m = _OS_EXC.match(ln.strip())
+        if m:
+            return m.group(2)
+        if ln.startswith("  File "):
+            return None
+    return None
+
+
+def _record_save_error(why: str) -> None:
+    """A single run into a named directory whose ``.hydra/`` Hydra began to rewrite:
+    status.json says this run failed (in place if need be), not an earlier run's end."""
+    key, val = run_dir_arg(sys.argv[1:])
+    if key == "hydra.run.dir" and val and "${" not in val and stop.hydra_began(val):
+        from ..run.jobstatus import mark_interrupted
+        mark_interrupted(val, None, why, status="failed", error_type="OutputError")
 
 
 class _Tap(io.TextIOBase):
@@ -171,12 +199,19 @@ def _run(hydra_main) -> None:
             sys.stderr = real
             text = tap.take()
             failed = e.code not in (0, None) and text.strip()
-            if failed and "Traceback (most recent call last)" not in text:
+            if stop.stopped():  # what unwinding from Ctrl-C raised is not an error of the user's
+                stop.to(real)
+                real.write(text)
+            elif failed and "Traceback (most recent call last)" not in text:
                 print(f"kbframe: error: {one_line(text)}", file=real)
             elif failed and yaml_error(text):
                 print(f"kbframe: error: {yaml_error(text)}", file=real)
             elif failed and omegaconf_error(text):
                 print(f"kbframe: error: {omegaconf_error(text)}", file=real)
+            elif failed and save_error(text):
+                why = f"cannot write the run's .hydra/ (Hydra's copy of its config): {save_error(text)}"
+                _record_save_error(why)
+                print(f"kbframe: error: {why}", file=real)
             else:
                 real.write(text)
         raise
@@ -195,4 +230,5 @@ def _run(hydra_main) -> None:
         if not tap.released:
             sys.stderr = real
             real.write(tap.take())
+            stop.to(real)
         _tap = None

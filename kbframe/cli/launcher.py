@@ -7,8 +7,10 @@ and the sweep stops with a ``TerminatedWorkerError`` traceback: no further job r
 job running beside it stays ``running``, and no report is written. Here a killed worker
 breaks only its slot: that job is recorded ``failed`` (killed by a signal) in its
 ``status.json``, the slot gets a fresh worker, the other jobs run, and the sweep ends with
-its report and exit 1 (kbframe.cli.callbacks). Ctrl-C stops the workers and prints one
-line, not joblib's traceback.
+its report and exit 1 (kbframe.cli.callbacks). Ctrl-C or SIGTERM (to the launching process
+alone, or to the whole process group as a terminal or a batch system sends it) reaches the
+running jobs, which record ``interrupted``; the workers are then stopped and the sweep
+ends with one line (kbframe.cli.stop), not joblib's traceback.
 
 Of the joblib settings only ``n_jobs`` is used (the jobs go one at a time to each slot).
 Selected by ``conf/hydra/launcher/joblib.yaml`` (which takes the place of the plugin's
@@ -27,17 +29,23 @@ from concurrent.futures import FIRST_COMPLETED, wait
 from pathlib import Path
 from typing import Sequence
 
+from hydra.core.hydra_config import HydraConfig
 from hydra.core.singleton import Singleton
-from hydra.core.utils import JobReturn, JobStatus as HydraJobStatus, configure_log, filter_overrides, setup_globals
-from hydra_plugins.hydra_joblib_launcher._core import execute_job
+from hydra.core.utils import (JobReturn, JobStatus as HydraJobStatus, configure_log, filter_overrides, run_job,
+                              setup_globals)
 from joblib import effective_n_jobs
 from joblib.externals.loky.process_executor import BrokenProcessPool, ProcessPoolExecutor, ShutdownExecutorError
 from omegaconf import OmegaConf, open_dict
 
-from ..errors import KbframeError
+from ..errors import KbframeError, Terminated
+from ..files import read_status
+from . import stop
 from .hydra_errors import release
 from ..run import rundir
-from ..run.jobstatus import EXIT_INTERRUPTED, mark_killed
+from ..run.jobstatus import mark_killed
+
+#: seconds the running jobs get to record their end after Ctrl-C or SIGTERM
+STOP_WAIT_S = 10
 
 log = logging.getLogger(__name__)
 
@@ -87,56 +95,109 @@ def launch(launcher, job_overrides: Sequence[Sequence[str]], initial_job_idx: in
                     executors[slot].shutdown(wait=False, kill_workers=True)
                     executors[slot] = None
                     results[idx] = _killed(launcher, initial_job_idx + idx, ov, e)
-    except KeyboardInterrupt:
-        # the workers got the Ctrl-C too: give them a moment to record it, then stop them
-        try:
-            wait(list(running), timeout=10)
-        except KeyboardInterrupt:
-            pass
-        for ex in executors:
-            if ex is not None:
-                ex.shutdown(wait=False, kill_workers=True)
-        for slot, idx, ov in running.values():
-            _out_dir_status(launcher, initial_job_idx + idx, ov, "interrupted (Ctrl-C); its worker was stopped",
-                            "interrupted")
-        release()  # stderr is the user's: this is a message, not a Hydra error to fold
-        print(f"kbframe: interrupted; summarise what finished with: python -m kbframe.report {sweep_dir}",
-              file=sys.stderr)
-        raise SystemExit(EXIT_INTERRUPTED) from None
+    except KeyboardInterrupt as e:
+        stop.interrupted(e)
+        _stop_jobs(launcher, initial_job_idx, running, executors, e)
+        release()  # stderr is the user's: the sweep's line is a message, not a Hydra error to fold
+        raise SystemExit(stop.code()) from None
     for ex in executors:
         if ex is not None:
             ex.shutdown(wait=True)
     return results
 
 
+def _stop_jobs(launcher, initial_job_idx: int, running: dict, executors: list, e: KeyboardInterrupt) -> None:
+    """After Ctrl-C or SIGTERM in the launching process: the same signal to each running
+    job's worker (its status.json names it; one that got it already takes no second), a
+    moment for them to record their end, then every worker stopped and a job that did
+    not record itself marked ``interrupted``."""
+    sig = signal.SIGTERM if isinstance(e, Terminated) else signal.SIGINT
+    dirs = {fut: _job_dir(launcher, initial_job_idx + idx, ov)[1] for fut, (_, idx, ov) in running.items()}
+    for d in dirs.values():
+        st = read_status(d)
+        if st and st.get("status") == "running" and isinstance(st.get("pid"), int) and st["pid"] != os.getpid():
+            try:
+                os.kill(st["pid"], sig)
+            except OSError:
+                pass
+    try:
+        wait(list(running), timeout=STOP_WAIT_S)
+    except KeyboardInterrupt:
+        pass
+    for ex in executors:
+        if ex is not None:
+            ex.shutdown(wait=True, kill_workers=True)
+    what = "terminated (SIGTERM)" if sig == signal.SIGTERM else "interrupted (Ctrl-C)"
+    for slot, idx, ov in running.values():
+        _out_dir_status(launcher, initial_job_idx + idx, ov, f"{what}; its worker was stopped", "interrupted")
+
+
 def _quiet_when_idle() -> None:
-    """A worker's start (loky ``initializer``): Ctrl-C that finds it between jobs ends it
-    quietly (the launcher stops the sweep and records what ran), not with a traceback
-    from loky's own loop; during a job it is KeyboardInterrupt, as in a single run."""
+    """A worker's start (loky ``initializer``): Ctrl-C or SIGTERM that finds it between
+    jobs ends it quietly (the launcher stops the sweep and records what ran), not with a
+    traceback from loky's own loop; during a job they are KeyboardInterrupt and
+    Terminated, as in a single run."""
     signal.signal(signal.SIGINT, _end_idle_worker)
+    signal.signal(signal.SIGTERM, _end_idle_worker)
 
 
 def _end_idle_worker(signum, frame) -> None:
-    os._exit(EXIT_INTERRUPTED)
+    os._exit(128 + signum)
+
+
+_stopping = False  # the running job's first Ctrl-C or SIGTERM was raised (a second is not)
+
+
+def _stop_job(signum, frame) -> None:
+    global _stopping
+    if _stopping:
+        return
+    _stopping = True
+    raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+
+
+def execute_job(idx: int, overrides, hydra_context, config, task_function, singleton_state) -> JobReturn:
+    """Job ``idx`` in a worker, as Hydra's joblib launcher runs it (its ``execute_job``,
+    with Hydra's public calls): Hydra's state from the launching process, the job's config
+    (its id and number), then ``run_job`` in the sweep's directory."""
+    setup_globals()
+    Singleton.set_state(singleton_state)
+    sweep_config = hydra_context.config_loader.load_sweep_config(config, list(overrides))
+    with open_dict(sweep_config):
+        sweep_config.hydra.job.id = f"{sweep_config.hydra.job.name}_{idx}"
+        sweep_config.hydra.job.num = idx
+    HydraConfig.instance().set_config(sweep_config)
+    return run_job(hydra_context=hydra_context, config=sweep_config, task_function=task_function,
+                   job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
 
 
 def _job(*args):
-    """Hydra's ``execute_job`` in a worker, with Ctrl-C a KeyboardInterrupt while it runs."""
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    """:func:`execute_job` in a worker, with Ctrl-C a KeyboardInterrupt and SIGTERM a
+    Terminated while it runs (once each job)."""
+    global _stopping
+    _stopping = False
+    signal.signal(signal.SIGINT, _stop_job)
+    signal.signal(signal.SIGTERM, _stop_job)
     try:
         return execute_job(*args)
     finally:
         signal.signal(signal.SIGINT, _end_idle_worker)
+        signal.signal(signal.SIGTERM, _end_idle_worker)
+
+
+def _job_dir(launcher, num: int, overrides) -> tuple:
+    """``(job config, its directory)``."""
+    cfg = launcher.hydra_context.config_loader.load_sweep_config(launcher.config, list(overrides))
+    with open_dict(cfg):
+        cfg.hydra.job.num = num
+    return cfg, Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir)
 
 
 def _out_dir_status(launcher, num: int, overrides, why: str, status: str = "failed"):
     """``(job config, its directory, its status)`` after recording a job whose process
     ended without recording it (killed, or stopped by the launcher) as ``status``; its
     temporaries are removed (its lock ended with it)."""
-    cfg = launcher.hydra_context.config_loader.load_sweep_config(launcher.config, list(overrides))
-    with open_dict(cfg):
-        cfg.hydra.job.num = num
-    out_dir = Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir)
+    cfg, out_dir = _job_dir(launcher, num, overrides)
     st = mark_killed(out_dir, {"num": num, "overrides": [str(o) for o in overrides]}, why, status)
     try:
         with rundir.lock(out_dir):

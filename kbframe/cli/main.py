@@ -17,13 +17,13 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from . import callbacks, checks, hydra_errors, speed
+from . import callbacks, checks, hydra_errors, speed, stop
 
 from ..run import schema
 from ..run.bench import run_bench
 from ..run.metrics import summary
 from ..errors import ConfigError
-from ..run.jobstatus import EXIT_INTERRUPTED, JobStatus
+from ..run.jobstatus import JobStatus
 from ..report.search import Search
 
 schema.register()
@@ -128,22 +128,37 @@ def main() -> None:
         from .help import text
         print(text())
         return
+    stop.reset()
     _quiet_alembic()
     _use_kbframe_joblib_launcher()
     sys.argv[1:] = presets_after_bench(sys.argv[1:])
-    with speed.one_compose(sys.argv[1:]):
-        try:
+    try:
+        with speed.one_compose(sys.argv[1:]):
             hydra_errors.run(_hydra_main)
-        except KeyboardInterrupt:  # outside a job (Hydra composing, between a sweep's jobs): JobStatus has the rest
-            print("kbframe: interrupted", file=sys.stderr)
-            sweep_dir = callbacks.running_sweep()
-            if sweep_dir:
-                print(f"kbframe: summarise what finished with: python -m kbframe.report {sweep_dir}", file=sys.stderr)
-            raise SystemExit(EXIT_INTERRUPTED) from None
+    except BaseException as e:  # Ctrl-C outside a run, or what unwinding from one raised (kbframe.cli.stop)
+        if isinstance(e, KeyboardInterrupt):
+            stop.interrupted(e)
+        if not stop.stopped():
+            raise
+        raise SystemExit(_stopped()) from None
+    if stop.stopped():  # the signal came as the command ended
+        raise SystemExit(_stopped())
+
+
+def _stopped() -> int:
+    """kbframe.cli.stop.finish for this command: its sweep, and the job Hydra started last
+    (or, before Hydra got that far, the run directory the command line names)."""
+    job_dir, started = callbacks.last_job()
+    key, named = checks.run_dir_arg(sys.argv[1:])
+    if job_dir is None and key == "hydra.run.dir" and named and "${" not in named and stop.hydra_began(named):
+        job_dir, started = named, stop.started_at
+    return stop.finish(callbacks.running_sweep(), job_dir, started)
 
 
 def entry() -> None:
-    """The ``kbframe`` script: :func:`main`, then a fast exit (kbframe.cli.speed)."""
+    """:func:`main` with Ctrl-C and SIGTERM handled, then a fast exit (kbframe.cli.stop,
+    kbframe.cli.speed)."""
+    stop.install()
     speed.main_then_exit(main)
 
 

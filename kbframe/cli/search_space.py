@@ -24,7 +24,8 @@ from ..report.search import Search
 def _param(key: str, value: str, where: str):
     """A sweep override's Optuna distribution, or its fixed value; ConfigError naming
     ``where`` when Hydra cannot parse it."""
-    from hydra_plugins.hydra_optuna_sweeper._impl import create_params_from_overrides
+    from ..internals import optuna_params_from_overrides
+    create_params_from_overrides = optuna_params_from_overrides()
     if key.lstrip("+~").startswith("hydra"):
         raise ConfigError(f"{where}: a search samples config keys, not Hydra's own ({key})")
     try:
@@ -106,7 +107,8 @@ def conditional(cfg, trial) -> None:
 
     :func:`check_sweep` has checked ``search.when`` before the first trial.
     """
-    from hydra_plugins.hydra_optuna_sweeper._impl import create_params_from_overrides
+    from ..internals import optuna_params_from_overrides
+    create_params_from_overrides = optuna_params_from_overrides()
     from optuna.distributions import CategoricalDistribution
 
     when = (cfg.get("search") or {}).get("when") or {}
@@ -121,4 +123,21 @@ def conditional(cfg, trial) -> None:
         for name, value in fixed.items():  # a plain value: a choice of one
             dists[name] = CategoricalDistribution([value])
         for name, dist in dists.items():
-            trial._suggest(name, dist)  # how the sweeper samples hydra.sweeper.params itself
+            _suggest(trial, name, dist)
+
+
+def _suggest(trial, name: str, dist) -> None:
+    """Sample ``dist`` for parameter ``name`` through Optuna's public ``suggest_*`` calls
+    (each makes the same distribution again, so the sampling is the sweeper's own); the
+    distribution classes of Optuna 2 (Uniform, LogUniform, DiscreteUniform, IntUniform,
+    IntLogUniform) and 3 (Float, Int) alike."""
+    from optuna.distributions import CategoricalDistribution
+    kind = type(dist).__name__
+    log = bool(getattr(dist, "log", False)) or "Log" in kind
+    if isinstance(dist, CategoricalDistribution):
+        trial.suggest_categorical(name, list(dist.choices))
+    elif kind.startswith("Int"):
+        trial.suggest_int(name, dist.low, dist.high, step=getattr(dist, "step", 1), log=log)
+    else:
+        step = getattr(dist, "q", None) or getattr(dist, "step", None)
+        trial.suggest_float(name, dist.low, dist.high, step=step, log=log)

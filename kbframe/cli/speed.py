@@ -47,7 +47,8 @@ def mode_is_run(argv: list[str]) -> bool:
 def one_compose(argv: list[str]):
     """Within the block, Hydra's ``get_mode`` answers "no mode set" without composing
     when :func:`mode_is_run`; otherwise Hydra's own."""
-    from hydra._internal.hydra import Hydra
+    from ..internals import hydra_class
+    Hydra = hydra_class()
     original = Hydra.get_mode
     if mode_is_run(argv):
         Hydra.get_mode = lambda self, config_name, overrides: None
@@ -61,8 +62,9 @@ def exit_now(code) -> None:
     """End the process with ``code`` (SystemExit's: None → 0, text → printed, 1) after
     flushing the standard streams, shutting logging down and running the atexit handlers,
     without freeing the interpreter's objects."""
-    import atexit
     import logging
+
+    from ..internals import run_exitfuncs
     if code is None:
         code = 0
     elif not isinstance(code, int):
@@ -70,7 +72,7 @@ def exit_now(code) -> None:
         code = 1
     try:
         logging.shutdown()
-        atexit._run_exitfuncs()
+        run_exitfuncs()
     finally:
         for stream in (sys.stdout, sys.stderr):
             try:

@@ -191,7 +191,7 @@ class IpcqRecv(Unit):
         env.timeout(t - env.now, (stage, link, send if arrive_ps > env.now else None)).callbacks.append(self._taken)
 
     def _taken(self, ev) -> None:
-        stage, link, send = ev._value
+        stage, link, send = ev.value
         if send is not None:
             stage.ready_by = -2 - send.seq
         link.outstanding -= 1

@@ -133,4 +133,4 @@ class Unit(PeUnit):
         env.timeout(stage.t_end - now, stage).callbacks.append(self._fire_cb)
 
     def _fire(self, ev) -> None:
-        self._on_done(ev._value)
+        self._on_done(ev.value)

@@ -93,7 +93,7 @@ def sweep_plan(sweep_dir: Path) -> list[list[str]] | None:
     if not path.is_file():
         return None
     try:
-        from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+        from ..internals import basic_sweeper
         from hydra.core.override_parser.overrides_parser import OverridesParser
         from omegaconf import OmegaConf
         hydra_cfg = OmegaConf.load(path).hydra
@@ -103,7 +103,7 @@ def sweep_plan(sweep_dir: Path) -> list[list[str]] | None:
         params = [f"{k}={v}" for k, v in (sweeper.get("params") or {}).items()]
         task = [str(o) for o in OmegaConf.to_container(hydra_cfg.overrides.task, resolve=False)]
         overrides = OverridesParser.create().parse_overrides(params + task)
-        return [list(job) for batch in BasicSweeper.split_arguments(overrides, None) for job in batch]
+        return [list(job) for batch in basic_sweeper().split_arguments(overrides, None) for job in batch]
     except Exception:  # an unusual sweep (e.g. glob() choices); fall back to the directories
         return None
 

@@ -10,32 +10,30 @@ from __future__ import annotations
 import copy
 import math
 import zipfile
-from contextlib import ExitStack
+from contextlib import nullcontext
+from dataclasses import dataclass, fields
 from pathlib import Path
-
-from dataclasses import fields
+from typing import Any
 
 import numpy as np
 from hydra.utils import to_absolute_path
 from omegaconf import OmegaConf, open_dict
 from threadpoolctl import threadpool_limits
 
+from ..errors import ConfigError, InputsError, NumericsError, OutputError
+from ..files import atomic_write, write_json
+from ..report import critical_path
+from ..report.trace import tracks_from_metrics, write_trace
 from ..sim import sanitizer
 from ..sim.engine import build_units
 from ..sim.targets import resolve_class, resolve_kernel
-from ..files import atomic_write, write_json
-from ..errors import ConfigError, InputsError, KbframeError, NumericsError, OutputError
 from ..tl.recipe import load_recipes
-from . import preflight
+from ..workloads.base import Workload
+from . import fastforward, phases, preflight
+from .metrics import run_metrics
 from .rundir import OUTPUT_FILES, RunDir
 from .schema import CalibrationConfig, HardwareConfig, RunConfig
-from ..report import critical_path
-from ..report.trace import tracks_from_metrics, write_trace
-from ..workloads.base import Workload
-from . import fastforward, phases
-from .metrics import run_metrics, unit_labels
-from .beside import Drawing, Forked, Outcome, TensorsFile
-from .simulate import simulate
+from .simulate import Simulation, simulate
 
 
 def _check_keys(node, schema_cls, where: str) -> None:
@@ -177,7 +175,9 @@ def apply_file_shape(cfg, wl_shape: dict, explicit: set, path: str) -> None:
 
 def run_bench(cfg, out_dir: Path, explicit: set | frozenset = frozenset()) -> dict:
     """Run ``cfg.bench`` (its workload) on ``cfg.hardware`` and write the run's files into
-    ``out_dir``.
+    ``out_dir``: one straight line of named steps, :func:`_prepare`, :func:`_draw_inputs`,
+    :func:`_plan` (all before the directory is touched), then :func:`_simulate`,
+    :func:`_check`, :func:`_report`, :func:`_compare` and :func:`_write`.
 
     Args:
         explicit: bench keys the user set on the command line (``"bench.tile"``); an inputs
@@ -191,18 +191,58 @@ def run_bench(cfg, out_dir: Path, explicit: set | frozenset = frozenset()) -> di
         all or nothing, cleaned up on any failure).
     """
     out_dir = Path(out_dir)
-    with RunDir(out_dir) as rd, ExitStack() as stack:  # the stack closes before rd cleans up
-        return _run_bench(cfg, out_dir, explicit, rd, stack)
+    with RunDir(out_dir) as rd:
+        run = _prepare(cfg, out_dir, explicit)
+        _draw_inputs(run)
+        _plan(run)
+        rd.open()  # nothing in out_dir is touched before this point (kbframe.run.rundir)
+        # data mode: one BLAS thread from here on (the simulation's tile-sized matmuls and
+        # the reference), so the bits do not depend on the core count or a busy machine
+        with threadpool_limits(1) if run.data else nullcontext():
+            _simulate(run, rd)
+            _check(run)
+            metrics = _report(run, rd)
+            outputs = _compare(run, metrics)
+            _write(run, rd, metrics, outputs)
+        return metrics
 
 
-def _run_bench(cfg, out_dir: Path, explicit, rd: RunDir, stack: ExitStack) -> dict:
-    """:func:`run_bench`'s body; ``rd`` is opened once the pre-flight checks passed; what
-    runs beside it (kbframe.run.beside: a thread, a forked process) is stopped by ``stack``
-    before ``rd`` cleans up after a failure."""
+@dataclass
+class _Run:
+    """What the steps of :func:`run_bench` hand on to each other."""
+
+    cfg: Any
+    wl: Workload
+    recipes: dict
+    kernel: Any
+    inputs: dict | None  # the kernel's inputs (data mode or an inputs file), else None
+    unused: list  # bench keys an inputs file made meaningless
+    data: bool
+    check: bool  # run.check: the sanitizer
+    show: bool  # run.progress
+    trace: bool  # run.trace
+    ff: str  # run.fast_forward: off, on or verify
+    units: dict | None = None  # one PE's unbound units, built once
+    forwarded: Any = None  # kbframe.run.fastforward.Outcome of a fast-forwarded run
+    ff_note: str = "off"
+    sim: Simulation | None = None
+    oplog_path: Path | None = None
+    trace_path: Path | None = None
+    sanitizer: dict | None = None
+    references: dict | None = None  # data mode: output name -> its float64 reference
+
+
+def _prepare(cfg, out_dir: Path, explicit) -> _Run:
+    """The checked config, its recipes and kernel, the run options, and an inputs file's
+    arrays (its shapes set into the config, ``.hydra/config.yaml`` rewritten)."""
     wl = validate(cfg)
     b = cfg.bench
     recipes = load_recipes(cfg.get("recipes"))
-    unused = []
+    run_cfg = cfg.run if "run" in cfg else {}
+    ff = str(run_cfg.get("fast_forward", "off"))
+    if ff not in ("off", "on", "verify"):
+        raise ConfigError(f"run.fast_forward must be off, on or verify, got '{ff}'")
+    inp, unused = None, []
     if b.inputs.path:
         path = to_absolute_path(b.inputs.path)  # relative to where kbframe was started
         arrays = read_inputs_file(path, wl)
@@ -210,209 +250,150 @@ def _run_bench(cfg, out_dir: Path, explicit, rd: RunDir, stack: ExitStack) -> di
         _save_resolved_config(cfg, out_dir)
         inp = wl.accept_file(arrays, path)
         unused = [f"bench.{k}" for k in wl.generated_only_keys]
-    else:  # generated below (data mode), or timing only: shapes are all the simulation needs
-        inp = None
-        if b.data:
-            preflight.check_host_memory(wl, b.data, b.data_dtype)
+    elif b.data:  # generated by _draw_inputs; timing only needs shapes alone
+        preflight.check_host_memory(wl, b.data, b.data_dtype)
     kernel = resolve_kernel(b.kernel, "bench.kernel", bool(cfg.hardware.allow_external_targets),
                             kwargs=tuple(wl.kernel_kwargs(inp)))
-    early, drawing, arriving = None, None, {}
-    if b.data and inp is None:  # drawn in a thread beside the dry run, once nothing before can fail
-        drawing = Drawing(wl.generate, np.random.default_rng(b.seed))
-        stack.callback(drawing.stop)  # a failed run's drawing does not go on beside the next job
-        early = _EarlyDryRun(cfg, wl, kernel, recipes)
-        inp, arriving = drawing.inputs()  # decode's v still arriving: read as the simulation goes
-    if b.data:
-        # an arriving tensor's rows are fitted to data_dtype as they are stored (NumpyNumerics)
-        preflight.check_inputs_fit(b.data_dtype, {n: inp[n] for n in wl.input_names() if n not in arriving})
-        wl.check_inputs(b.data_dtype, inp)
-    check = bool(cfg.run.check) if "run" in cfg else True
-    show = bool(cfg.run.progress) if "run" in cfg else False
-    ff = str(cfg.run.get("fast_forward", "off")) if "run" in cfg else "off"
-    if ff not in ("off", "on", "verify"):
-        raise ConfigError(f"run.fast_forward must be off, on or verify, got '{ff}'")
-    sim, ff_note = None, "off" if ff == "off" else "data mode: every tile simulated"
-    # one PE's units, instantiated once and copied for each engine
-    units = early.units if early is not None and early.units is not None else build_units(cfg.hardware)
-    if ff != "off" and not b.data:  # timing only: a periodic schedule is written, not simulated
+    return _Run(cfg, wl, recipes, kernel, inp, unused, bool(b.data), check=bool(run_cfg.get("check", True)),
+                show=bool(run_cfg.get("progress", False)), trace=bool(run_cfg.get("trace", True)), ff=ff)
+
+
+def _draw_inputs(run: _Run) -> None:
+    """Data mode: the inputs drawn from ``bench.seed`` (unless a file gave them), checked to
+    fit ``bench.data_dtype`` and the workload's own ranges."""
+    if not run.data:
+        return
+    b, wl = run.cfg.bench, run.wl
+    if run.inputs is None:
+        run.inputs = wl.generate(np.random.default_rng(b.seed))
+    preflight.check_inputs_fit(b.data_dtype, {n: run.inputs[n] for n in wl.input_names()})
+    wl.check_inputs(b.data_dtype, run.inputs)
+
+
+def _plan(run: _Run) -> None:
+    """The units built once; a timing-only run fast-forwarded if it can be (its records
+    made, nothing written), else the pre-flight dry run (resources, TCM, HBM)."""
+    cfg, wl = run.cfg, run.wl
+    run.units = build_units(cfg.hardware)
+    if run.ff != "off":
+        run.ff_note = "data mode: every tile simulated"
+    if run.ff != "off" and not run.data:  # timing only: a periodic schedule is written, not simulated
         preflight.check_hbm(cfg, wl)
-        out = fastforward.run(cfg, wl, kernel, recipes, check, units)  # writes nothing
-        sim, ff_note = out.sim, out.note
-    applied = sim is not None
-    if not applied and not (early is not None and early.stands_for(inp)):
-        preflight.check_resources(cfg, wl, kernel, recipes, inp, copy.deepcopy(units))
-    rd.open()  # nothing in out_dir is touched before this point (kbframe.run.rundir)
-    if b.data:
-        # One BLAS thread from here on: faster here even when idle, two threads slow tenfold
-        # when both cores are busy (a parallel sweep), and the bits do not depend on the
-        # core count. tensors.npz (the inputs, then the float64 reference) is written by a
-        # thread beside the simulation (kbframe.run.beside), once the inputs are all drawn.
-        stack.enter_context(threadpool_limits(1))
+        out = fastforward.run(cfg, wl, run.kernel, run.recipes, run.check, run.units)  # writes nothing
+        run.ff_note = out.note
+        if out.sim is not None:
+            run.forwarded, run.sim = out, out.sim
+            return
+    preflight.check_resources(cfg, wl, run.kernel, run.recipes, run.inputs, copy.deepcopy(run.units))
 
-        def inputs_drawn() -> dict | None:
-            drawn = drawing.drawn() if drawing is not None else inp
-            return None if drawn is None else {n: drawn[n] for n in wl.input_names()}
-        tensors = stack.enter_context(TensorsFile(
-            rd.temp("tensors.npz"), inputs_drawn,
-            lambda: {**{wl.reference_name(o): r for o, r in wl.reference(inp).items()}, **wl.saved_scalars(inp)}))
-    oplog_path = rd.temp("op_log.jsonl", debug=True)  # kept as op_log.jsonl.partial if the run fails
-    if not applied:
-        sim = simulate(cfg, wl, kernel, recipes, inp, oplog_path, check, show, units, check_later=check,
-                       arriving=arriving)
-        if drawing is not None:
-            drawing.result()  # its error, if the kernel left rows of an arriving tensor unread
-    engine, pe, oplog, latency_ps, numerics = sim.engine, sim.pe, sim.oplog, sim.latency_ps, sim.numerics
-    trace = bool(cfg.run.trace) if "run" in cfg else True
-    trace_tmp = rd.temp("trace.json", debug=True)
 
-    resources = critical_path.resources_from_roles({name: u.roles for name, u in pe.stage_units.items()})
+def _simulate(run: _Run, rd: RunDir) -> None:
+    """``op_log.jsonl`` (staged; kept as ``op_log.jsonl.partial`` if the run fails): the
+    simulation streams it, or a fast-forwarded run's records are written (and, with
+    ``run.fast_forward=verify``, checked against the full simulation)."""
+    run.oplog_path = rd.temp("op_log.jsonl", debug=True)
+    run.trace_path = rd.temp("trace.json", debug=True)
+    if run.forwarded is None:
+        run.sim = simulate(run.cfg, run.wl, run.kernel, run.recipes, run.inputs, run.oplog_path, run.check,
+                           run.show, run.units, check_later=True)
+        return
+    run.forwarded.write_oplog(run.oplog_path)
+    run.sanitizer = run.sim.sanitizer
+    if run.ff == "verify":
+        fastforward.verify(run.cfg, run.wl, run.kernel, run.recipes, run.oplog_path, run.check, rd.temp, run.sim)
+        run.ff_note += "; verified against the full simulation"
 
-    phase_slices: list = []
 
-    def analysis() -> tuple[dict, set]:
-        """The critical path and the metrics: ``(metrics, records on the path)``; the
-        phases' slices for the trace in ``phase_slices``."""
-        rows = critical_path.as_records(oplog.waits)
-        cp = critical_path.analyse(rows, wl.n_units(), wl.unit, resources)
-        metrics = run_metrics(cfg, wl, engine, pe, oplog, latency_ps, cp.metrics)
-        found, slices = phases.analyse(sim.phases or {}, rows, cp.segments, latency_ps,
-                                       {name: u.roles for name, u in pe.stage_units.items()}, *_peaks(engine, pe, sim))
-        metrics.update(found)
-        if found and wl.tokens():
-            metrics["step"] = phases.step(metrics, wl.tokens())
-        phase_slices[:] = slices
-        return metrics, cp.records
+def _check(run: _Run) -> None:
+    """The sanitizer's verdict on a simulated run (``run.check``; a fast-forwarded run's
+    short copies were checked, and its counts extrapolated)."""
+    if run.forwarded is not None:
+        return
+    run.sanitizer = sanitizer.check(run.sim.engine, run.oplog_path) if run.check else {"rules_checked": 0}
 
-    def report() -> dict:
-        """The critical path, the metrics and trace.json (written); the metrics."""
-        metrics, on_path = analysis()
-        if trace:
-            write_trace(oplog_path, trace_tmp, tracks_from_metrics(metrics), critical=on_path, phases=phase_slices)
-        return metrics
 
-    def report_and_record_rules() -> tuple:
-        """:func:`report`'s :class:`~kbframe.run.beside.Outcome` (its error is raised after
-        the sanitizer's verdict) and the sanitizer's op_log rules."""
-        return Outcome(report), sanitizer.record_rules(engine, oplog_path)
-
-    def trace_of_records() -> None:
-        """A fast-forwarded run's trace.json, from its records (no re-parse) and the walk
-        of its critical path alone (the flags), before the metrics are known."""
-        _, slices = phases.analyse(sim.phases or {}, critical_path.as_records(oplog.waits), [], latency_ps,
-                                   {name: u.roles for name, u in pe.stage_units.items()})
-        write_trace(oplog_path, trace_tmp, tracks_from_metrics(unit_labels(engine, pe, oplog)),
-                    critical=critical_path.on_path(oplog.waits), records=out.records, phases=slices)
-
-    def beside(work, job):
-        """``work()`` here while ``job()`` runs in a forked process (kbframe.run.beside: both
-        are pure Python, on the two cores): ``(work's value, job's)``. If work fails, the
-        job is dropped: no trace of a failed run, as without the fork."""
-        forked = Forked(job)
-        stack.callback(forked.cancel)
-        try:
-            value = work()
-        except BaseException:
-            forked.cancel()
-            trace_tmp.unlink(missing_ok=True)
-            raise
-        return value, forked.result()
-
-    def write_oplog() -> str:  # a fast-forwarded run's op_log, and its check (verify); the note
-        out.write_oplog(oplog_path)
-        if ff == "verify":
-            fastforward.verify(cfg, wl, kernel, recipes, oplog_path, check, rd.temp, sim)
-            return ff_note + "; verified against the full simulation"
-        return ff_note
-
-    if applied and trace:  # the op_log and the analysis here, the trace beside them (as long)
-        (ff_note, (metrics, _)), _ = beside(lambda: (write_oplog(), analysis()), trace_of_records)
-        san = sim.sanitizer
-    elif applied:  # the op_log written from columns beside the analysis
-        ff_note, metrics = beside(write_oplog, lambda: analysis()[0])
-        metrics["sim"]["wall_s"] = engine.wall_s  # with the op_log's writing, as with a trace
-        san = sim.sanitizer
-    elif sim.sanitizer is None:  # the sanitizer's rule 6 and 10 here, the report and its other rules beside
-        data, (reported, recorded) = beside(lambda: sanitizer.data_rules(engine), report_and_record_rules)
-        try:  # a violation comes before an error of the report, as when the check came first
-            san = sanitizer.verdict(engine, recorded, data)
-        except BaseException:  # no trace of a failed run
-            trace_tmp.unlink(missing_ok=True)
-            raise
-        metrics = reported.result()
-    else:
-        metrics, san = report(), sim.sanitizer
-    metrics["sanitizer"] = san
+def _report(run: _Run, rd: RunDir) -> dict:
+    """The critical path, the metrics and ``trace.json`` (staged): the metrics."""
+    sim, wl = run.sim, run.wl
+    engine, pe, oplog = sim.engine, sim.pe, sim.oplog
+    roles = {name: u.roles for name, u in pe.stage_units.items()}
+    rows = critical_path.as_records(oplog.waits)
+    cp = critical_path.analyse(rows, wl.n_units(), wl.unit, critical_path.resources_from_roles(roles))
+    metrics = run_metrics(run.cfg, wl, engine, pe, oplog, sim.latency_ps, cp.metrics)
+    found, slices = phases.analyse(sim.phases or {}, rows, cp.segments, sim.latency_ps, roles, *_peaks(sim))
+    metrics.update(found)
+    if found and wl.tokens():
+        metrics["step"] = phases.step(metrics, wl.tokens())
+    if run.trace:  # a fast-forwarded run's from its records, not from the op_log's text
+        write_trace(run.oplog_path, run.trace_path, tracks_from_metrics(metrics), critical=cp.records,
+                    records=run.forwarded.records if run.forwarded is not None else None, phases=slices)
+    metrics["sanitizer"] = run.sanitizer
     # how the run was made, not a result (check_identical and verify leave it out, as wall_s)
-    metrics["fast_forward"] = {"mode": ff, "applied": applied, "note": ff_note}
-    metrics.update(wl.extra_metrics(inp))
-    if unused:
-        metrics["inputs"] = {"path": str(b.inputs.path), "unused_keys": unused}
-    outputs = {}
-    if b.data:
-        refs = tensors.results()
-        refs = {o: refs[wl.reference_name(o)] for o in wl.outputs}
-        worst_abs, worst_rel = 0.0, 0.0
-        results = wl.read_outputs(lambda name: numerics.read(engine.hbm[name]))
-        for o in wl.outputs:
-            got = np.asarray(results[o], dtype=np.float64)
-            if not np.all(np.isfinite(got)):
-                raise NumericsError(f"the kernel's output '{o}' has {int(np.sum(~np.isfinite(got)))} non-finite "
-                                    f"value(s) (never reported as an error number)")
-            outputs[o] = got
-            err = np.abs(got - refs[o])
-            if err.size:
-                worst_abs = max(worst_abs, float(err.max()))
-                worst_rel = max(worst_rel, float(err.max() / max(np.abs(refs[o]).max(), 1e-300)))
-        metrics["numerics"] = {"enabled": True, "dtype": b.data_dtype,
-                               "max_abs_err": worst_abs, "max_rel_err": worst_rel}
-    else:
-        metrics["numerics"] = {"enabled": False, "dtype": None, "max_abs_err": None, "max_rel_err": None}
-    made = {"trace.json": trace, "tensors.npz": b.data}
-    metrics["files"] = [name for name in OUTPUT_FILES if made.get(name, True)]
-    staged = {"op_log.jsonl": oplog_path, "trace.json": trace_tmp if trace else None, "tensors.npz": None,
-              "metrics.json": rd.temp("metrics.json")}
-    if b.data:
-        staged["tensors.npz"] = tensors.finish(outputs)
-    write_json(staged["metrics.json"], metrics)
-    # the run passed: its files replace a previous run's together (a file it did not make,
-    # trace.json with run.trace=false, tensors.npz when timing only, is removed), or none do
-    rd.commit(staged)
+    metrics["fast_forward"] = {"mode": run.ff, "applied": run.forwarded is not None, "note": run.ff_note}
+    metrics.update(wl.extra_metrics(run.inputs))
+    if run.unused:
+        metrics["inputs"] = {"path": str(run.cfg.bench.inputs.path), "unused_keys": run.unused}
     return metrics
 
 
-def _peaks(engine, pe, sim) -> tuple[float, float]:
+def _compare(run: _Run, metrics: dict) -> dict:
+    """Data mode: the kernel's outputs (float64) against the float64 reference, their worst
+    errors in ``metrics["numerics"]``; the outputs."""
+    if not run.data:
+        metrics["numerics"] = {"enabled": False, "dtype": None, "max_abs_err": None, "max_rel_err": None}
+        return {}
+    wl, numerics, hbm = run.wl, run.sim.numerics, run.sim.engine.hbm
+    refs = wl.reference(run.inputs)
+    outputs, worst_abs, worst_rel = {}, 0.0, 0.0
+    results = wl.read_outputs(lambda name: numerics.read(hbm[name]))
+    for o in wl.outputs:
+        got = np.asarray(results[o], dtype=np.float64)
+        if not np.all(np.isfinite(got)):
+            raise NumericsError(f"the kernel's output '{o}' has {int(np.sum(~np.isfinite(got)))} non-finite "
+                                f"value(s) (never reported as an error number)")
+        outputs[o] = got
+        err = np.abs(got - refs[o])
+        if err.size:
+            worst_abs = max(worst_abs, float(err.max()))
+            worst_rel = max(worst_rel, float(err.max() / max(np.abs(refs[o]).max(), 1e-300)))
+    metrics["numerics"] = {"enabled": True, "dtype": run.cfg.bench.data_dtype,
+                           "max_abs_err": worst_abs, "max_rel_err": worst_rel}
+    run.references = refs
+    return outputs
+
+
+def _write(run: _Run, rd: RunDir, metrics: dict, outputs: dict) -> None:
+    """``tensors.npz`` (data mode: the inputs, the references, the workload's scalars, the
+    outputs) and ``metrics.json`` staged, then every file committed together (a file the
+    run did not make, trace.json with ``run.trace=false``, tensors.npz when timing only,
+    is removed), or none."""
+    made = {"trace.json": run.trace, "tensors.npz": run.data}
+    metrics["files"] = [name for name in OUTPUT_FILES if made.get(name, True)]
+    staged = {"op_log.jsonl": run.oplog_path, "trace.json": run.trace_path if run.trace else None,
+              "tensors.npz": None, "metrics.json": rd.temp("metrics.json")}
+    if run.data:
+        wl, inp = run.wl, run.inputs
+        arrays = {n: inp[n] for n in wl.input_names()}
+        arrays.update({wl.reference_name(o): r for o, r in run.references.items()})
+        arrays.update(wl.saved_scalars(inp))
+        arrays.update(outputs)
+        staged["tensors.npz"] = rd.temp("tensors.npz")
+        with open(staged["tensors.npz"], "wb") as f:
+            np.savez(f, **arrays)
+    write_json(staged["metrics.json"], metrics)
+    rd.commit(staged)
+
+
+def _peaks(sim) -> tuple[float, float]:
     """One PE's HBM bandwidth (its share of the cube's, when the run's PEs share it) and
     its GEMM peak, GB/s and TFLOP/s: what kbframe.run.phases' analytic estimate takes."""
+    engine, pe = sim.engine, sim.pe
     gbps = max([u.bandwidth_gbps for u in pe.units_serving("dma_read")] or [0.0])
     if engine.shared_hbm:
         used = len(sim.phases or {}) or 1
         gbps = min(gbps, engine.cube_hbm_gbps / min(used, engine.ppc))
     gemm = pe.by_role.get("gemm")
     return gbps, (gemm.peak_tflops if gemm is not None else 0.0)
-
-
-class _EarlyDryRun:
-    """The pre-flight dry run (kbframe.run.preflight.check_resources) made while a
-    data-mode run's inputs are drawn: it needs no input values, only the kernel's
-    arguments. Its error is held and raised by :meth:`stands_for`, where the dry run
-    would have been made, so the errors before it (the inputs' checks) still come first;
-    if the drawn inputs give the kernel other arguments, the dry run is made again."""
-
-    def __init__(self, cfg, wl, kernel, recipes):
-        self.wl, self.kwargs, self.units, self.error = wl, wl.kernel_kwargs(None), None, None
-        try:
-            self.units = build_units(cfg.hardware)  # an error here comes again in its place
-            preflight.check_resources(cfg, wl, kernel, recipes, None, copy.deepcopy(self.units))
-        except KbframeError as e:
-            self.error = e
-
-    def stands_for(self, inputs) -> bool:
-        """True when this dry run is the one ``inputs`` would make (raises its error)."""
-        if self.wl.kernel_kwargs(inputs) != self.kwargs:
-            return False
-        if self.error is not None:
-            raise self.error
-        return True
 
 
 def _save_resolved_config(cfg, out_dir: Path) -> None:

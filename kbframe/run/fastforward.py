@@ -57,7 +57,6 @@ from ..sim.oplog import RowSink, _row, format_rows
 from ..sim import sanitizer
 from ..sim.waits import _FIELDS
 from ..timebase import MAX_PS
-from .beside import Forked
 from .periodic import NotPeriodic, Runs, Settling, global_refs, precheck, records_of, streams_of, totals
 from .simulate import Simulation, simulate
 
@@ -167,8 +166,8 @@ class _Copies:
     """Short copies of the bench by their number of steps, each simulated once (the
     candidate periods share them); the hardware's units are instantiated once. Their
     op_logs are kept in memory: nothing is written before the run directory is opened.
-    With the sanitizer on, each copy is checked in a forked process while the next one
-    is simulated (kbframe.run.beside.Forked); :meth:`close` stops those still running."""
+    With the sanitizer on, a copy is checked when its verdict is taken (:meth:`take`):
+    the checks of copies a run never relies on (it is simulated in full) are not made."""
 
     def __init__(self, cfg, wl, kernel, recipes, check, key, step, r, units):
         self.cfg, self.wl, self.kernel, self.recipes, self.check = cfg, wl, kernel, recipes, check
@@ -176,7 +175,7 @@ class _Copies:
         self.units = units
         self.bench = wl.cfg.copy()  # one copy, its key set per short copy (they run one by one)
         self.done: dict = {}
-        self.checks: dict = {}  # steps -> the sanitizer's check of that copy (Forked), until taken
+        self.checks: dict = {}  # steps -> (engine, op_log) of a copy not yet checked
 
     def get(self, n: int) -> tuple:
         """The copy with ``n`` steps: ``(simulation, records, streams)`` (:func:`records_of`,
@@ -189,8 +188,8 @@ class _Copies:
             sink = RowSink()  # only compared here: the records stay unformatted
             sim = simulate(self.cfg, w, self.kernel, self.recipes, None, sink, self.check, False,
                            copy.deepcopy(self.units), check_later=self.check)
-            if self.check:  # the sanitizer reads the op_log's text: formatted and parsed beside
-                self.checks[n] = Forked(_check, sim.engine, sink)
+            if self.check:  # the sanitizer reads the op_log's text: formatted and parsed when taken
+                self.checks[n] = (sim.engine, sink)
             recs = records_of(sink.rows, sim.oplog.waits, sim.oplog.head_names())
             self.done[n] = (sim, recs, streams_of(recs))
         return self.done[n]
@@ -201,8 +200,6 @@ class _Copies:
         return sum(n for n in {n_a + i * p for i in range(4)} if n not in self.done)
 
     def close(self) -> None:
-        for forked in self.checks.values():
-            forked.cancel()
         self.checks.clear()
 
     def take(self, steps) -> None:
@@ -211,7 +208,7 @@ class _Copies:
         SanitizerError."""
         for n in steps:
             if n in self.checks:
-                self.done[n][0].sanitizer = self.checks.pop(n).result()
+                self.done[n][0].sanitizer = _check(*self.checks.pop(n))
 
     def settle(self) -> None:
         """:meth:`take` every verdict not yet taken (those of candidates ruled out), in
@@ -230,7 +227,7 @@ class _Copies:
         while it is checked."""
         precheck(self.get(n_a), self.get(n_a + p))
         got = [self.get(n_a + i * p) for i in range(4)]
-        self.take(n_a + i * p for i in range(3))  # done while the later copies were simulated
+        self.take(n_a + i * p for i in range(3))
         try:
             runs = Runs(*([g[i] for g in got] for i in range(3)))
             runs.verify()
@@ -334,8 +331,8 @@ def _run(copies: _Copies, q: int, key: str, t_start: float, min_steps: int = MIN
                 continue
             except KbframeError as e:
                 return Outcome(None, f"simulated in full: a short copy failed ({e})")
-            # the full run's records are made while the last copy is checked beside; then its
-            # verdict, before any other reason not to fast-forward (as if taken first)
+            # the full run's records are made, then the last copy's verdict is taken, before
+            # any other reason not to fast-forward
             tot = runs.total(k_full)
             late = [n for n in tot if n == "latency_ps" or (isinstance(n, tuple) and n[-1] == "busy_ps")]
             beyond, not_periodic = any(tot[n] >= MAX_PS for n in late), None

@@ -15,8 +15,9 @@ KbframeError       ``kbframe: error: MSG``; exit 1             same line naming 
                                                                the sweep goes on
 other Exception    traceback (a kbframe bug); exit 1           one line; traceback saved
                                                                in status.json; goes on
-KeyboardInterrupt  ``kbframe: interrupted``; exit 130           same; the sweep stops
-SIGTERM            ``kbframe: terminated``; exit 143          (the launcher's business)
+KeyboardInterrupt  ``kbframe: interrupted``; exit 130           same line naming the job;
+                                                               the sweep stops
+SIGTERM            ``kbframe: terminated``; exit 143          same, exit 143
 =================  ==========================================  ===========================
 
 The run directory is locked for the whole run (kbframe.run.rundir): a directory another
@@ -29,9 +30,11 @@ lists the failed ones and makes the command exit non-zero.
 from __future__ import annotations
 
 import datetime as _dt
+import json
 import os
 import signal
 import socket
+import stat
 import sys
 import threading
 import time
@@ -39,33 +42,71 @@ import traceback
 from pathlib import Path
 
 from . import rundir
-from ..errors import KbframeError, OutputError
-from ..files import STATUS_FILE, read_status, write_json
+from ..errors import KbframeError, OutputError, Terminated
+from ..files import STATUS_FILE, atomic_write, read_status
 
 #: exit status of an interrupted run (128 + SIGINT) and of a terminated one (128 + SIGTERM)
 EXIT_INTERRUPTED = 130
 EXIT_TERMINATED = 143
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM in a single run: handled as Ctrl-C is (status ``interrupted``), exit 143."""
-
-    def __str__(self) -> str:
-        return "terminated (SIGTERM)"
-
-
 def _terminated(signum, frame):
     raise Terminated()
 
 
-def _now() -> str:
+def now() -> str:
+    """The time as status.json records it (local, ISO 8601, milliseconds)."""
     return _dt.datetime.now().astimezone().isoformat(timespec="milliseconds")
 
 
+def _status_forms(status: dict):
+    """``status`` as JSON: in full, then without its traceback, then without indentation
+    (for a room that the full text does not fit)."""
+    short = {k: v for k, v in status.items() if k != "traceback"}
+    for st, indent in ((status, 2), (short, 2), (short, None)):
+        yield (json.dumps(st, indent=indent, ensure_ascii=False) + "\n").encode()
+
+
 def write_status(out_dir: Path, status: dict) -> None:
-    """Write ``status`` to ``out_dir/status.json`` atomically."""
+    """Write ``status`` to ``out_dir/status.json``: atomically (a temporary file renamed
+    over it), or, when that cannot be done (a full disk), in place, into the room the
+    file's blocks already take, so a run's end is recorded whatever filled the disk.
+
+    Raises:
+        OSError: neither could be done (no status.json yet on a full disk, a read-only
+            directory).
+    """
+    out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    write_json(out_dir / STATUS_FILE, status)
+    path = out_dir / STATUS_FILE
+    data = next(_status_forms(status))
+    try:
+        atomic_write(path, lambda tmp: tmp.write_bytes(data))
+    except OSError:
+        if not _write_in_place(path, status):
+            raise
+
+
+def _write_in_place(path: Path, status: dict) -> bool:
+    """Overwrite ``path`` with ``status`` within the blocks it holds (none allocated);
+    False if it does not exist, is not a regular file, or no form of the status fits."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW)
+    except OSError:
+        return False
+    try:
+        info = os.fstat(fd)
+        room = max(info.st_size, info.st_blocks * 512)
+        data = next((d for d in _status_forms(status) if len(d) <= room), None)
+        if data is None or not stat.S_ISREG(info.st_mode):
+            return False
+        os.pwrite(fd, data, 0)
+        os.ftruncate(fd, len(data))
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def mark_killed(out_dir: Path, job: dict, why: str, status: str = "failed") -> dict:
@@ -76,12 +117,31 @@ def mark_killed(out_dir: Path, job: dict, why: str, status: str = "failed") -> d
     if st is not None and st.get("status") != "running":
         return st
     st = st or {"status": "running", **job, "started": None, "host": socket.gethostname(), "pid": None}
-    st.update(status=status, finished=_now(), error=why, error_type="Killed")
+    st.update(status=status, finished=now(), error=why, error_type="Killed")
     try:
         write_status(Path(out_dir), st)
     except OSError as e:
         print(f"kbframe: warning: cannot write {Path(out_dir) / STATUS_FILE}: {e}", file=sys.stderr)
     return st
+
+
+def mark_interrupted(out_dir, st: dict | None, why: str, status: str = "interrupted",
+                     error_type: str = "KeyboardInterrupt") -> None:
+    """Record ``out_dir``'s job as ``status`` (``interrupted``) with ``why``: a job Hydra
+    started (its ``.hydra/`` written, or begun) that ended before it recorded itself
+    (``st``: its status.json as it is, or None; kbframe.cli.stop, kbframe.cli.hydra_errors)."""
+    from omegaconf import OmegaConf
+    try:
+        overrides = [str(o) for o in OmegaConf.load(Path(out_dir) / ".hydra" / "overrides.yaml")]
+    except Exception:  # noqa: BLE001 — not written yet, or cut short
+        overrides = None
+    st = {"status": "running", "num": None, "overrides": overrides, "started": None, "wall_s": None,
+          "host": socket.gethostname(), "pid": os.getpid()} if st is None or st.get("status") != "running" else st
+    st.update(status=status, finished=now(), error=why, error_type=error_type)
+    try:
+        write_status(Path(out_dir), st)
+    except OSError:
+        pass
 
 
 class JobStatus:
@@ -97,7 +157,7 @@ class JobStatus:
     def __init__(self, out_dir: Path, multirun: bool, job: dict | None = None):
         self.out_dir = Path(out_dir)
         self.multirun = multirun
-        self.status = {"status": "running", **(job or {}), "started": _now(), "finished": None,
+        self.status = {"status": "running", **(job or {}), "started": now(), "finished": None,
                        "wall_s": None, "host": socket.gethostname(), "pid": os.getpid(),
                        "error": None, "error_type": None}
         self.ok = False
@@ -126,7 +186,7 @@ class JobStatus:
         return f"job {self.status.get('num')} [{ov}]" if self.multirun else ""
 
     def _finish(self, status: str, exc: BaseException | None = None, tb: bool = False) -> None:
-        self.status.update(status=status, finished=_now(), wall_s=round(time.perf_counter() - self._t0, 3))
+        self.status.update(status=status, finished=now(), wall_s=round(time.perf_counter() - self._t0, 3))
         if exc is not None:
             self.status["error"] = str(exc) or type(exc).__name__
             self.status["error_type"] = type(exc).__name__
@@ -198,10 +258,9 @@ class JobStatus:
         if issubclass(et, KeyboardInterrupt):
             self._finish("interrupted", exc)
             what = "terminated (SIGTERM)" if issubclass(et, Terminated) else "interrupted"
+            # the sweep's own line (how to summarise it) is the launching process's
+            # (kbframe.cli.stop), once for the sweep
             print(f"kbframe: {what}{where}; status in {self.out_dir / STATUS_FILE}", file=sys.stderr)
-            if self.sweep_dir:
-                print(f"kbframe: summarise what finished with: python -m kbframe.report {self.sweep_dir}",
-                      file=sys.stderr)
             raise SystemExit(EXIT_TERMINATED if issubclass(et, Terminated) else EXIT_INTERRUPTED)
         if issubclass(et, KbframeError):
             self._finish("failed", exc)

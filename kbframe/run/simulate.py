@@ -35,15 +35,14 @@ class Simulation:
 
 
 def simulate(cfg, wl, kernel, recipes, inp, oplog_path, check: bool, show: bool,
-             units: dict | None = None, check_later: bool = False, arriving: dict | None = None) -> Simulation:
+             units: dict | None = None, check_later: bool = False) -> Simulation:
     """Run ``wl`` (validated from ``cfg``) with ``kernel``; op_log records go to
     ``oplog_path`` (a path, a text stream, or with ``check`` off a kbframe.sim.oplog.RowSink;
     None: nowhere); ``units``: one PE's unbound units (default: built from
     ``cfg.hardware``). With ``check_later`` the sanitizer records what it needs but the
     caller checks (``kbframe.sim.sanitizer.check(sim.engine, oplog_path)``) and
-    ``Simulation.sanitizer`` is None. ``arriving``: inputs whose rows are still being
-    drawn (name → kbframe.sim.numerics.ArrivingRows), read as they arrive. Raises what the
-    run raises (ValidationError, TcmOverflowError, DeadlockError, SanitizerError)."""
+    ``Simulation.sanitizer`` is None. Raises what the run raises (ValidationError,
+    TcmOverflowError, DeadlockError, SanitizerError)."""
     b = cfg.bench
     oplog = OpLog(oplog_path)
     numerics = NumpyNumerics(b.data_dtype) if b.data else Numerics()
@@ -53,7 +52,7 @@ def simulate(cfg, wl, kernel, recipes, inp, oplog_path, check: bool, show: bool,
             sanitizer.enable(engine)
         for name, shape in wl.tensors().items():
             value = inp[name] if (b.data and name not in wl.outputs) else None
-            engine.add_hbm_tensor(name, shape, b.dtype, value, (arriving or {}).get(name))
+            engine.add_hbm_tensor(name, shape, b.dtype, value)
         tls = {}
 
         def make_tl(i):

@@ -15,6 +15,7 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
+from .. import internals
 from ..errors import ConfigError, DeadlockError, TimeBaseError
 from ..ir.handles import TensorHandle, itemsize
 from ..hw.hbm import HbmPort
@@ -45,16 +46,16 @@ def _check_targets(hw) -> dict:
                 elif key == "_partial_":
                     raise ConfigError(f"{path}._partial_ is not supported: a unit is built, not a partial")
                 else:
-                    walk(node._get_node(key), f"{path}.{key}")
+                    walk(internals.node(node, key), f"{path}.{key}")
         elif OmegaConf.is_list(node):
-            for i, child in enumerate(node._iter_ex(resolve=False)):
+            for i, child in enumerate(internals.list_nodes(node)):
                 walk(child, f"{path}[{i}]")
 
     classes = {}
     for name in hw.units.keys():
-        if not OmegaConf.is_dict(hw.units._get_node(name)) or "_target_" not in hw.units[name]:
+        if not OmegaConf.is_dict(internals.node(hw.units, name)) or "_target_" not in hw.units[name]:
             raise ConfigError(f"hardware.units.{name} needs a _target_ (a kbframe unit class)")
-        walk(hw.units._get_node(name), f"hardware.units.{name}")
+        walk(internals.node(hw.units, name), f"hardware.units.{name}")
         classes[name] = resolve_unit_class(hw.units[name]._target_, f"hardware.units.{name}._target_", allow)
     return classes
 
@@ -215,9 +216,8 @@ class Engine:
         self._hbm_top = 0
         self.wall_s = 0.0
 
-    def add_hbm_tensor(self, name: str, shape, dtype: str, value=None, arriving=None) -> TensorHandle:
-        """Place an HBM tensor (numbers in data mode: ``value``, or the rows of
-        ``arriving``, a kbframe.sim.numerics.ArrivingRows, as they are drawn) and return
+    def add_hbm_tensor(self, name: str, shape, dtype: str, value=None) -> TensorHandle:
+        """Place an HBM tensor (its numbers in data mode: ``value``, else zeros) and return
         its handle."""
         shape = tuple(int(s) for s in shape)
         nbytes = itemsize(dtype)
@@ -225,7 +225,7 @@ class Engine:
             nbytes *= s
         h = TensorHandle(name, shape, dtype, "hbm", self._hbm_top, f"hbm.{name}", shape)
         self._hbm_top += -(-nbytes // 4096) * 4096
-        self.numerics.allocate(h, value, arriving)
+        self.numerics.allocate(h, value)
         self.hbm[name] = h
         return h
 

@@ -11,7 +11,6 @@ view, or None) or a string key of a DMA staging buffer.
 """
 from __future__ import annotations
 
-import threading
 from collections import deque
 
 import numpy as np
@@ -25,9 +24,8 @@ class Numerics:
 
     enabled = False
 
-    def allocate(self, handle, value=None, arriving: "ArrivingRows | None" = None) -> None:
-        """Create storage for ``handle`` (zeros, ``value``, or the rows of ``arriving`` as
-        they come)."""
+    def allocate(self, handle, value=None) -> None:
+        """Create storage for ``handle`` (zeros, or ``value``)."""
 
     def alias(self, handle, base) -> None:
         """``handle`` names ``base``'s storage with another shape (``tl.reshape``)."""
@@ -94,7 +92,6 @@ class NumpyNumerics(Numerics):
         self.narrow = self.dtype.itemsize < self.acc_dtype.itemsize  # GEMM operands get rounded
         self.mem: dict[str, np.ndarray] = {}
         self.acc: dict[str, np.ndarray] = {}
-        self.arriving: dict[str, _Arriving] = {}  # buffers whose rows are still being drawn
 
     def _fit(self, x, what: str) -> np.ndarray:
         """``x`` rounded to the storage dtype; NumericsError if a finite value overflows."""
@@ -107,16 +104,8 @@ class NumpyNumerics(Numerics):
                                 f"use bench.data_dtype=float32 or smaller values")
         return y
 
-    def allocate(self, handle, value=None, arriving=None) -> None:
+    def allocate(self, handle, value=None) -> None:
         dt = self.dtype if handle.space == "hbm" else self.acc_dtype
-        if arriving is not None and handle.space == "hbm" and arriving.array.shape == handle.buf_shape:
-            same = arriving.array.dtype == dt  # then the drawn array is the storage, else rows are converted
-            self.mem[handle.buf] = arriving.array if same else np.empty(handle.buf_shape, dt)
-            self.arriving[handle.buf] = _Arriving(arriving, not same, handle.name)
-            return
-        if arriving is not None:  # not an HBM tensor of the array's shape: taken whole
-            arriving.wait(len(arriving.array))
-            value = arriving.array
         if value is None:
             self.mem[handle.buf] = np.zeros(handle.buf_shape, dt)
         else:
@@ -130,33 +119,13 @@ class NumpyNumerics(Numerics):
             raise RuntimeError(f"tl.reshape: {base.name} is not contiguous")
         self.mem[handle.buf] = view
 
-    def _arrive(self, h, all_rows: bool = False) -> None:
-        """Wait until the rows of an arriving buffer that ``h`` views (all of them for a
-        write) are drawn, and store them at the storage dtype (NumericsError if a value
-        does not fit it, as :meth:`allocate` for a whole tensor)."""
-        a = self.arriving[h.buf]
-        rows = a.source.array.shape[0]
-        need = h.rows[1] if h.rows is not None and not all_rows else rows
-        if need <= a.stored:
-            return
-        ready = a.source.wait(need)
-        if a.convert:
-            self.mem[h.buf][a.stored:ready] = self._fit(a.source.array[a.stored:ready], f"HBM tensor '{a.name}'")
-        a.stored = ready
-        if ready == rows:
-            del self.arriving[h.buf]
-
     def read(self, handle) -> np.ndarray:
-        if self.arriving and handle.buf in self.arriving:
-            self._arrive(handle)
         return handle.view(self.mem)
 
     def _get(self, src) -> np.ndarray:
         if isinstance(src, str):
             return self.mem[src]
         h, region = src
-        if self.arriving and h.buf in self.arriving:
-            self._arrive(h)
         v = h.view(self.mem)
         return v if region is None else v[region]
 
@@ -165,8 +134,6 @@ class NumpyNumerics(Numerics):
             self.mem[dst] = np.array(value, dtype=self.dtype)
             return
         h, region = dst
-        if self.arriving and h.buf in self.arriving:
-            self._arrive(h, all_rows=True)
         v = h.view(self.mem)
         if region is None:
             v[...] = value
@@ -246,66 +213,3 @@ class NumpyNumerics(Numerics):
             ins = [self._get(s).astype(acc_dtype, copy=False) for s in inputs]
             self._put((out, None), micro_ops.apply(kind, ins, extra))
         return effect
-
-
-class ArrivingRows:
-    """An input array whose rows are drawn in order while the simulation runs (by a thread
-    beside it, kbframe.run.beside.Drawing): rows ``[0, ready)`` hold their final values.
-    :class:`NumpyNumerics` waits for the rows a stage reads before it reads them, so the
-    numbers are those of an array drawn whole before the run.
-
-    Args:
-        array: the whole array, allocated; its rows are filled by the drawing.
-    """
-
-    def __init__(self, array: np.ndarray):
-        self.array = array
-        self.ready = 0
-        self.stopped = False
-        self._error: BaseException | None = None
-        self._cond = threading.Condition()
-
-    def arrived(self, ready: int) -> None:
-        """Rows ``[0, ready)`` are drawn (the drawing's thread). Raises DrawingStopped once
-        :meth:`stop` was called: the drawing ends there."""
-        if self.stopped:
-            raise DrawingStopped("the run ended before its inputs were all drawn")
-        with self._cond:
-            self.ready = ready
-            self._cond.notify_all()
-
-    def stop(self) -> None:
-        """The run no longer needs the rows (it failed): the drawing stops at its next block
-        of rows, rather than go on beside the next job of a sweep."""
-        self.stopped = True
-
-    def fail(self, error: BaseException) -> None:
-        """The drawing stopped with ``error``: a reader waiting for rows gets it."""
-        with self._cond:
-            self._error = error
-            self._cond.notify_all()
-
-    def wait(self, rows: int) -> int:
-        """Block until at least ``rows`` rows are drawn; the number drawn. Raises the
-        drawing's error if it stopped first."""
-        with self._cond:
-            while self.ready < rows:
-                if self._error is not None:
-                    raise self._error
-                self._cond.wait()
-            return self.ready
-
-
-class DrawingStopped(Exception):
-    """Raised in a drawing's thread by :meth:`ArrivingRows.arrived` after
-    :meth:`ArrivingRows.stop`; never reaches a user."""
-
-
-class _Arriving:
-    """What :class:`NumpyNumerics` keeps of an arriving buffer: its source, whether rows are
-    converted to the storage dtype, the tensor's name and the rows stored so far."""
-
-    __slots__ = ("source", "convert", "name", "stored")
-
-    def __init__(self, source: ArrivingRows, convert: bool, name: str):
-        self.source, self.convert, self.name, self.stored = source, convert, name, 0

@@ -260,10 +260,14 @@ class OpLog:
             self._record(pe, "scheduler", t, kind, cmd.id, -1, t_admit, t_done, 0, -1)
 
     def close(self) -> None:
-        """Write the pending records and close the file."""
-        if self._f is not None:
+        """Write the pending records and close the file; a file opened here is closed even
+        when the writing fails (a full disk: its room is freed once the run removes it)."""
+        if self._f is None:
+            return
+        try:
             if self._rows:
                 self._flush()
+        finally:
+            f, self._f = self._f, None
             if self._own:
-                self._f.close()
-            self._f = None
+                f.close()

@@ -40,11 +40,6 @@ afterwards re-plans every command with :class:`FootprintNumerics`, which returns
 place of numeric effects, the byte ranges each stage reads and writes. Each PE is checked
 in its own program order; across PEs, data moves only through IPCQ (rules 7–9) and HBM
 writes never share bytes (rule 10).
-
-:func:`check` is two halves that need nothing of each other, :func:`record_rules` (1–5,
-7–9: the op_log's records) and :func:`data_rules` (6 and 10: re-planning, most of the
-cost); :func:`verdict` reports the violation the order above meets first, so a caller may
-run them side by side (kbframe.run.bench does, on the machine's two cores).
 """
 from __future__ import annotations
 
@@ -56,7 +51,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import SanitizerError, kept, restored
+from ..errors import SanitizerError
 from .footprint import FootprintNumerics, Space, footprint, hazard_free
 from ..hw.tiling import plan_stages
 
@@ -92,8 +87,8 @@ def parse_oplog(text: str) -> list[dict]:
 
 
 def check(engine, records) -> dict:
-    """Check a finished run against every rule in :data:`RULES`: :func:`verdict` of
-    :func:`record_rules` and :func:`data_rules` (which a caller may run side by side).
+    """Check a finished run against every rule in :data:`RULES`, PE by PE in order (rules
+    1–6 of each PE), then rules 7–9 and 10 where they apply.
 
     Args:
         engine: the :class:`~kbframe.sim.engine.Engine` after ``run`` (with :func:`enable`
@@ -106,32 +101,6 @@ def check(engine, records) -> dict:
     Raises:
         SanitizerError: the first violation, naming the rule, commands and times.
     """
-    return verdict(engine, record_rules(engine, records), data_rules(engine))
-
-
-def _plans(engine):
-    """``(place, pe, plan)`` per built PE in order, the plan sorted by command id (raises
-    SanitizerError at the first PE that kept no stage record)."""
-    for k, pe in enumerate(engine.pes.built()):
-        if pe.scheduler.record is None:
-            raise SanitizerError("sanitizer: PE_SCHEDULER kept no stage record; call "
-                                 "kbframe.sim.sanitizer.enable(engine) before the run")
-        yield k, pe, sorted(pe.scheduler.record, key=lambda cs: cs[0].id)
-
-
-def _multi_pe(engine) -> bool:
-    """More than one PE kept stage records: rule 10 applies."""
-    return sum(bool(pe.scheduler.record) for pe in engine.pes.built()) > 1
-
-
-def record_rules(engine, records) -> tuple:
-    """Rules 1–5 on every PE in order, then 7–9: the rules read from the op_log.
-
-    Returns:
-        ``((commands, stages), failure)``; ``failure`` is None or ``(place, exception)``,
-        ``place`` ``(k, 0)`` for PE number ``k``'s rules 1–5, ``(n_pes, 0)`` for 7–9
-        (:func:`verdict` orders the two halves' failures by it).
-    """
     if isinstance(records, (str, Path)) or hasattr(records, "getvalue"):
         records = read_oplog(records)
     cols = _Columns.of(records)
@@ -139,68 +108,42 @@ def record_rules(engine, records) -> tuple:
     if cols is None:  # a record with a missing or odd field: the record-by-record rules only
         for r in records:
             by_pe[r["pe"]].append(r)
-    n_cmds = n_stages = 0
-    k = 0
-    try:
-        for k, pe, plan in _plans(engine):
-            held = _rules_1_to_3_hold(pe, cols.of_pe(pe.index), plan) if cols is not None else None
-            if held is None:  # a violation (or no columns): the rules below name it
-                recs = by_pe.get(pe.index, []) if cols is None else [records[i] for i in cols.rows_of(pe.index)]
-                spans = check_commands_once(pe, recs, plan)
-                check_cpu_dispatch_serial(pe.index, recs)
-                check_unit_capacity(pe, recs)
-                dispatches = sorted((_ps(r["t_start_ns"]), r["cmd"]) for r in recs if r["unit"] == "cpu")
-            else:
-                spans, dispatches = held
-            check_tcm_no_overlap(pe.index, pe.tcm.allocations, pe.tcm.capacity_bytes, dispatches)
-            check_rw_no_interleave(pe.index, plan, spans)
-            n_cmds += len(plan)
-            n_stages += sum(len(st) for _, st in plan)
-        k = len(engine.pes.built())
-        if engine.fabric.links:
-            check_ipcq(engine, records)
-    except Exception as e:  # noqa: BLE001 — a bug, too, comes in its place in the order (verdict)
-        return (n_cmds, n_stages), ((k, 0), kept(e))
-    return (n_cmds, n_stages), None
-
-
-def data_rules(engine) -> tuple:
-    """Rule 6 on every PE in order, then rule 10: the rules of what each stage read and
-    wrote (most of the sanitizer's time, re-planning every command).
-
-    Returns:
-        ``(accesses, failure)``; ``failure`` is None or ``(place, exception)``, ``place``
-        ``(k, 1)`` for PE number ``k``'s rule 6, ``(n_pes, 1)`` for rule 10.
-    """
-    n_acc, k = 0, 0
+    n_cmds = n_stages = n_acc = 0
     hbm_writes: list = []
-    try:
-        for k, pe, plan in _plans(engine):
-            n_acc += check_data_dependencies(pe, plan, hbm_writes)
-        k = len(engine.pes.built())
-        if _multi_pe(engine):
-            check_hbm_writes_disjoint(hbm_writes)
-    except Exception as e:  # noqa: BLE001 — a bug, too, comes in its place in the order (verdict)
-        return n_acc, ((k, 1), kept(e))
-    return n_acc, None
-
-
-def verdict(engine, recorded: tuple, data: tuple) -> dict:
-    """:func:`check`'s result from :func:`record_rules` and :func:`data_rules`: the
-    violation met first in the order the rules are listed, PE by PE (rules 1–6 of each
-    PE, then 7–9, then 10), raised as SanitizerError (or the exception a half stopped
-    at there, a bug); else the counts."""
-    failures = [f for f in (recorded[1], data[1]) if f is not None]
-    if failures:
-        raise restored(min(failures, key=lambda f: f[0])[1])
+    for pe, plan in _plans(engine):
+        held = _rules_1_to_3_hold(pe, cols.of_pe(pe.index), plan) if cols is not None else None
+        if held is None:  # a violation (or no columns): the rules below name it
+            recs = by_pe.get(pe.index, []) if cols is None else [records[i] for i in cols.rows_of(pe.index)]
+            spans = check_commands_once(pe, recs, plan)
+            check_cpu_dispatch_serial(pe.index, recs)
+            check_unit_capacity(pe, recs)
+            dispatches = sorted((_ps(r["t_start_ns"]), r["cmd"]) for r in recs if r["unit"] == "cpu")
+        else:
+            spans, dispatches = held
+        check_tcm_no_overlap(pe.index, pe.tcm.allocations, pe.tcm.capacity_bytes, dispatches)
+        check_rw_no_interleave(pe.index, plan, spans)
+        n_acc += check_data_dependencies(pe, plan, hbm_writes)
+        n_cmds += len(plan)
+        n_stages += sum(len(st) for _, st in plan)
     rules = list(RULES)
     if engine.fabric.links:
+        check_ipcq(engine, records)
         rules += IPCQ_RULES
-    if _multi_pe(engine):
+    if sum(bool(pe.scheduler.record) for pe in engine.pes.built()) > 1:  # more than one PE kept stage records
+        check_hbm_writes_disjoint(hbm_writes)
         rules += MULTI_PE_RULES
-    (n_cmds, n_stages), n_acc = recorded[0], data[0]
     return {"rules_checked": len(rules), "rules": rules, "commands": n_cmds,
             "stages": n_stages, "accesses": n_acc}
+
+
+def _plans(engine):
+    """``(pe, plan)`` per built PE in order, the plan sorted by command id (raises
+    SanitizerError at the first PE that kept no stage record)."""
+    for pe in engine.pes.built():
+        if pe.scheduler.record is None:
+            raise SanitizerError("sanitizer: PE_SCHEDULER kept no stage record; call "
+                                 "kbframe.sim.sanitizer.enable(engine) before the run")
+        yield pe, sorted(pe.scheduler.record, key=lambda cs: cs[0].id)
 
 
 # ---- rules 1-3 on op_log columns ------------------------------------------------------------

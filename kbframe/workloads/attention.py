@@ -37,30 +37,22 @@ def softmax_scale(cfg_scale, inputs: dict | None, d: int) -> float:
     return 1.0 / math.sqrt(d)
 
 
-def draw_qkv(rng: np.random.Generator, n_q: int, n_kv: int, d: int, peak: float, scale: float,
-             early=None) -> dict:
+def draw_qkv(rng: np.random.Generator, n_q: int, n_kv: int, d: int, peak: float, scale: float) -> dict:
     """``{"q", "k", "v", "scale"}``: q ``(n_q, d)``, k and v ``(n_kv, d)``, drawn in float64
     and kept as float32 (the kernel's inputs are those float32 values; the reference uses
     the same values). q is scaled so the scores ``q·kᵀ·scale`` have standard deviation
     ``peak``. k and v are drawn in chunks (the same stream), so a long context never holds
-    a float64 copy. ``early`` (Workload.generate): the dict is handed out once q and k are
-    drawn; v's rows arrive chunk by chunk (the kernels read v a KV tile at a time, in
-    order)."""
+    a float64 copy."""
     q = (rng.standard_normal((n_q, d)) * (peak / (scale * math.sqrt(d)))).astype(np.float32)
     chunk = np.empty((min(n_kv, CHUNK_ROWS), d))  # each chunk is drawn into this
 
-    def normal_f32(out, arrived=None):
+    def normal_f32(out):
         for r0 in range(0, len(out), CHUNK_ROWS):
             r1 = min(len(out), r0 + CHUNK_ROWS)
             out[r0:r1] = rng.standard_normal(out=chunk[:r1 - r0])
-            if arrived is not None:
-                arrived(r1)
         return out
-    out = {"q": q, "k": normal_f32(np.empty((n_kv, d), np.float32)), "v": np.empty((n_kv, d), np.float32),
-           "scale": scale}
-    rows = early(out, ("v",))["v"] if early is not None else None
-    normal_f32(out["v"], rows.arrived if rows is not None else None)
-    return out
+    k = normal_f32(np.empty((n_kv, d), np.float32))
+    return {"q": q, "k": k, "v": normal_f32(np.empty((n_kv, d), np.float32)), "scale": scale}
 
 
 def read_scale(arrays: dict, path: str) -> float | None:
@@ -241,11 +233,11 @@ class HeadsBatch:
             need += np.dtype(c.data_dtype).itemsize * (n_in + math.prod(shapes["out"]))
         return need
 
-    def generate(self, rng: np.random.Generator, early=None) -> dict:
-        """q, k, v (:func:`draw_qkv`: float32, scores of std ``bench.inputs.peak``; v's rows
-        arrive after ``early``) and the scale."""
+    def generate(self, rng: np.random.Generator) -> dict:
+        """q, k, v (:func:`draw_qkv`: float32, scores of std ``bench.inputs.peak``) and the
+        scale."""
         shapes = self.tensors()
-        return draw_qkv(rng, shapes["q"][0], shapes["k"][0], self.cfg.d, self.cfg.inputs.peak, self.scale(), early)
+        return draw_qkv(rng, shapes["q"][0], shapes["k"][0], self.cfg.d, self.cfg.inputs.peak, self.scale())
 
     def shape_from_file(self, arrays: dict, path: str) -> dict:
         """An inputs file holds the stacked tensors of the batch the keys describe (its

@@ -101,16 +101,8 @@ class Workload:
         """The input tensors (every tensor that is not an output)."""
         return tuple(n for n in self.tensors() if n not in self.outputs)
 
-    def generate(self, rng: np.random.Generator, early=None) -> dict:
-        """Generated inputs, name → array (the numbers the kernel gets).
-
-        ``early`` (kbframe.run.beside.Drawing; None: not asked): a workload whose kernel
-        reads one tensor's rows in order may hand its inputs out before that tensor is
-        drawn, so the simulation starts: ``early(inputs, late)`` with the dict it will
-        return, the tensors named in ``late`` allocated whole but not yet filled; it
-        returns name → kbframe.sim.numerics.ArrivingRows, whose ``arrived(rows)`` the
-        workload calls as each block of rows is drawn, in order. The values are the same
-        either way."""
+    def generate(self, rng: np.random.Generator) -> dict:
+        """Generated inputs, name → array (the numbers the kernel gets)."""
         raise NotImplementedError
 
     def shape_from_file(self, arrays: dict, path: str) -> dict:

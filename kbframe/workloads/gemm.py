@@ -70,7 +70,7 @@ class Gemm(Workload):
         t["C"] = (c.M, c.N)
         return t
 
-    def generate(self, rng: np.random.Generator, early=None) -> dict:
+    def generate(self, rng: np.random.Generator) -> dict:
         """Standard normal A; B scaled by 1/sqrt(K) so C stays of order 1; bias and other
         standard normal. Drawn in float64, kept as float32."""
         out = {}

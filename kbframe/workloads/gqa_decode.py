@@ -111,12 +111,12 @@ class GqaDecode(Workload):
             need += np.dtype(c.data_dtype).itemsize * (n_in + c.G * c.d)
         return need
 
-    def generate(self, rng: np.random.Generator, early=None) -> dict:
+    def generate(self, rng: np.random.Generator) -> dict:
         """q (G, d), k, v (S_kv, d) and the scale (:func:`draw_qkv`: drawn in float64 and
         kept as float32; q scaled so the scores ``q·kᵀ·scale`` have standard deviation
-        ``bench.inputs.peak``; v's rows arrive after ``early``)."""
+        ``bench.inputs.peak``)."""
         c = self.cfg
-        return draw_qkv(rng, c.G, c.S_kv, c.d, c.inputs.peak, self.scale(), early)
+        return draw_qkv(rng, c.G, c.S_kv, c.d, c.inputs.peak, self.scale())
 
     def shape_from_file(self, arrays: dict, path: str) -> dict:
         q, k, v = arrays["q"], arrays["k"], arrays["v"]

@@ -44,7 +44,7 @@ class RmsnormLinear(Workload):
         c = self.cfg
         return {"x": (c.T, c.H), "gamma": (1, c.H), "W": (c.H, c.N), "y": (c.T, c.N)}
 
-    def generate(self, rng: np.random.Generator, early=None) -> dict:
+    def generate(self, rng: np.random.Generator) -> dict:
         """x standard normal, gamma around 1, W scaled by 1/sqrt(H); float32."""
         c = self.cfg
         x = rng.standard_normal((c.T, c.H))
