@@ -151,18 +151,16 @@ def test_abandoning_a_busy_thread_does_not_wait_for_it(tmp_path):
     """Ctrl-C while the thread computes the reference: abandon() returns at once and the
     thread stops and closes the file itself."""
     import threading
-    import time
     import numpy as np
-    from kbframe.run.beside import ABANDON_WAIT_S, TensorsFile
+    from kbframe.run.beside import TensorsFile
     go = threading.Event()
 
     def slow_reference():
         go.wait(10)
         return {"ref": np.zeros(3)}
     t = TensorsFile(tmp_path / "t.npz", lambda: {"a": np.ones(3)}, slow_reference)
-    t0 = time.monotonic()
     t.abandon()
-    assert time.monotonic() - t0 < ABANDON_WAIT_S + 1.0
+    assert t._thread.is_alive()  # abandon() returned while the thread still waits to compute
     go.set()
     t._thread.join(10)
     assert not t._thread.is_alive() and t._zip.fp is None  # closed by the thread
