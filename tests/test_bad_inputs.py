@@ -110,6 +110,14 @@ def make_files(tmp: Path) -> None:
     (tmp / "more" / "bench" / "loads_global.yaml").write_text(
         "defaults:\n  - decode_opt2\n  - /recipes: [global]\n  - _self_\nname: loads_global\n")
     (tmp / "runs" / "out_file_blocked" / "metrics.json").mkdir(parents=True)
+    # Hydra objects set in config files, a file written outside the run directory by them
+    (tmp / "more" / "bench" / "evil_callback.yaml").write_text(
+        "# @package _global_\ndefaults:\n  - /bench/decode_opt2@bench\n  - _self_\nhydra:\n  callbacks:\n    x:\n"
+        f"      _target_: numpy.save\n      file: {tmp}/x.npy\n      arr: [1]\n")
+    (tmp / "more" / "hydra" / "hydra_logging").mkdir(parents=True)
+    (tmp / "more" / "hydra" / "hydra_logging" / "evil.yaml").write_text(
+        f"version: 1\nhandlers:\n  f:\n    class: logging.FileHandler\n    filename: {tmp}/afile\n    mode: w\n"
+        "root:\n  handlers: [f]\n")
 
 
 def _prepare(row: dict, tmp: Path):
