@@ -22,8 +22,10 @@ bytecode: $(STAMP)
 run: bytecode
 	$(PY) -m kbframe +bench=decode_opt2
 
+# the suite in parallel (pytest-xdist, one worker per core); tests of one xdist_group (the
+# rows sharing one fixture, the tests marked serial) run on one worker, one after another
 test: bytecode
-	$(PY) -m pytest
+	$(PY) -m pytest -n auto --dist loadgroup
 
 bench: bytecode
 	$(PY) benchmarks/sim_speed.py

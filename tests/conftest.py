@@ -129,3 +129,12 @@ def cli(*args, cwd=None, timeout=120):
 @pytest.fixture
 def rng():
     return np.random.default_rng(1234)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (``make test``: ``-n auto --dist loadgroup``): the tests marked
+    ``serial`` share one xdist group, so one worker runs them one after another and no two
+    of them signal or wait on processes of their own at the same time."""
+    for item in items:
+        if item.get_closest_marker("serial") is not None:
+            item.add_marker(pytest.mark.xdist_group("serial"))

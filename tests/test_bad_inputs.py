@@ -16,7 +16,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -112,6 +111,14 @@ def make_files(tmp: Path) -> None:
     (tmp / "more" / "bench" / "loads_global.yaml").write_text(
         "defaults:\n  - decode_opt2\n  - /recipes: [global]\n  - _self_\nname: loads_global\n")
     (tmp / "runs" / "out_file_blocked" / "metrics.json").mkdir(parents=True)
+    # Hydra objects set in config files, a file written outside the run directory by them
+    (tmp / "more" / "bench" / "evil_callback.yaml").write_text(
+        "# @package _global_\ndefaults:\n  - /bench/decode_opt2@bench\n  - _self_\nhydra:\n  callbacks:\n    x:\n"
+        f"      _target_: numpy.save\n      file: {tmp}/x.npy\n      arr: [1]\n")
+    (tmp / "more" / "hydra" / "hydra_logging").mkdir(parents=True)
+    (tmp / "more" / "hydra" / "hydra_logging" / "evil.yaml").write_text(
+        f"version: 1\nhandlers:\n  f:\n    class: logging.FileHandler\n    filename: {tmp}/afile\n    mode: w\n"
+        "root:\n  handlers: [f]\n")
 
 
 def make_layer_files(tmp: Path, rng) -> None:
@@ -159,10 +166,20 @@ def real_cli(argv: list[str]) -> dict:
     return {"rc": p.returncode, "stdout": p.stdout, "stderr": p.stderr}
 
 
+_RUN: dict = {}  # the rows' results, once per process: a worker may get the rows in several batches
+
+
 @pytest.fixture(scope="module")
 def results(request, tmp_path_factory):
     """Every selected row run as a subprocess of the CLI: forked from a server that has
-    imported kbframe once (tests/cli_forkserver.py), a few at a time."""
+    imported kbframe once (tests/cli_forkserver.py), a few at a time; once per process
+    (pytest-xdist may tear the module's fixture down between two batches of rows)."""
+    if "rows" not in _RUN:
+        _RUN["rows"] = _run_rows(request, tmp_path_factory)
+    return _RUN["rows"]
+
+
+def _run_rows(request, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("bad_inputs")
     make_files(tmp)
     wanted = [item.callspec.params["row_id"] for item in request.session.items
@@ -181,6 +198,7 @@ def _pattern(msg: str, tmp: Path) -> re.Pattern:
     return re.compile("^" + ".*".join(parts) + "$")
 
 
+@pytest.mark.xdist_group("bad_inputs")  # one worker runs every row: the fixture forks them all at once
 @pytest.mark.parametrize("row_id", list(ROWS))
 def test_bad_input(results, row_id):
     tmp, res = results
@@ -221,14 +239,15 @@ def test_docs_table_is_complete():
 
 @pytest.mark.parametrize("overrides", [("hardware.tcm_bytes=1024",), ("bench.tile=1000000", "bench.S_kv=32768"),
                                        ("bench.S_kv=1000000000000",), ("hardware.hbm_bytes=10000",)])
-def test_impossible_run_fails_fast(tmp_path, overrides):
-    """Resource needs are checked before the simulation: an impossible run is refused in
-    well under a second (in-process, so interpreter start-up is not counted), with numbers."""
+def test_impossible_run_fails_fast(tmp_path, overrides, monkeypatch):
+    """Resource needs are checked before the simulation: an impossible run is refused
+    before any simulation starts (the engine is never run, whatever the machine's load),
+    with numbers."""
+    from kbframe.sim.engine import Engine
+    monkeypatch.setattr(Engine, "run", lambda *a, **k: pytest.fail("the simulation started"))
     cfg = compose_cfg(*overrides, "run.progress=false", bench="decode_opt3")
-    t0 = time.perf_counter()
     with pytest.raises(KbframeError) as e:
         run_bench(cfg, tmp_path / "run")
-    assert time.perf_counter() - t0 < 1.0
     assert re.search(r"\d+ (B|GiB)", str(e.value))
     assert not (tmp_path / "run").exists()
 

@@ -63,10 +63,8 @@ def test_unused_pes_are_not_built():
     """hardware.n_pes=100000 took 64 s and 0.94 GB building PEs a one-PE run never uses;
     PEs are now built when first used."""
     cfg = compose_cfg("hardware.n_pes=100000")
-    t0 = time.perf_counter()
     eng = Engine(cfg.hardware, Numerics(), OpLog(None))
     pe = eng.pes[7]
-    assert time.perf_counter() - t0 < 1.0
     assert len(eng.pes) == 100000 and eng.pes.built() == [pe] and pe.index == 7
     assert eng.pes[7] is pe and eng.pes[-1].index == 99999 and len(eng.pes.built()) == 2
     with pytest.raises(IndexError):
@@ -332,6 +330,7 @@ def test_stale_temporaries_are_removed_by_the_next_run(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["metrics.json", "notes.txt", "op_log.jsonl", "tensors.npz", "trace.json"]
 
 
+@pytest.mark.serial
 @pytest.mark.parametrize("sig, rc, status", [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "interrupted")])
 def test_signal_mid_run_records_the_end_and_cleans_up(tmp_path, sig, rc, status):
     """Ctrl-C or SIGTERM at any moment of a long run: status.json records it (never stuck at

@@ -273,6 +273,27 @@ def check_hydra_code(argv: list[str]) -> str | None:
     return None
 
 
+def check_group_names(argv: list[str]) -> str | None:
+    """Every config group choice on the command line (``+bench=NAME``, ``hydra/launcher=NAME``,
+    any key without a dot, comma lists and sweep functions of a sweep included) is a name,
+    never a path (kbframe.cli.hydra_guard.check_choice; the guard checks the composed
+    config's choices again, whatever file made them)."""
+    from .hydra_guard import check_choice
+    for a in argv:
+        key, eq, val = a.partition("=")
+        key = key.lstrip("+~")
+        if not eq or a.startswith("-") or "." in key.split("@", 1)[0] or key in ("recipes",) or not key:
+            continue
+        for tok in re.findall(r"[^\[\],()\s'\"]+", val):
+            if tok in _SWEEP_FUNCS or tok == "null":
+                continue
+            try:
+                check_choice(key.split("@", 1)[0], tok)
+            except KbframeError as e:
+                return str(e)
+    return None
+
+
 def check_sweeper(argv: list[str]) -> str | None:
     """``+search=NAME`` needs Hydra's Optuna sweeper; without it Hydra's message would be a
     missing config group option."""
@@ -311,7 +332,8 @@ def check_one_search(argv: list[str]) -> str | None:
 
 def precheck(argv: list[str]) -> str | None:
     """The one-line message for a command line Hydra would reject, or None."""
-    msg = check_hydra_code(argv) or check_sweeper(argv) or check_subdirs(argv) or check_one_search(argv)
+    msg = (check_hydra_code(argv) or check_group_names(argv) or check_sweeper(argv) or check_subdirs(argv)
+           or check_one_search(argv))
     if msg is not None:
         return msg
     try:

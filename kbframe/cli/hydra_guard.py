@@ -1,0 +1,299 @@
+"""What Hydra builds or reads from its own keys, checked on the composed config.
+
+Hydra builds objects from some of its own keys before kbframe's task function runs: the
+callbacks (``hydra.callbacks.NAME._target_``), the logging set-up (``hydra.hydra_logging``,
+``hydra.job_logging``: a handler's ``class``, any ``()`` factory, ``ext://`` names it
+imports), the launcher and the sweeper (with the Optuna sampler, its storage and custom
+search space). A config file can set any of them: a bench on ``hydra.searchpath`` headed
+``# @package _global_``, a group choice, an override. So the rule is checked where all of
+these meet, on every composed config (the run's, a sweep's and each job's), right after
+Hydra's config loader composes it and before anything is built from it
+(:func:`install` wraps ``ConfigLoaderImpl.load_configuration``). DESIGN.md decision 1:
+every ``_target_`` is checked by what it must be, not by its text.
+
+By kind:
+
+* ``hydra.callbacks.NAME``: a Hydra callback class defined in kbframe;
+* the launcher and the sweeper: a Hydra plugin class of that kind; the Optuna sampler: a
+  sampler class of ``optuna.samplers``; no Optuna ``storage`` (a database written outside
+  the sweep directory); a ``custom_search_space`` only from ``kbframe.cli.search_space``;
+  no submitit ``setup`` lines (shell commands), its folder under ``${hydra.sweep.dir}``;
+* logging: handlers of logging's own StreamHandler (to stdout or stderr), NullHandler or
+  FileHandler kinds, a file handler writing a ``.log`` file in the run directory
+  (``${hydra.runtime.output_dir}/NAME.log``); formatters of logging's own Formatter; no
+  ``()`` factory and no other ``ext://`` name;
+* no other ``_target_`` anywhere in ``hydra``;
+* every config group choice (``hydra.runtime.choices``: bench, hardware, model, sweep,
+  search, Hydra's own groups and any added later) is a name, never a path.
+
+A refusal is one line naming the key, what it holds and where it was set (the command line
+or the config file), raised as Hydra's own composition error, which
+:mod:`kbframe.cli.hydra_errors` prints as ``kbframe: error: ...``.
+"""
+from __future__ import annotations
+
+import inspect
+import re
+
+from ..errors import ConfigError
+
+#: a config group choice: a plain name (no path separator, no '..')
+_CHOICE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")
+_STREAMS = ("ext://sys.stdout", "ext://sys.stderr")
+_LOG_FILE = re.compile(r"\$\{hydra[.:]runtime\.output_dir\}/(?P<name>(?:[A-Za-z0-9_.\-]|\$\{hydra[.:]job\.name\})+)")
+_OWN_FILES = ("metrics.json", "op_log.jsonl", "tensors.npz", "trace.json", "status.json")
+
+
+def check_choice(group: str, choice) -> None:
+    """A config group choice is a plain name. Raises ConfigError naming it."""
+    for name in choice if isinstance(choice, (list, tuple)) else [choice]:
+        if name is None:
+            continue
+        text = str(name)
+        if not _CHOICE.fullmatch(text) or ".." in text:
+            raise ConfigError(f"{group} '{text}': a config group choice is a name (of a file in {group}/ on the "
+                              f"config search path), never a path")
+
+
+def _walk(node, prefix: str):
+    """``(dotted key, value)`` of every leaf and node under ``node``."""
+    if isinstance(node, dict):
+        for k, v in node.items():
+            key = f"{prefix}.{k}"
+            yield key, v
+            yield from _walk(v, key)
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            key = f"{prefix}[{i}]"
+            yield key, v
+            yield from _walk(v, key)
+
+
+class Refusal(Exception):
+    """One refused key: ``key``, the rest of the message (``what``)."""
+
+    def __init__(self, key: str, what: str, choice=None):
+        super().__init__(key, what)
+        self.key, self.what, self.choice = key, what, choice
+
+
+def _class_of(text, key: str, prefixes: tuple, base, kind: str):
+    """The class ``text`` names, if it starts with one of ``prefixes`` (checked before any
+    import) and is a subclass of ``base``; else Refusal."""
+    from ..sim.targets import describe, locate
+    if not isinstance(text, str) or "${" in text or not text.startswith(prefixes):
+        raise Refusal(key, f"'{text}' is not {kind}")
+    try:
+        obj = locate(text, key, allow_external=True)
+    except ConfigError:
+        raise Refusal(key, f"'{text}' does not import; it must be {kind}") from None
+    if not (inspect.isclass(obj) and issubclass(obj, base) and obj is not base):
+        raise Refusal(key, f"'{text}' is {describe(obj)}, not {kind}")
+    return obj
+
+
+def _check_callbacks(callbacks) -> None:
+    from hydra.experimental.callback import Callback
+    for name, cb in (callbacks or {}).items():
+        key = f"hydra.callbacks.{name}"
+        if not isinstance(cb, dict) or "_target_" not in cb:
+            raise Refusal(key, "is not a callback (a mapping with a _target_)")
+        obj = _class_of(cb["_target_"], key + "._target_", ("kbframe.",), Callback,
+                        "a Hydra callback class defined in kbframe (kbframe.cli.callbacks.SweepReport)")
+        if not (obj.__module__ or "").startswith("kbframe."):
+            raise Refusal(key + "._target_", f"'{cb['_target_']}' is a class defined in {obj.__module__}, not a "
+                                             f"Hydra callback class defined in kbframe")
+
+
+def _check_plugin(node, key: str, base, kind: str) -> None:
+    from hydra.core.plugins import Plugins
+    if not isinstance(node, dict) or "_target_" not in node:
+        return
+    text = node["_target_"]
+    if not isinstance(text, str) or text not in Plugins.instance().class_name_to_class:
+        raise Refusal(key + "._target_", f"'{text}' is not a Hydra {kind} plugin")
+    if not issubclass(Plugins.instance().class_name_to_class[text], base):
+        raise Refusal(key + "._target_", f"'{text}' is not a Hydra {kind} plugin")
+
+
+def _check_sweeper(sw) -> None:
+    from hydra.plugins.sweeper import Sweeper
+    if not isinstance(sw, dict):
+        return
+    _check_plugin(sw, "hydra.sweeper", Sweeper, "sweeper")
+    if sw.get("storage") is not None:
+        raise Refusal("hydra.sweeper.storage", f"'{sw['storage']}' would make Optuna write a database outside the "
+                                               f"sweep directory; kbframe takes none")
+    css = sw.get("custom_search_space")
+    if css is not None:
+        from ..sim.targets import describe, locate
+        ok = isinstance(css, str) and css.startswith("kbframe.cli.search_space.") and "${" not in css
+        obj = locate(css, "hydra.sweeper.custom_search_space") if ok else None
+        if not (ok and inspect.isfunction(obj) and obj.__module__ == "kbframe.cli.search_space"):
+            what = describe(obj) if obj is not None else "not one"
+            raise Refusal("hydra.sweeper.custom_search_space",
+                          f"'{css}' is {what}; the sweeper calls it, so it must be a function of "
+                          f"kbframe.cli.search_space")
+    sampler = sw.get("sampler")
+    if isinstance(sampler, dict) and "_target_" in sampler:
+        try:
+            from optuna.samplers import BaseSampler
+        except ImportError:
+            raise Refusal("hydra.sweeper.sampler._target_", "needs optuna, which is not installed") from None
+        _class_of(sampler["_target_"], "hydra.sweeper.sampler._target_", ("optuna.samplers.",), BaseSampler,
+                  "a sampler class of optuna.samplers")
+
+
+def _check_launcher(la) -> None:
+    from hydra.plugins.launcher import Launcher
+    if not isinstance(la, dict):
+        return
+    _check_plugin(la, "hydra.launcher", Launcher, "launcher")
+    if la.get("setup"):
+        raise Refusal("hydra.launcher.setup", f"{la['setup']!r} are shell commands the launcher would run; "
+                                              f"kbframe takes none from a config")
+    folder = la.get("submitit_folder")
+    if folder is not None and (not str(folder).startswith("${hydra.sweep.dir}/") or ".." in str(folder)):
+        raise Refusal("hydra.launcher.submitit_folder", f"'{folder}' would write outside the sweep directory; "
+                                                        f"it must start with ${{hydra.sweep.dir}}/")
+
+
+def _check_logging(log, section: str) -> None:
+    import logging
+    import logging.handlers  # noqa: F401 (the handler classes a config may name)
+    if not isinstance(log, dict):
+        return
+    prefix = f"hydra.{section}"
+    for key, v in _walk(log, prefix):
+        if key.endswith(".()"):
+            raise Refusal(key, f"'{v}' is a logging factory, which runs any callable; kbframe takes none")
+        if isinstance(v, str) and v.startswith("ext://") and not (key.endswith(".stream") and v in _STREAMS):
+            raise Refusal(key, f"'{v}' makes logging import a name; only a handler's stream may be "
+                               f"{' or '.join(_STREAMS)}")
+    for name, h in (log.get("handlers") or {}).items():
+        key = f"{prefix}.handlers.{name}"
+        if not isinstance(h, dict):
+            continue
+        cls = _class_of(h.get("class"), key + ".class", ("logging.",), logging.Handler,
+                        "logging's own StreamHandler, FileHandler or NullHandler")
+        if not (cls.__module__ in ("logging", "logging.handlers")
+                and issubclass(cls, (logging.StreamHandler, logging.NullHandler))):
+            raise Refusal(key + ".class", f"'{h.get('class')}' is not logging's own StreamHandler, FileHandler "
+                                          f"or NullHandler")
+        if issubclass(cls, logging.FileHandler):
+            fn = h.get("filename")
+            m = _LOG_FILE.fullmatch(str(fn)) if isinstance(fn, str) else None
+            base = m["name"] if m else ""
+            if not m or ".." in base or not base.endswith(".log") or base in _OWN_FILES:
+                raise Refusal(key + ".filename", f"'{fn}': a log file is a NAME.log in the run directory, "
+                                                 f"${{hydra.runtime.output_dir}}/NAME.log")
+    for name, f in (log.get("formatters") or {}).items():
+        if isinstance(f, dict) and "class" in f:
+            cls = _class_of(f["class"], f"{prefix}.formatters.{name}.class", ("logging.",), logging.Formatter,
+                            "logging's own Formatter")
+            if cls.__module__ != "logging":
+                raise Refusal(f"{prefix}.formatters.{name}.class", f"'{f['class']}' is not logging's own Formatter")
+
+
+_CHECKED = ("callbacks", "launcher", "sweeper", "hydra_logging", "job_logging")
+
+
+def check_hydra(hydra: dict) -> None:
+    """The rules of the module doc on the unresolved ``hydra`` node of a composed config.
+
+    Raises:
+        Refusal: the first key that breaks them.
+    """
+    for group, choice in ((hydra.get("runtime") or {}).get("choices") or {}).items():
+        try:
+            check_choice(group, choice)
+        except ConfigError as e:
+            raise Refusal(_CHOICES + group, str(e), choice) from None
+    _check_callbacks(hydra.get("callbacks"))
+    _check_launcher(hydra.get("launcher"))
+    _check_sweeper(hydra.get("sweeper"))
+    for section in ("hydra_logging", "job_logging"):
+        _check_logging(hydra.get(section), section)
+    allowed = {"hydra.launcher._target_", "hydra.sweeper._target_", "hydra.sweeper.sampler._target_"}
+    for key, v in _walk(hydra, "hydra"):
+        if key.endswith("._target_") and key not in allowed and not re.fullmatch(r"hydra\.callbacks\.[^.]+\._target_", key):
+            raise Refusal(key, f"'{v}' is an object Hydra would build before any check; in hydra a config may set "
+                               f"_target_ only for hydra.callbacks, the launcher, the sweeper and its sampler")
+
+
+_CHOICES = "hydra.runtime.choices."
+
+
+def _file(res, config_path: str) -> str:
+    where = str(res.path)
+    where = where[len("file://"):] if where.startswith("file://") else where
+    return f"{where}/{config_path}.yaml"
+
+
+def source_of(loader, config_name, overrides, run_mode, key: str, choice=None) -> str:
+    """Where ``key`` of the composed config was set: ``the command line (OVERRIDE)`` or
+    ``FILE`` (the last config of the defaults list that sets it), else ``the config``."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import OmegaConf
+    parts = re.findall(r"[^.\[\]]+", key)
+    group = key[len(_CHOICES):] if key.startswith(_CHOICES) else None
+    try:
+        for ov in reversed(OverridesParser.create().parse_overrides(list(overrides))):
+            k = ov.key_or_group
+            if k == group or (group is None and "/" not in k and parts[:len(k.split("."))] == k.split(".")):
+                return f"the command line ({ov.input_line})"
+        from hydra._internal.defaults_list import create_defaults_list
+        from hydra.types import RunMode
+        parsed, repo = loader._parse_overrides_and_create_caching_repo(config_name, list(overrides))
+        dl = create_defaults_list(repo=repo, config_name=config_name, overrides_list=parsed, prepend_hydra=True,
+                                  skip_missing=run_mode == RunMode.MULTIRUN)
+        if group is not None:  # the last config whose defaults list chose it
+            for d in reversed(dl.defaults):
+                res = repo.load_config(d.config_path) if d.config_path else None
+                for item in (res.defaults_list or []) if res is not None else []:
+                    g = str(getattr(item, "group", None) or "").lstrip("/")
+                    if g and (g == group or group.endswith("/" + g)) and getattr(item, "value", None) == choice:
+                        return _file(res, d.config_path)
+            return "the config"
+        for d in reversed(dl.defaults):
+            if d.config_path is None:
+                continue
+            res = repo.load_config(d.config_path)
+            if res is None:
+                continue
+            node = OmegaConf.to_container(res.config, resolve=False)
+            pkg = [p for p in (d.package or "").split(".") if p and p != "_global_"]
+            if parts[:len(pkg)] != pkg:
+                continue
+            for p in parts[len(pkg):]:
+                node = node.get(p) if isinstance(node, dict) else None
+                if node is None:
+                    break
+            else:
+                return _file(res, d.config_path)
+    except Exception:  # noqa: BLE001 (where it was set is a courtesy: the refusal stands)
+        pass
+    return "the config"
+
+
+def install() -> None:
+    """Wrap Hydra's config loader so that every composed config is checked (idempotent)."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra.errors import ConfigCompositionException
+    from omegaconf import OmegaConf
+    original = ConfigLoaderImpl.load_configuration
+    if getattr(original, "__kbframe_guard__", False):
+        return
+
+    def load_configuration(self, config_name, overrides, run_mode, *args, **kwargs):
+        cfg = original(self, config_name, overrides, run_mode, *args, **kwargs)
+        if "hydra" in cfg:
+            try:
+                check_hydra(OmegaConf.to_container(cfg.hydra, resolve=False))
+            except Refusal as r:
+                where = source_of(self, config_name, overrides, run_mode, r.key, r.choice)
+                what = r.what if r.key.startswith(_CHOICES) else f"{r.key}: {r.what}"
+                raise ConfigCompositionException(f"{what} (set in {where})") from None
+        return cfg
+    load_configuration.__kbframe_guard__ = True
+    ConfigLoaderImpl.load_configuration = load_configuration
