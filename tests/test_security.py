@@ -99,7 +99,7 @@ def test_a_config_cannot_run_code_or_write_outside(results, cid):
 def test_kbframes_own_hydra_configs_pass_the_guard():
     """Every Hydra set-up kbframe ships composes through the guard: the default run, each
     sweep and search config, each launcher."""
-    import kbframe.cli  # noqa: F401 (installs the guard in this process)
+    import kbframe.cli.main  # noqa: F401 (installs the guard in this process)
     from conftest import compose_cfg
     for ov in ([], ["+sweep=r_sweep"], ["+search=decode_tile"], ["hydra/launcher=joblib"],
                ["hydra/launcher=submitit_local"], ["hydra/job_logging=default"]):

@@ -17,7 +17,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from . import callbacks, checks, hydra_errors, speed, stop
+from . import callbacks, checks, hydra_errors, hydra_guard, speed, stop
 
 from ..run import schema
 from ..run.bench import run_bench
@@ -27,6 +27,7 @@ from ..run.jobstatus import JobStatus
 from ..report.search import Search
 
 schema.register()
+hydra_guard.install()
 
 
 def _available_benches() -> list[str]:

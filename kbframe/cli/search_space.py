@@ -131,7 +131,7 @@ def _suggest(trial, name: str, dist) -> None:
     (each makes the same distribution again, so the sampling is the sweeper's own); the
     distribution classes of Optuna 2 (Uniform, LogUniform, DiscreteUniform, IntUniform,
     IntLogUniform) and 3 (Float, Int) alike."""
-    from optuna.distributions import CategoricalDistribution
+    from optuna.distributions import CategoricalDistribution, DiscreteUniformDistribution
     kind = type(dist).__name__
     log = bool(getattr(dist, "log", False)) or "Log" in kind
     if isinstance(dist, CategoricalDistribution):
@@ -139,5 +139,5 @@ def _suggest(trial, name: str, dist) -> None:
     elif kind.startswith("Int"):
         trial.suggest_int(name, dist.low, dist.high, step=getattr(dist, "step", 1), log=log)
     else:
-        step = getattr(dist, "q", None) or getattr(dist, "step", None)
+        step = dist.q if isinstance(dist, DiscreteUniformDistribution) else getattr(dist, "step", None)
         trial.suggest_float(name, dist.low, dist.high, step=step, log=log)
