@@ -2,7 +2,7 @@
 
 Runs decode_opt2 and decode_opt3 (TILE=64, G=8, d=128) at S_kv ∈ {4096, 131072, 1048576}
 with data mode off and on, and decode_heads for Llama-3-70B (8 KV heads on the 8 PEs of one
-cube) at S_kv = 131072 timing only (issue 12), each case in a fresh subprocess (so peak RSS is per case). The
+cube) at S_kv = 131072 timing only, each case in a fresh subprocess (so peak RSS is per case). The
 subprocess runs the CLI (``python -m kbframe ... run.check=false``, the same ``main``) and
 then, in the same process, times a bare SimPy 4-stage pipeline of processes connected by
 ``simpy.Store`` over the same number of stages (one stage = one token through one
@@ -11,12 +11,12 @@ pipeline process: get, hold, put; a token through all four is four stages).
 Per case it reports: sim wall s (``metrics.json`` ``sim.wall_s``), whole-process wall s
 (the CLI run, start-up included, bare pipeline excluded), simulated stages and events, µs
 per stage, the bare pipeline's µs per stage and the ratio, the whole process against the
-bare pipeline over the same stages (``whole/bare``, issue 16), events per second, peak RSS
+bare pipeline over the same stages (``whole/bare``), events per second, peak RSS
 (of the CLI run, before the bare pipeline); per kernel and mode the scaling ratio
 t(131072)/t(32768) of sim wall (when both are measured). Writes ``outputs/bench/sim_speed.json``.
 
     python benchmarks/sim_speed.py             # all 13 cases (issues 6, 12 and 16)
-    python benchmarks/sim_speed.py --quick     # opt3 at 4096 and 32768, data off and on (issue 2)
+    python benchmarks/sim_speed.py --quick     # opt3 at 4096 and 32768, data off and on
     python benchmarks/sim_speed.py --kernels heads --s-kv 131072 --no-data   # the decode_heads case alone
 """
 from __future__ import annotations
@@ -99,12 +99,12 @@ def worker(report: str, overrides: list[str]) -> int:
                                         "bare_total_s": bare_total}))
     try:  # end as the kbframe command does (no second spent freeing the run's arrays)
         from kbframe.cli.speed import exit_now
-    except ImportError:  # a tree from before issue 16
+    except ImportError:  # a tree without kbframe.cli.speed
         return 0
     exit_now(0)
 
 
-#: decode_heads of Llama-3-70B: its 8 KV heads, one per PE of one cube (issue 12)
+#: decode_heads of Llama-3-70B: its 8 KV heads, one per PE of one cube
 HEADS = ["+bench=decode_heads", "+model=llama3_70b", "hardware=cube"]
 
 
@@ -151,7 +151,7 @@ def main() -> int:
         return worker(sys.argv[2], sys.argv[3:])
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true",
-                    help="issue 2's subset: decode_opt3 at S_kv 4096 and 32768, data off and on")
+                    help="a quick subset: decode_opt3 at S_kv 4096 and 32768, data off and on")
     ap.add_argument("--repeat", type=int, default=3,
                     help="runs per case, each in a fresh process; the fastest (by sim wall) is kept "
                          "(default 3: this is a shared 2-core machine)")
@@ -172,7 +172,7 @@ def main() -> int:
     # several cases, not every run of one case (the fastest run of each case is kept)
     datas = (False,) if args.no_data else (False, True)
     cases = [(kernel, s_kv, data) for kernel in kernels if kernel != "heads" for data in datas for s_kv in s_kvs]
-    if "heads" in kernels and 131072 in s_kvs:  # issue 12's case: timing only, the longest context
+    if "heads" in kernels and 131072 in s_kvs:  # Llama-3-70B's heads: timing only, the longest context
         cases.append(("heads", 131072, False))
     runs: dict = {c: [] for c in cases}
     n_rep = max(1, args.repeat)
@@ -196,7 +196,7 @@ def main() -> int:
         r["bare_us_per_stage"] = r["bare_wall_s"] / r["bare_stages"] * 1e6
         r["bare_us_per_token"] = 4 * r["bare_us_per_stage"]
         r["ratio_to_bare"] = r["us_per_stage"] / r["bare_us_per_stage"]
-        # the whole command against the bare pipeline over the same stages (issue 16)
+        # the whole command against the bare pipeline over the same stages
         r["whole_over_bare"] = r["process_wall_s"] / (r["bare_us_per_stage"] * r["stages"] / 1e6)
         r["events_per_s"] = r["events"] / r["wall_s"]
         rows.append(r)

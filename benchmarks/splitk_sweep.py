@@ -1,4 +1,4 @@
-"""Where split-K starts to pay (issue 12; a script, not a test): tables from the sweeps
+"""Where split-K starts to pay (a script, not a test): tables from the sweeps
 ``+sweep=splitk_crossover`` and ``+sweep=splitk_merge``.
 
 Reads every ok job's ``metrics.json`` under the sweep directories given (the ``dir`` column of

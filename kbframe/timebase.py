@@ -5,7 +5,7 @@ Every time is below :data:`MAX_PS` (10^15 ps, 1000 s simulated): there the op_lo
 time exactly as ns with three decimals and the sanitizer reads it back exactly. A
 conversion whose result falls outside ``[0, MAX_PS)`` (or is not a number) raises
 :class:`~kbframe.errors.TimeBaseError`; the engine checks each unit's longest stage
-against it before a run starts (kbframe.sim.engine, issue 14).
+against it before a run starts (kbframe.sim.engine).
 """
 from .errors import TimeBaseError
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A one-node Slurm cluster on this machine, for kbframe's Slurm launcher test (issue 15).
+# A one-node Slurm cluster on this machine, for kbframe's Slurm launcher test.
 #
 #   sudo scripts/slurm_local.sh start    # install slurm-wlm, munge, slurmdbd and mariadb when
 #                                        # missing, write a minimal slurm.conf and

@@ -1,4 +1,4 @@
-"""Goldens of small benches (issue 4): for each case, the sha256 of its ``op_log.jsonl``
+"""Goldens of small benches: for each case, the sha256 of its ``op_log.jsonl``
 plus its key metrics, committed under ``tests/goldens/<case>.json``.
 
 Regenerate them (after an intended change of timing, calibration or numerics) with::

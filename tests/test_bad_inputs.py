@@ -1,4 +1,4 @@
-"""Every bad input answered (issue 4): each row of the table in ``docs/errors.md`` is a
+"""Every bad input answered: each row of the table in ``docs/errors.md`` is a
 test here. The row's command line runs as ``python -m kbframe ARGS`` in a subprocess and
 must exit 1 with exactly the documented one-line message on stderr, no traceback, no
 summary, and without touching the results a previous run left in the run directory.
@@ -57,7 +57,7 @@ RECIPES = {
 
 def write_npz_bomb(path: Path) -> None:
     """An .npz of a few KB whose headers declare k and v of 2^37 × 128 int8 (16 TiB each):
-    numpy would allocate that before reading a byte (issue 14 class 7)."""
+    numpy would allocate that before reading a byte."""
     import io
     import zipfile
 
@@ -104,7 +104,7 @@ def make_files(tmp: Path) -> None:
     for name, body in RECIPES.items():
         (rd / f"{name}.yaml").write_text(f"# @package recipes.{name}\n{body}")
     # a recipe file that would set any key, one without a package line, and a bench of the
-    # user's whose defaults load the first (issue 14 class 2)
+    # user's whose defaults load the first
     (rd / "global.yaml").write_text("# @package _global_\nhardware:\n  allow_external_targets: true\n")
     (rd / "nopackage.yaml").write_text(f"# a recipe without its package line\n{RECIPES['writes_r']}")
     (tmp / "more" / "bench").mkdir()

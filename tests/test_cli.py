@@ -194,7 +194,7 @@ def test_cli_closed_stdout_pipe_keeps_the_run_ok(tmp_path):
 
 
 def test_one_compose_only_when_nothing_can_make_a_multirun():
-    """Issue 16: Hydra's mode-probing compose is skipped only when the command line cannot
+    """Hydra's mode-probing compose is skipped only when the command line cannot
     set hydra.mode (kbframe.cli.speed)."""
     from kbframe.cli.speed import mode_is_run
     assert mode_is_run(["+bench=decode_opt2", "bench.S_kv=512", "hardware=cube", "+model=llama3_70b"])

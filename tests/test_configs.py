@@ -1,6 +1,6 @@
 """Every config in conf/ composes and its hardware units instantiate (lightning-hydra-template
-style); ``_target_``s outside ``kbframe.`` are refused unless explicitly allowed (issue 2), and by
-kind always (issue 14, tests/test_targets.py)."""
+style); ``_target_``s outside ``kbframe.`` are refused unless explicitly allowed, and by
+kind always (tests/test_targets.py)."""
 import itertools
 
 import pytest
@@ -117,7 +117,7 @@ def test_nested_external_target_refused(override, where, tmp_path):
 
 def test_external_target_allowed_when_opted_in():
     """The opt-in widens the module set (a unit class defined outside kbframe), never the
-    kind: a class that is not a unit is still refused (issue 14)."""
+    kind: a class that is not a unit is still refused."""
     cfg = compose_cfg("hardware.units.math._target_=test_targets.ToyUnit", "hardware.allow_external_targets=true")
     units = build_units(cfg.hardware)
     assert type(units["math"]).__module__ == "test_targets" and units["math"].vector_width == 64

@@ -1,4 +1,4 @@
-"""Critical path, steady-state period and binding kind (issue 13).
+"""Critical path, steady-state period and binding kind.
 
 Synthetic schedules whose critical path is known by construction (one crossing PEs, as
 IPCQ traffic will), then the runs the issue names: opt2 at defaults is a 287 ns chain of

@@ -1,4 +1,4 @@
-"""Fast-forward (issue 16, run.fast_forward): a periodic timing-only schedule is written from
+"""Fast-forward (run.fast_forward): a periodic timing-only schedule is written from
 short simulations, byte for byte what the full simulation writes (verify mode checks it);
 a schedule that does not repeat is simulated in full and the run says so."""
 

@@ -1,4 +1,4 @@
-"""Hostile inputs and faults that a row of docs/errors.md cannot express (issue 14): host
+"""Hostile inputs and faults that a row of docs/errors.md cannot express: host
 memory budgets, PEs a run never uses, and (below) the run directory's faults."""
 from __future__ import annotations
 

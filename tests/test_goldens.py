@@ -1,4 +1,4 @@
-"""Goldens and determinism (issue 4).
+"""Goldens and determinism.
 
 * Each case in ``tests/regen_goldens.py`` must reproduce its committed golden: the sha256
   of ``op_log.jsonl`` and the key metrics. A change shows as a table of the metrics that

@@ -1,4 +1,4 @@
-"""What a run on many PEs reports (issue 12 "Reports"): per-PE figures and their aggregates
+"""What a run on many PEs reports (README "Reports"): per-PE figures and their aggregates
 in metrics.json, bounds that hold on many PEs (≤ the latency), the slowest PE and the spread
 on the console, and trace.json's IPCQ track per link with a flow from each send to the
 receive that took it."""

@@ -1,4 +1,4 @@
-"""Hardened numerics (issue 4): opt2 and opt3 against the float64 reference on hostile
+"""Hardened numerics: opt2 and opt3 against the float64 reference on hostile
 inputs, the fp16 data mode, and property-based tests (hypothesis) over G, d, S_kv, TILE
 and value scale asserting opt2 = opt3 = reference.
 

@@ -1,4 +1,4 @@
-"""Progress bar (issue 5): tqdm by KV tiles on a terminal, silent when stdout is not a
+"""Progress bar: tqdm by KV tiles on a terminal, silent when stdout is not a
 terminal or run.progress=false; the hook is detached after the run."""
 import io
 import os
@@ -96,7 +96,7 @@ def test_cli_shows_a_bar_in_a_terminal(tmp_path):
 
 
 def test_bar_counts_the_rows_every_pe_covered(tmp_path, monkeypatch):
-    """Many PEs (issue 12): each PE's PE_CPU reports; split-K over 8 PEs covers all 40 KV
+    """Many PEs: each PE's PE_CPU reports; split-K over 8 PEs covers all 40 KV
     tiles (8 PEs × 5), reaching the total before the bar is closed."""
     seen = []
     orig = progress.TileProgress.__call__

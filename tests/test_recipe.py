@@ -1,4 +1,4 @@
-"""Recipes as data (DESIGN.md decision 5, issue 3): validation at load naming the file and
+"""Recipes as data (DESIGN.md decision 5): validation at load naming the file and
 step, and a second recipe added with nothing but a YAML file."""
 import textwrap
 
@@ -203,7 +203,7 @@ def test_recipe_added_from_the_command_line(tmp_path):
     np.testing.assert_array_equal(sim.read(hs["y"]), 2 * x)
 
 
-# ---------------------------------------------------------------- issue 14 class 2: names and packages
+# ---------------------------------------------------------------- names and packages
 
 @pytest.mark.parametrize("text", [
     "# @package recipes.a\nx: 1\n",

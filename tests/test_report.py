@@ -1,6 +1,6 @@
 """Sweep aggregation by hand (``python -m kbframe.report DIR``) on an interrupted sweep with
 ok, failed, missing and never-finished jobs; status.json outcomes of kbframe.run.jobstatus;
-metrics.json is never half-written (issue 5 "Failure isolation")."""
+metrics.json is never half-written (README "Failure isolation")."""
 import csv
 import json
 import shutil
@@ -141,7 +141,7 @@ def test_report_refuses_a_directory_that_is_no_sweep(tmp_path, capsys):
 
 
 def test_report_that_cannot_be_written_exits_2(sweep, tmp_path, capsys):
-    """Issue 14 class 10: exit 2 (no report can be made) with one line, never a traceback
+    """Exit 2 (no report can be made) with one line, never a traceback
     or 1 (which means a job is not ok); nothing is half-written."""
     d = tmp_path / "blocked"
     shutil.copytree(sweep, d)

@@ -1,4 +1,4 @@
-"""Roofline and utilisation (issue 5): metrics.json's three bounds, HBM bytes, FLOPs and
+"""Roofline and utilisation: metrics.json's three bounds, HBM bytes, FLOPs and
 per-unit busy/utilisation against hand computation at the default shape, and the table in
 the console summary."""
 import pytest
@@ -34,7 +34,7 @@ def test_hbm_bytes_and_flops_by_hand(metrics):
     bounds = {k: r[f"{k}_ns"] for k in ("hbm", "compute", "dispatch")}
     assert r["largest_bound"] == max(bounds, key=bounds.get)
     assert r["bound_ns"] == bounds[r["largest_bound"]]
-    # what binds is the critical path's kind, not the largest bound (issue 13)
+    # what binds is the critical path's kind, not the largest bound
     assert r["binding"] == m["critical_path"]["binding"]
     assert r["fraction"] == pytest.approx(r["bound_ns"] / m["sim"]["latency_ns"])
 

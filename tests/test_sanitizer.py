@@ -1,4 +1,4 @@
-"""The simulation sanitizer (issue 4, ``run.check``): the shipped scheduler passes every
+"""The simulation sanitizer (``run.check``): the shipped scheduler passes every
 rule; each rule, broken on purpose by a deliberately wrong scheduler, CPU, unit or
 allocator patched in for one test, raises a SanitizerError naming the rule, the commands
 and the times."""

@@ -1,4 +1,4 @@
-"""Design-space search (issue 15): objectives and constraints from config, Hydra's Optuna
+"""Design-space search: objectives and constraints from config, Hydra's Optuna
 sweeper, infeasible and failed trials, the report's best trial / Pareto front, the same
 trials for the same seed, and one-line errors for a malformed search."""
 import csv

@@ -1,4 +1,4 @@
-"""Sweeps on a real Slurm cluster (issue 15): a 4-job kbframe sweep through
+"""Sweeps on a real Slurm cluster: a 4-job kbframe sweep through
 ``hydra/launcher=submitit_slurm`` gives the basic launcher's sweep.csv apart from
 wall-clock columns, with no sacct noise. Runs whenever Slurm is reachable (.ci/run starts a
 one-node cluster with scripts/slurm_local.sh); skipped with a one-line reason otherwise."""

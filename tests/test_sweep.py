@@ -1,4 +1,4 @@
-"""Hydra multirun sweeps end to end (issue 5), each a real ``python -m kbframe -m ...`` in a
+"""Hydra multirun sweeps end to end, each a real ``python -m kbframe -m ...`` in a
 subprocess, timing-only on small shapes to stay quick:
 
 - the six-job R sweep aggregates itself: sweep.csv (6 ok rows), the opt3/opt2 summary
@@ -210,7 +210,7 @@ def test_ctrl_c_in_a_sweep_leaves_interrupted_status_and_a_report_by_hand(tmp_pa
     assert [r["status"] for r in read_csv(d / "sweep.csv")] == ["ok", "interrupted", "missing"]
 
 
-# ---------------------------------------------------------------- issue 14: sweep faults
+# ---------------------------------------------------------------- sweep faults
 
 LONG_THEN_SHORT = ["+bench=decode_opt2", "bench.S_kv=131072,64,128,256", "run.progress=false"]
 

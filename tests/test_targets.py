@@ -1,5 +1,5 @@
-"""Dotted names from configs are resolved and checked by what they reach (issue 14 class 1
-and 5, DESIGN.md decision 1): every ``_target_`` and kernel in ``conf/`` resolves, and each
+"""Dotted names from configs are resolved and checked by what they reach (DESIGN.md
+decision 1): every ``_target_`` and kernel in ``conf/`` resolves, and each
 kind check refuses an object of the wrong kind, also one reached through a re-export
 (``kbframe.run.bench.np.save``) and also with ``hardware.allow_external_targets=true``,
 which widens the module set, never the kind of object."""
@@ -161,7 +161,7 @@ def test_kernel_mark_and_signature():
 
 
 def test_refused_target_runs_nothing(tmp_path):
-    """The reproduction of issue 14 class 1: a unit _target_ reaching np.save through a
+    """A unit _target_ reaching np.save through a
     re-export must not write its file (it is refused before anything is instantiated)."""
     target = tmp_path / "x.npy"
     cfg = compose_cfg(f"+hardware.units.zz={{_target_:kbframe.run.bench.np.save,file:{target},arr:[1,2,3]}}",

@@ -1,4 +1,4 @@
-"""kbframe.timebase: integer picoseconds, durations rounded once (issue 2, DESIGN.md "Time")."""
+"""kbframe.timebase: integer picoseconds, durations rounded once (DESIGN.md "Time")."""
 from kbframe import timebase as tb
 
 
@@ -36,7 +36,7 @@ def test_ps_to_ns_for_reports():
 
 
 def test_conversions_refuse_what_the_time_base_cannot_hold():
-    """Issue 14 class 4: every duration is below MAX_PS (10^15 ps), or a TimeBaseError (a
+    """Every duration is below MAX_PS (10^15 ps), or a TimeBaseError (a
     ConfigError) says what overflowed; never OverflowError or a silent huge integer."""
     import math
 

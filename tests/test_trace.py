@@ -1,4 +1,4 @@
-"""trace.json (issue 5 "Timeline"): Chrome trace-event format, one process per PE, one
+"""trace.json (README "Timeline"): Chrome trace-event format, one process per PE, one
 track per unit, a slice per op_log record with its op_kind / cmd / bytes / tile, flows from
 dispatch to completion, times in µs; slice counts per unit equal the op_log's."""
 import json

@@ -83,7 +83,8 @@ def text() -> str:
         "  python -m kbframe -m +bench=decode_opt2 bench.tile=32,64,128,256",
         "  python -m kbframe -m +search=decode_tile hydra.sweeper.n_trials=24   # Optuna (extra [optuna])",
         "",
-        "More: README.md (files a run writes, sweeps, adding a workload or recipe), docs/errors.md",
-        "(every error and its message), docs/DESIGN.md. Hydra's own help: --hydra-help.",
+        "More: README.md (a tour, the files a run writes, the guides in docs/), docs/workloads.md",
+        "(every workload's keys, adding a workload or recipe), docs/sweeps.md, docs/errors.md (every",
+        "error and its message), docs/DESIGN.md. Hydra's own help: --hydra-help.",
     ]
     return "\n".join(lines)

@@ -1,4 +1,4 @@
-"""One clear line for the mistakes Hydra reports before kbframe's code runs (issue 4).
+"""One clear line for the mistakes Hydra reports before kbframe's code runs.
 
 Three cheap measures, all inert for a correct command line and for ``-m`` sweeps:
 

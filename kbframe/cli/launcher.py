@@ -1,5 +1,5 @@
 """``hydra/launcher=joblib`` for kbframe: Hydra's joblib launcher, with each parallel slot
-its own one-worker loky executor, so a job whose process is killed fails alone (issue 14).
+its own one-worker loky executor, so a job whose process is killed fails alone.
 
 Hydra's launcher runs every job through one ``joblib.Parallel``: when the OOM killer (or
 ``kill -9``) ends one worker, loky marks the whole pool broken, kills the other workers,

@@ -91,7 +91,7 @@ def _hydra_main(cfg: DictConfig) -> dict:
                       flush=True)
         except BrokenPipeError:
             sys.stdout = open(os.devnull, "w")
-    # a design-space search (issue 15) gets its objectives back; a failed or infeasible
+    # a design-space search gets its objectives back; a failed or infeasible
     # trial gets the worst values, so the search goes on
     return search.sweeper_value(outcome if job.ok else None) if search is not None else job.status
 

@@ -1,4 +1,4 @@
-"""Conditional parameters of a design-space search (issue 15), for Hydra's Optuna sweeper.
+"""Conditional parameters of a design-space search, for Hydra's Optuna sweeper.
 
 ``hydra.sweeper.params`` holds the parameters every trial samples. Some only mean something
 for one choice of another: decode_opt2's S-buffer count and V staging do not exist in

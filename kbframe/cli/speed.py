@@ -1,4 +1,4 @@
-"""The whole command's speed tricks, in one place (issue 16: a command that costs little
+"""The whole command's speed tricks, in one place (a command that costs little
 more than its simulation).
 
 - :func:`one_compose`: Hydra composes the config twice per run, once only to learn whether

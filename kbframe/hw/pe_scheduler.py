@@ -9,7 +9,7 @@ happens to the commands behind a blocked one is the ``policy``:
 
 - ``strict_fifo`` (the default; DDD-0065 §8, ADR-0065 D6.3): every later command waits
   behind it; commands are admitted in dispatch order.
-- ``rw_aware`` (ADR-0065 A4, deferred there, issue 13): a later command whose byte
+- ``rw_aware`` (ADR-0065 A4, deferred there): a later command whose byte
   ranges have no hazard with any in-flight command **and** none with any older command
   still queued is admitted ahead of the blocked one. A command never passes one it has
   a RAW, WAR or WAW hazard with, so program order holds wherever it matters (the

@@ -83,7 +83,7 @@ def partial_opt2(tl, q_h, k_h, v_h, *, G: int, d: int, S_kv: int, tile: int, sca
     epilogue=[add O])``. The scheduler inserts every DMA of an HBM operand. ``S_kv = 0``
     gives the identity (:func:`empty_partial`) and loads nothing.
 
-    The design space (issue 13; defaults are the ADR's kernel):
+    The design space (defaults are the ADR's kernel):
 
     * ``s_buffers`` (≥ 2): S buffers in a ring; tile j's #1 writes ``S[j % s_buffers]``.
       Keeps D6.3 (a #1 waits, as a WAR hazard, for the #2 that last read its buffer);

@@ -1,5 +1,5 @@
-"""What bounds a run: its critical path, the steady-state period and its terms (issue 13;
-DESIGN.md decision 10).
+"""What bounds a run: its critical path, the steady-state period and its terms (DESIGN.md
+decision 10).
 
 Input: the op_log records in file order with what each waited for, as rows
 ``(pe, unit, op_kind, cmd, t_start, t_end, t_data, kind, ref, end_ref)`` (times in

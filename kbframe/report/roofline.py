@@ -10,7 +10,7 @@ Reads only ``metrics.json`` fields (``roofline.*``, ``units.*``, ``sim.latency_n
   ``largest_bound`` names the largest, ``bound_ns`` is it and ``fraction`` = bound /
   simulated latency. A bound is only a bound: ``binding`` is the critical path's kind
   (:mod:`kbframe.report.critical_path`: ``hbm``, ``compute``, ``dispatch`` or ``chain``),
-  which says what really sets the latency (issue 13; before it, ``binding`` named the
+  which says what really sets the latency (before it, ``binding`` named the
   largest bound and said "hbm" for a run whose DMA was idle 45 % of the time);
 - per unit (by the ``label`` it declares): busy time (a DMA channel counts its data phases, when it moves bytes), busy /
   latency, stages (dispatches for ``cpu``), bytes (moved for DMA, read for GEMM/MATH,

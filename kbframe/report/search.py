@@ -1,4 +1,4 @@
-"""Objectives and constraints of a design-space search (issue 15), read from the config's
+"""Objectives and constraints of a design-space search, read from the config's
 ``search`` section and evaluated on a run's ``metrics.json``.
 
 A search names its objectives as ``metrics.json`` paths, each minimised or maximised, and

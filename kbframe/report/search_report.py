@@ -1,4 +1,4 @@
-"""The design-space search part of a sweep report (issue 15): each trial's objectives and
+"""The design-space search part of a sweep report: each trial's objectives and
 verdict, the best trial or the Pareto front, and ``pareto.png``.
 
 A sweep is a search when its jobs' config has a ``search`` section with objectives

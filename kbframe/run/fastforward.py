@@ -1,4 +1,4 @@
-"""Fast-forward (issue 16, ``run.fast_forward``): a timing-only run whose schedule becomes
+"""Fast-forward (``run.fast_forward``): a timing-only run whose schedule becomes
 periodic is not simulated period by period. Its records are the shifted copies of one
 period, and they are written as such.
 

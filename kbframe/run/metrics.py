@@ -50,7 +50,7 @@ def unit_labels(engine, pe, oplog) -> dict:
 
 
 def run_metrics(cfg, wl, engine, pe, oplog, latency_ps, cp: dict) -> dict:
-    """``metrics.json`` of a finished simulation (README "What each run writes"); ``pe`` is
+    """``metrics.json`` of a finished simulation (README.md "What each run writes"); ``pe`` is
     the PE whose units ``units`` shows, ``cp`` the critical path's metrics."""
     lat_ns = ps_to_ns(latency_ps)
     totals = oplog.pe_totals()
@@ -102,7 +102,7 @@ def run_metrics(cfg, wl, engine, pe, oplog, latency_ps, cp: dict) -> dict:
                      "unit": wl.unit, "n_units": n_units,
                      "commands_per_tile": commands / n_units,
                      "cycles_per_tile": cycles / n_units},
-        # the bounds stay bounds; what binds is the critical path's kind (issue 13)
+        # the bounds stay bounds; what binds is the critical path's kind
         "roofline": {"bound_ns": bounds[largest], "largest_bound": largest, "binding": cp["binding"],
                      "fraction": bounds[largest] / lat_ns if lat_ns else 0.0,
                      "hbm_ns": hbm_ns, "compute_ns": compute_ns, "dispatch_ns": dispatch_ns,
@@ -111,7 +111,7 @@ def run_metrics(cfg, wl, engine, pe, oplog, latency_ps, cp: dict) -> dict:
         # peak_bytes: the most TCM any PE of the run held at once (a search's budget metric)
         "tcm": {"high_water_bytes": pe.tcm.high_water, "capacity_bytes": pe.tcm.capacity_bytes,
                 "peak_bytes": max(p.tcm.high_water for p in engine.pes.built())},
-        # many PEs (issue 12): each PE's own figures, the spread of their ends, HBM bytes
+        # many PEs: each PE's own figures, the spread of their ends, HBM bytes
         # against the bandwidth the PEs used together, and each PE→PE link
         "pes": pes,
         "pe_spread": {"n_pes": len(pes), "slowest_pe": slow["pe"], "slowest_ns": slow["latency_ns"],

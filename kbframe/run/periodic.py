@@ -1,4 +1,4 @@
-"""The periodic model of a schedule (issue 16): the records of short copies of a bench,
+"""The periodic model of a schedule: the records of short copies of a bench,
 read as streams (one unit of one PE each: its dispatches, its stages, its commands),
 compared, and the records and totals of a longer copy predicted from them. How
 :mod:`kbframe.run.fastforward` uses it, and why it is exact, is told there.

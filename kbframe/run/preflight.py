@@ -1,5 +1,5 @@
 """Pre-flight checks: refuse an impossible run before the simulation starts, with the
-numbers (issue 4, DESIGN.md decision 6), so it fails in well under a second instead of
+numbers (DESIGN.md decision 6), so it fails in well under a second instead of
 after minutes of simulation or with a MemoryError.
 
 * :func:`check_host_memory` — the inputs (float64) and, in data mode, the numbers must fit
@@ -101,7 +101,7 @@ def check_npz_memory(path, names, key: str = "bench.inputs.path") -> None:
     """Raise InputsError if loading arrays ``names`` of the ``.npz`` at ``path`` (each as
     stored, then as float64) would not fit in host memory. A small file can expand a
     thousandfold (deflate), and numpy allocates what a header declares before reading, so
-    this is checked from the headers before anything is loaded (issue 14)."""
+    this is checked from the headers before anything is loaded."""
     heads = npz_headers(path)
     need, biggest = 0, None
     for name in names:

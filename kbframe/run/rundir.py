@@ -1,4 +1,4 @@
-"""A run directory's life cycle: lock, stage, commit all or nothing, clean up (issue 14).
+"""A run directory's life cycle: lock, stage, commit all or nothing, clean up.
 
 One run writes ``metrics.json``, ``op_log.jsonl``, ``trace.json`` and ``tensors.npz``
 (:data:`OUTPUT_FILES`) into its directory. :class:`RunDir` makes that safe against the

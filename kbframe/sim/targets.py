@@ -1,5 +1,5 @@
 """Resolving the dotted names a config gives (``_target_``, ``bench.kernel``) to the objects
-they must be (DESIGN.md decision 1, issue 14).
+they must be (DESIGN.md decision 1).
 
 A name from a config is checked twice:
 

@@ -1,4 +1,4 @@
-"""What each op_log record waited for: the input of the critical path (issue 13).
+"""What each op_log record waited for: the input of the critical path.
 
 The op_log says when each stage, dispatch and command ran; this log says, per record and
 in the same order, *why it started when it did*. It is kept in memory (seven integers a

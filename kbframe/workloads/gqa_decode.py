@@ -31,7 +31,7 @@ class GqaDecodeConfig(BenchConfig):
     tile: int = 64  # keys per KV tile (TILE)
     scale: Optional[float] = None  # softmax scale; None → 1/sqrt(d)
     inputs: DecodeInputsConfig = field(default_factory=DecodeInputsConfig)
-    # opt2's design space (issue 13; kbframe.kernels.gqa_decode.gqa_decode_opt2 documents
+    # opt2's design space (kbframe.kernels.gqa_decode.gqa_decode_opt2 documents
     # the ADR rule each keeps or relaxes); null: the kernel takes no such parameter
     s_buffers: Optional[int] = None  # S buffers (≥ 2; the ADR's opt2: 2)
     k_prefetch: Optional[int] = None  # tiles #1 (Q·Kᵀ) is issued ahead of #2 (< s_buffers; ADR: 1)

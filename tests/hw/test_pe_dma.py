@@ -1,5 +1,5 @@
 """PE_DMA latency: setup + bytes/bandwidth, setup overlapping across outstanding transfers
-(DESIGN.md modelling notes; issue 2 default hardware: 77 ns setup, 204.8 GB/s)."""
+(DESIGN.md modelling notes; the default hardware: 77 ns setup, 204.8 GB/s)."""
 import numpy as np
 import pytest
 

@@ -137,7 +137,7 @@ def test_head_of_line_blocking_is_strict_fifo(tmp_path, rng):
 def test_pe_cpu_resumes_as_soon_as_the_queue_has_room(tmp_path, rng):
     """A queue of 2: A waits for the load of v, B for A, so C's dispatch waits for room.
     When the load completes, A is admitted and B alone stays queued: there is room, and
-    PE_CPU resumes then (issue 13), not once the queue has fully drained (A's end)."""
+    PE_CPU resumes then, not once the queue has fully drained (A's end)."""
     t = _tensors(rng)
 
     def kern(tl):

@@ -287,7 +287,7 @@ def test_tile_longer_than_sequence_needs_only_the_sequence(tmp_path):
         assert m["tcm"]["high_water_bytes"] < 65536, bench
 
 
-# ---- opt2's design space (issue 13) --------------------------------------------------------
+# ---- opt2's design space --------------------------------------------------------
 PREFETCH3 = ("bench.v_staging=prefetch", "bench.s_buffers=3", "bench.v_buffers=3", "bench.k_prefetch=2")
 
 

@@ -1,4 +1,4 @@
-"""The lse_merge recipe (recipes/lse_merge.yaml) on one PE (issue 12): two partials of one
+"""The lse_merge recipe (recipes/lse_merge.yaml) on one PE: two partials of one
 head, computed on the same PE by the opt2/opt3 inner loops over two key ranges, merged by
 ``tl.composite(op=None, prologue=[lse_merge])``, equal the whole head's float64 reference;
 merging an empty partial (m = −inf, l = 0, O = 0) on either side, or both, is the identity

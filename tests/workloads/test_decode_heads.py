@@ -1,4 +1,4 @@
-"""decode_heads (issue 12): GQA decode of a batch of sequences × KV heads over the PEs.
+"""decode_heads: GQA decode of a batch of sequences × KV heads over the PEs.
 
 Every head of every sequence against an independent float64 reference, a sequence of length
 0 giving 0 (not NaN), G = 7 (Qwen2.5-7B), the blocked and round-robin mappings (the same

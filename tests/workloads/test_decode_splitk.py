@@ -1,4 +1,4 @@
-"""decode_splitk (issue 12): split-K flash-decoding over PEs. The parts that need no IPCQ:
+"""decode_splitk: split-K flash-decoding over PEs. The parts that need no IPCQ:
 key ranges (even, chunked, empty splits), merge plans (rounds per topology), the PEs each
 item uses, and a one-split run (no merge) identical to decode_opt2."""
 import math
