@@ -371,6 +371,36 @@ def test_footprint_transposed_tile_and_column_region(tmp_path):
     sim.oplog.close()
 
 
+def test_bounds_hold_the_footprint_and_count_it(tmp_path):
+    """kbframe.sim.footprint.bounds: the byte range holding every interval of a source's
+    footprint and their number, for whole rows, a partial-column region (one interval a
+    row), a transposed tile, an empty region and a staging key."""
+    from kbframe.sim.footprint import bounds
+    rng = np.random.default_rng(0)
+    sim = Sim(tmp_path, {"k": rng.standard_normal((100, 256))})
+    k = sim.engine.hbm["k"]
+    row = 256 * 2
+    for src in ((k[64:100], None), (k[64:100].T, (slice(0, 128), slice(0, 36))),
+                (k[10:20], (slice(2, 7), slice(100, 104)))):
+        iv = footprint(src)
+        assert bounds(src) == (iv[0][0], iv[0][1], iv[-1][2], len(iv))
+    assert bounds((k[10:20], (slice(2, 7), slice(100, 104)))) == (
+        "hbm", k.addr + 12 * row + 200, k.addr + 16 * row + 208, 5)
+    assert bounds((k[10:20], (slice(3, 3), None))) == ("hbm", 0, 0, 0) and footprint((k[10:20], (slice(3, 3), None))) == []
+    assert bounds("s0") == ("stage:s0", 0, 1, 1)
+    sim.oplog.close()
+
+
+def test_reads_no_write_overlaps_are_left_out_of_rule_6():
+    """The union of a PE's writes answers whether a read can be part of a hazard: it
+    overlaps a write's bytes (touching ends do not), in the same space only."""
+    w = sanitizer._Written([("hbm", 0, 8, "a"), ("hbm", 8, 16, "b"), ("hbm", 32, 40, "c"), ("tcm", 100, 101, "d")])
+    assert w.spaces["hbm"] == ([0, 32], [16, 40])
+    assert [w.overlaps("hbm", lo, hi) for lo, hi in ((16, 32), (15, 16), (40, 50), (20, 33), (0, 0), (-5, 0))] == \
+        [False, True, False, True, False, False]
+    assert not w.overlaps("tcm", 0, 100) and w.overlaps("tcm", 100, 200) and not w.overlaps("stage:x", 0, 1)
+
+
 def _touched(draw_stages):
     """``touched`` for kbframe.sim.footprint.hazard_free from ``(t_start, t_data, t_end,
     reads, writes)`` per stage, reads and writes as ``(space, lo, hi)``."""

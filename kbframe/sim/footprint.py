@@ -87,11 +87,22 @@ def footprint(src) -> list:
     """``[(space, lo, hi, label)]`` of a numerics source: ``(handle, region)``, a DMA
     staging key (``str``) or ``("acc", key)``. Handles give byte intervals in their space
     (one per row when a region covers only some columns); keys are their own space."""
+    return _footprint(src, False)
+
+
+def bounds(src) -> tuple:
+    """``(space, lo, hi, n)`` of a numerics source: the bytes ``[lo, hi)`` that hold every
+    interval of its :func:`footprint` and their number ``n`` (``n == 0``: none), without
+    making them (a read no write overlaps can be no hazard: kbframe.sim.sanitizer)."""
+    return _footprint(src, True)
+
+
+def _footprint(src, bounding: bool):
     if isinstance(src, str):
-        return [("stage:" + src, 0, 1, src)]
+        return ("stage:" + src, 0, 1, 1) if bounding else [("stage:" + src, 0, 1, src)]
     h, region = src
     if h == "acc":
-        return [("acc:" + region, 0, 1, region)]
+        return ("acc:" + region, 0, 1, 1) if bounding else [("acc:" + region, 0, 1, region)]
     isz = itemsize(h.dtype)
     R = h.buf_shape[0] if h.buf_shape else 1
     C = prod(h.buf_shape[1:]) if len(h.buf_shape) > 1 else 1
@@ -106,9 +117,12 @@ def footprint(src) -> list:
     r0, r1 = w0 + r0, w0 + r1
     stride = C * isz
     if r1 <= r0 or c1 <= c0:
-        return []
+        return (h.space, 0, 0, 0) if bounding else []
     if c0 == 0 and c1 == C:
-        return [(h.space, h.addr + r0 * stride, h.addr + r1 * stride, h.name)]
+        lo, hi = h.addr + r0 * stride, h.addr + r1 * stride
+        return (h.space, lo, hi, 1) if bounding else [(h.space, lo, hi, h.name)]
+    if bounding:
+        return h.space, h.addr + r0 * stride + c0 * isz, h.addr + (r1 - 1) * stride + c1 * isz, r1 - r0
     return [(h.space, h.addr + r * stride + c0 * isz, h.addr + r * stride + c1 * isz, h.name)
             for r in range(r0, r1)]
 

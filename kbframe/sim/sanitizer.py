@@ -52,7 +52,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import SanitizerError
-from .footprint import FootprintNumerics, Space, footprint, hazard_free
+from .footprint import FootprintNumerics, Space, bounds, footprint, hazard_free
 from ..hw.tiling import plan_stages
 
 RULES = ("commands_once", "cpu_dispatch_serial", "unit_capacity", "tcm_no_overlap",
@@ -471,9 +471,10 @@ def check_data_dependencies(pe, plan, hbm_writes: list | None = None) -> int:
 
     Every access is first checked at once (kbframe.sim.footprint.hazard_free, numpy);
     only when that cannot show the rule holds are they walked one by one, which names
-    the first hazard in program order."""
+    the first hazard in program order. A read whose bytes no write of the PE touches (a
+    weight streamed from HBM) can be part of no hazard, and is counted but not checked."""
     nx = FootprintNumerics()
-    touched = []  # per stage that ran, in program order: (stage, t0, reads, writes)
+    ran = []  # per stage that ran, in program order: (stage, t0, read sources, write intervals)
     n = 0
     stopped = None  # what stopped the re-planning (a plan mismatch, a bug): after an earlier hazard
     try:
@@ -486,20 +487,59 @@ def check_data_dependencies(pe, plan, hbm_writes: list | None = None) -> int:
                                            f"match its plan ({len(stages)} ran, {len(replanned)} planned)")
             for rst, st in zip(replanned, stages):
                 reads, writes = nx.accesses(rst)
-                r_iv = [iv for s in reads for iv in footprint(s)]
                 w_iv = [iv for s in writes for iv in footprint(s)]
-                n += len(r_iv) + len(w_iv)
+                n += len(w_iv)
                 t0 = st.t_data if st.t_data >= 0 else st.t_start  # a DMA touches memory in its data phase
-                touched.append((st, t0, r_iv, w_iv))
+                ran.append((st, t0, reads, w_iv))
                 if hbm_writes is not None:
                     hbm_writes += [(lo, hi, pe.index, st) for space, lo, hi, _ in w_iv if space == "hbm"]
     except Exception as e:  # noqa: BLE001 — raised below, once the commands before it are checked
         stopped = e
+    written = _Written(w for _, _, _, w_iv in ran for w in w_iv)
+    touched = []  # (stage, t0, reads, writes) as intervals, the reads no write overlaps left out
+    for st, t0, reads, w_iv in ran:
+        r_iv = []
+        for src in reads:
+            space, lo, hi, k = bounds(src)
+            n += k
+            if k and written.overlaps(space, lo, hi):
+                r_iv += footprint(src)
+        touched.append((st, t0, r_iv, w_iv))
     if not hazard_free(touched):
         _first_hazard(touched)
     if stopped is not None:
         raise stopped
     return n
+
+
+class _Written:
+    """The union of write intervals ``(space, lo, hi, label)`` per space, to ask whether a
+    byte range overlaps any of them."""
+
+    def __init__(self, intervals):
+        per: dict = defaultdict(list)
+        for space, lo, hi, _ in intervals:
+            if hi > lo:
+                per[space].append((lo, hi))
+        self.spaces = {}
+        for space, ivs in per.items():
+            ivs.sort()
+            los, his = [ivs[0][0]], [ivs[0][1]]
+            for lo, hi in ivs[1:]:
+                if lo <= his[-1]:
+                    his[-1] = max(his[-1], hi)
+                else:
+                    los.append(lo)
+                    his.append(hi)
+            self.spaces[space] = (los, his)
+
+    def overlaps(self, space, lo: int, hi: int) -> bool:
+        got = self.spaces.get(space)
+        if got is None or hi <= lo:
+            return False
+        los, his = got
+        j = bisect_right(los, hi - 1) - 1  # the last union interval starting below hi
+        return j >= 0 and his[j] > lo
 
 
 def _first_hazard(touched) -> None:
