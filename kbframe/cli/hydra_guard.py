@@ -124,6 +124,11 @@ def _check_sweeper(sw) -> None:
     if sw.get("storage") is not None:
         raise Refusal("hydra.sweeper.storage", f"'{sw['storage']}' would make Optuna write a database outside the "
                                                f"sweep directory; kbframe takes none")
+    rate = sw.get("max_failure_rate")  # Optuna's sweeper asserts it, with no message
+    if rate is not None and not (isinstance(rate, str) and "${" in rate) and not (
+            isinstance(rate, (int, float)) and not isinstance(rate, bool) and 0 <= rate <= 1):
+        raise Refusal("hydra.sweeper.max_failure_rate", f"must be a number from 0 to 1 (the share of trials "
+                                                        f"that may fail), got {rate!r}")
     css = sw.get("custom_search_space")
     if css is not None:
         from ..sim.targets import describe, locate

@@ -409,12 +409,19 @@ def summary_line(cp: dict, max_terms: int = 6) -> str:
             g = grouped.setdefault(key, [0.0, 0])
             g[0] += t["ns"]
             g[1] += 1
-        text = " + ".join(f"{k} {ns:g}" + (f" ({n} terms)" if n > 1 else "") for k, (ns, n) in grouped.items())
+        text = " + ".join(f"{k} {_g(ns)}" + (f" ({n} terms)" if n > 1 else "") for k, (ns, n) in grouped.items())
     else:
-        text = " + ".join(f"{t['name']} {t['ns']:g}" for t in terms)
+        text = " + ".join(f"{t['name']} {_g(t['ns'])}" for t in terms)
     per = cp["unit_of_progress"] if cp["units_per_period"] == 1 else f"{cp['units_per_period']} {cp['unit_of_progress']}s"
-    head = (f"{cp['binding']}: {cp['period_ns']:g} ns per {per}" if cp["steady"]
-            else f"{cp['binding']}: no steady state; {cp['period_ns']:g} ns whole path")
+    head = (f"{cp['binding']}: {_g(cp['period_ns'])} ns per {per}" if cp["steady"]
+            else f"{cp['binding']}: no steady state; {_g(cp['period_ns'])} ns whole path")
     b = cp.get("busiest")
     tail = f"; busiest {b['unit']} {b['busy_fraction']:.1%}" if b else ""
     return f"{head} = {text}{tail}"
+
+
+def _g(ns: float) -> str:
+    """A term's ns for the console: six significant digits (287, 545.5), whole ns from a
+    millisecond on (9729407, not 9.72941e+06)."""
+    text = f"{ns:g}"
+    return f"{ns:.0f}" if "e+" in text else text

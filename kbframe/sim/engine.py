@@ -205,13 +205,19 @@ class Engine:
         if not 1 <= n <= MAX_PES:
             raise ConfigError(f"hardware.n_pes must be 1 to {MAX_PES}, got {n}")
         self.ppc = int(hw.get("pes_per_cube", 8))
+        cubes_x, cubes_y = int(hw.get("cubes_x", 1)), int(hw.get("cubes_y", 1))
+        if min(self.ppc, cubes_x, cubes_y) < 1 or n > self.ppc * cubes_x * cubes_y:
+            raise ConfigError(f"hardware.n_pes={n} does not fit the topology: hardware.pes_per_cube={self.ppc} × "
+                              f"hardware.cubes_x={cubes_x} × hardware.cubes_y={cubes_y} = "
+                              f"{self.ppc * cubes_x * cubes_y} PE(s) (each ≥ 1; set the cubes too, e.g. "
+                              f"hardware=cube_mesh)")
         self.shared_hbm = hw.get("hbm_mode", "partitioned") == "shared"
         self.cube_hbm_gbps = float(hw.get("cube_hbm_gbps", 1638.4))
         self.hbm_ports: dict = {}  # cube -> HbmPort (shared HBM, kbframe.hw.hbm)
         # units: one PE's unit objects, not yet bound (build_units(hw), or a copy of them: a
         # caller that builds many engines of one hardware instantiates them once)
         self.pes = PEs(self, n, units if units is not None else build_units(hw), hw)
-        self.fabric = Fabric(self.pes, self.ppc, int(hw.get("cubes_x", 1)))
+        self.fabric = Fabric(self.pes, self.ppc, cubes_x)
         self.hbm: dict[str, TensorHandle] = {}
         self._hbm_top = 0
         self.wall_s = 0.0
