@@ -1,6 +1,7 @@
 """Writing result files so that nothing is ever half-written: write a temporary file beside
 the target, then rename it over the target (atomic on POSIX). A Ctrl-C or a full disk
-leaves the previous file, or none."""
+leaves the previous file, or none. Reading a run's small files (:func:`read_small`) only
+from regular files of bounded size: a FIFO or a device in a job directory is not read."""
 from __future__ import annotations
 
 import errno
@@ -8,6 +9,7 @@ import fcntl
 import json
 import os
 import secrets
+import stat
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -114,11 +116,41 @@ def write_json(path: Path, obj) -> None:
 STATUS_FILE = "status.json"
 
 
+#: the most bytes :func:`read_small` reads (a decoder layer's metrics.json is ~64 KB)
+SMALL_FILE_LIMIT = 64 << 20
+
+
+def read_small(path, limit: int = SMALL_FILE_LIMIT) -> str:
+    """The text of ``path`` if it is a regular file of at most ``limit`` bytes.
+
+    Opened without blocking (a FIFO never hangs the reader) and checked on the open file
+    (a link to ``/dev/zero`` or a directory is refused, not read).
+
+    Raises:
+        OSError: it cannot be opened, is not a regular file, or is larger than ``limit``.
+        ValueError: it is not UTF-8 text."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        if st.st_size > limit:
+            raise OSError(errno.EFBIG, f"larger than {limit} bytes", str(path))
+        with os.fdopen(fd, "rb") as f:
+            fd = -1
+            data = f.read(limit + 1)
+    finally:
+        if fd >= 0:
+            os.close(fd)
+    if len(data) > limit:
+        raise OSError(errno.EFBIG, f"larger than {limit} bytes", str(path))
+    return data.decode("utf-8")
+
+
 def read_status(job_dir: Path) -> dict | None:
     """The job's status dict, or None if it has none (or it cannot be parsed)."""
     try:
-        with open(Path(job_dir) / STATUS_FILE) as f:
-            st = json.load(f)
+        st = json.loads(read_small(Path(job_dir) / STATUS_FILE, 1 << 20))
         return st if isinstance(st, dict) else None
     except (OSError, ValueError):
         return None

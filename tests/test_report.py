@@ -191,6 +191,41 @@ def test_a_string_where_a_metric_should_be_fails_that_job(sweep, tmp_path, capsy
     assert "Traceback" not in capsys.readouterr().err
 
 
+def test_special_and_truncated_files_fail_their_job_and_are_never_read(sweep, tmp_path, capsys):
+    """Only regular files of bounded size are read: a FIFO as metrics.json (which would hang
+    a reader), a link to /dev/zero (which would fill memory), a FIFO as a job's
+    overrides.yaml and status.json fail or leave out that job's facts."""
+    import os
+    d = tmp_path / "special"
+    shutil.copytree(sweep, d)
+    (d / "0" / "metrics.json").unlink()
+    os.mkfifo(d / "0" / "metrics.json")
+    (d / "4" / "metrics.json").unlink()
+    (d / "4" / "metrics.json").symlink_to("/dev/zero")
+    (d / "1" / "status.json").unlink()
+    os.mkfifo(d / "1" / "status.json")
+    (d / "3" / ".hydra" / "overrides.yaml").unlink()
+    os.mkfifo(d / "3" / ".hydra" / "overrides.yaml")
+    capsys.readouterr()
+    assert report.main([str(d)]) == 1
+    rows = {r["job"]: r for r in _rows(d)}
+    assert (rows["0"]["status"], rows["0"]["error"]) == ("failed", "metrics.json cannot be read: not a regular file")
+    assert (rows["4"]["status"], rows["4"]["error"]) == ("failed", "metrics.json cannot be read: not a regular file")
+    assert "Traceback" not in capsys.readouterr().err
+    with pytest.raises(OSError, match="larger than 10 bytes"):
+        files.read_small(d / "0" / ".hydra" / "config.yaml", 10)
+
+
+def test_a_truncated_metrics_json_is_named_unreadable(sweep, tmp_path):
+    d = tmp_path / "truncated"
+    shutil.copytree(sweep, d)
+    m = d / "0" / "metrics.json"
+    m.write_text(m.read_text()[:40])
+    assert report.main([str(d)]) == 1
+    row = {r["job"]: r for r in _rows(d)}["0"]
+    assert row["status"] == "failed" and row["error"].startswith("metrics.json cannot be read: "), row["error"]
+
+
 # ---------------------------------------------------------------- status.json
 
 def test_status_ok(tmp_path):

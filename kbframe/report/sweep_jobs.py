@@ -14,7 +14,7 @@ import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..files import dir_locked, read_status
+from ..files import dir_locked, read_small, read_status
 
 #: columns every job has, as metrics.json paths; the workload's own ``shape.<key>`` columns
 #: (whatever its metrics.json ``shape`` holds) come between HEAD_COLUMNS and RESULT_COLUMNS
@@ -120,7 +120,7 @@ def _job_dirs(sweep_dir: Path) -> list[Path]:
 def _load_yaml(path: Path):
     from omegaconf import OmegaConf
     try:
-        return OmegaConf.load(path)
+        return OmegaConf.create(read_small(path, 1 << 20))
     except Exception:
         return None
 
@@ -137,12 +137,13 @@ def _read_job(d: Path) -> Job:
     if num is None and d.name.isdigit():
         num = int(d.name)
     job = Job(num=num, overrides=overrides, dir=d)
-    metrics = None
+    metrics, unreadable = None, None
     try:
-        with open(d / "metrics.json") as f:
-            metrics = json.load(f)
-    except (OSError, ValueError):
+        metrics = json.loads(read_small(d / "metrics.json"))
+    except FileNotFoundError:
         pass
+    except (OSError, ValueError) as e:  # a truncated file, a FIFO, a link to a device
+        unreadable = f"metrics.json cannot be read: {getattr(e, 'strerror', None) or e}"
     if st is not None:
         job.status = str(st.get("status", "missing"))
         job.error = st.get("error")
@@ -156,7 +157,7 @@ def _read_job(d: Path) -> Job:
             job.status = "failed"
             job.error = "started, never finished: its process ended without a word (killed by a signal?)"
     if job.status == "ok" and metrics is None:
-        job.status, job.error = "failed", "status ok but no metrics.json"
+        job.status, job.error = "failed", unreadable or "status ok but no metrics.json"
     if metrics is not None and not isinstance(metrics, dict):
         job.status, job.error, metrics = "failed", "metrics.json is not a JSON object", None
     job.metrics = metrics
