@@ -240,3 +240,21 @@ class NoEnergyVector(Unit):
 
     def duration_ps(self, stage) -> int:
         return 1000
+
+
+def test_sweep_csv_has_the_energy_columns():
+    """energy.* columns when a job has an energy section: the totals, then each role's pJ."""
+    from types import SimpleNamespace
+    from kbframe.report.sweep import ENERGY_COLUMNS, energy_columns
+    jobs = [SimpleNamespace(metrics={"energy": {"total_pj": 1.0, "by_role": {"dispatch": 1.0, "static": 0.0}}}),
+            SimpleNamespace(metrics=None)]
+    assert energy_columns(jobs) == ENERGY_COLUMNS + ["energy.by_role.dispatch", "energy.by_role.static"]
+    assert energy_columns([SimpleNamespace(metrics={"sim": {}})]) == []
+
+
+def test_energy_metrics_are_search_objectives():
+    from kbframe.report.search import _check_name
+    for name in ("energy.total_pj", "energy.per_unit_pj", "energy.edp"):
+        assert _check_name(name, "search.objectives[0]") == name
+    with pytest.raises(ConfigError, match="'energy.totl_pj' is not a metric"):
+        _check_name("energy.totl_pj", "search.objectives[0]")
