@@ -258,3 +258,23 @@ def test_energy_metrics_are_search_objectives():
         assert _check_name(name, "search.objectives[0]") == name
     with pytest.raises(ConfigError, match="'energy.totl_pj' is not a metric"):
         _check_name("energy.totl_pj", "search.objectives[0]")
+
+
+@pytest.mark.parametrize("bench,ov", [("decode_opt3", ("energy.gemm.static_mw=30",)),
+                                      ("decode_splitk", ("hardware=cube", "bench.S_kv=1024"))])
+def test_power_track_integrates_to_the_energy(tmp_path, bench, ov):
+    """run.power_track: a power counter per PE whose area is the PE's energy; without it the
+    trace has no counter."""
+    import json
+    m = run(tmp_path / "a", "bench.data=false", "bench.S_kv=512", *ov, "run.power_track=true", bench=bench)
+    events = json.loads((tmp_path / "a" / "trace.json").read_text())["traceEvents"]
+    lat_us = m["sim"]["latency_ns"] / 1000
+    for pe in m["energy"]["by_unit"]:
+        c = [e for e in events if e.get("ph") == "C" and e["pid"] == pe["pe"]]
+        assert c and all(e["name"] == "power W" for e in c) and c[0]["ts"] == 0
+        assert [e["ts"] for e in c] == sorted(e["ts"] for e in c) and c[-1]["ts"] <= lat_us
+        area_pj = sum(a["args"]["W"] * (b["ts"] - a["ts"]) * 1e6 for a, b in zip(c, c[1:]))
+        area_pj += c[-1]["args"]["W"] * (lat_us - c[-1]["ts"]) * 1e6
+        assert math.isclose(area_pj, pe["pj"], rel_tol=1e-9)
+    run(tmp_path / "b", "bench.data=false", "bench.S_kv=512", *ov, bench=bench)
+    assert not any(e.get("ph") == "C" for e in json.loads((tmp_path / "b" / "trace.json").read_text())["traceEvents"])

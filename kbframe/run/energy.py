@@ -102,7 +102,9 @@ def _op_log_name(pe, name: str) -> str:
 
 def pe_energy(pe, oplog, energy, dtype: str, latency_ps: int) -> dict:
     """One PE's energy: ``{unit name: {"label", "role", "actions": {action: quantity},
-    "pj_by_action": {action: pJ}, "dynamic_pj", "static_pj", "pj"}}`` in config order.
+    "pj_by_action": {action: pJ}, "dynamic_pj", "static_pj", "pj"}}`` in config order; a
+    unit whose stages touch TCM also has ``tcm_pj``, the part of the TCM's energy its
+    traffic makes (at the TCM's read and write prices; already in the TCM's ``pj``).
 
     Raises:
         ConfigError: a unit's rule names a key its table does not have (e.g. a GEMM at a
@@ -118,6 +120,7 @@ def pe_energy(pe, oplog, energy, dtype: str, latency_ps: int) -> dict:
             writes += w
     tcm_name = next(n for n, u in pe.units.items() if u is pe.tcm)
     works[tcm_name].tcm_read_bytes, works[tcm_name].tcm_write_bytes = reads, writes
+    tcm_table = energy[_role(pe.tcm)]
     out = {}
     for name, unit in pe.units.items():
         role = _role(unit)
@@ -134,6 +137,11 @@ def pe_energy(pe, oplog, energy, dtype: str, latency_ps: int) -> dict:
         static = float(table["static_mw"]) * lat_ns
         out[name] = {"label": unit.label or name, "role": role, "actions": actions, "pj_by_action": pj_by,
                      "dynamic_pj": dynamic, "static_pj": static, "pj": dynamic + static}
+        if unit is not pe.tcm:  # the TCM energy its traffic makes (counted in the TCM's figures)
+            r, w = unit.tcm_traffic(works[name])
+            if r or w:
+                out[name]["tcm_pj"] = r * float(tcm_table.get("read_pj_per_byte", 0.0)) + \
+                    w * float(tcm_table.get("write_pj_per_byte", 0.0))
     return out
 
 
@@ -206,3 +214,20 @@ def summary_line(e: dict) -> str:
     top = ", ".join(f"{label} {pj / total:.0%}" if total else f"{label} 0%" for label, pj in largest(e))
     return (f"  energy      {_pj(total)} ({e['node']}); per {e['unit']} {_pj(e['per_unit_pj'])}; "
             f"avg {e['avg_power_w']:.3g} W; largest: {top}")
+
+
+def power_of(metrics_energy: dict, latency_ns: float) -> dict:
+    """What kbframe.report.trace's power track needs, per PE: ``{pe: {"units": {op_log unit:
+    dynamic pJ with its TCM share}, "static_w": W, "latency_ns": the run's}}``. A unit's records are named
+    ``cpu`` / ``scheduler`` in the op_log for PE_CPU's and PE_SCHEDULER's roles."""
+    out = {}
+    for pe in metrics_energy["by_unit"]:
+        units = {}
+        for name, u in pe["units"].items():
+            if u["role"] == "tcm":
+                continue  # its energy is its traffic's, drawn on the units that made it
+            log = {"dispatch": "cpu", "admission": "scheduler"}.get(u["role"], name)
+            units[log] = u["dynamic_pj"] + u.get("tcm_pj", 0.0)
+        static_w = pe["static_pj"] / latency_ns * 1e-3 if latency_ns else 0.0
+        out[pe["pe"]] = {"units": units, "static_w": static_w, "latency_ns": latency_ns}
+    return out

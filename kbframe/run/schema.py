@@ -69,6 +69,7 @@ class RunConfig:
     trace: bool = True  # write trace.json; python -m kbframe.report.trace RUN_DIR makes it later
     fast_forward: str = "on"  # off | on | verify: a periodic timing-only schedule is written, not simulated
     max_records: int = 20_000_000  # op_log records a simulated run may make (checked before it simulates)
+    power_track: bool = False  # trace.json gets a power counter track per PE (kbframe.report.trace)
 
 
 def workload_classes() -> dict:
