@@ -278,3 +278,28 @@ def test_power_track_integrates_to_the_energy(tmp_path, bench, ov):
         assert math.isclose(area_pj, pe["pj"], rel_tol=1e-9)
     run(tmp_path / "b", "bench.data=false", "bench.S_kv=512", *ov, bench=bench)
     assert not any(e.get("ph") == "C" for e in json.loads((tmp_path / "b" / "trace.json").read_text())["traceEvents"])
+
+
+@pytest.mark.parametrize("table", sorted(p.stem for p in __import__("pathlib").Path("conf/energy").glob("*.yaml")))
+@pytest.mark.parametrize("hardware", sorted(p.stem for p in __import__("pathlib").Path("conf/hardware").glob("*.yaml")))
+def test_every_energy_table_fits_every_hardware(table, hardware):
+    from kbframe.run.energy import check
+    from kbframe.sim.engine import build_units
+    cfg = compose_cfg(f"energy={table}", f"hardware={hardware}")
+    check(cfg.energy, build_units(cfg.hardware))
+
+
+def test_every_default_figure_quotes_its_source():
+    """Each figure of conf/energy/default.yaml carries a source tag ([H], [O], [U], [N], [D],
+    defined in its header) in its comment; static power is 0 with the header's reason."""
+    import re
+    text = open("conf/energy/default.yaml").read()
+    tags = set(re.findall(r"^#\s+\[([A-Z])\]", text, re.M))
+    assert tags == {"H", "O", "U", "N", "D"}
+    for line in text.splitlines():
+        m = re.match(r"^\s+(\w+_pj_per_\w+):\s*([0-9.]+)\s*#\s*(.*)$", line)
+        if re.match(r"^\s+\w+_pj_per_\w+:", line):
+            assert m and re.match(r"\[([A-Z])\]", m[3]) and m[3][1] in tags, line
+        if re.match(r"^\s+static_mw:", line):
+            assert float(line.split(":")[1]) == 0.0
+    assert "no public per-unit leakage figure" in text

@@ -86,11 +86,10 @@ def check(energy, units: dict) -> None:
 
 
 def _work(pe, name: str, oplog, dtype: str) -> Work:
-    key = (pe.index, name)
-    t = oplog._totals.get(key)
+    t = oplog.unit_totals(pe.index, name)
     if t is None:
         return Work(dtype=dtype, itemsize=ITEMSIZE[dtype])
-    return Work(count=t.count, bytes=t.bytes, flops=t.flops, kinds=oplog.kinds(pe.index, name), dtype=dtype,
+    return Work(count=t[0], bytes=t[1], flops=t[2], kinds=oplog.kinds(pe.index, name), dtype=dtype,
                 itemsize=ITEMSIZE[dtype])
 
 

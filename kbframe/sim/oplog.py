@@ -148,6 +148,11 @@ class OpLog:
         """FLOPs of every stage recorded."""
         return sum(t.flops for t in self._totals.values())
 
+    def unit_totals(self, pe: int, unit: str) -> tuple | None:
+        """``(records, bytes, flops)`` of one ``(pe, unit)``, None if it made none."""
+        t = self._totals.get((pe, unit))
+        return None if t is None else (t.count, t.bytes, t.flops)
+
     def kinds(self, pe: int, unit: str) -> dict:
         """``{op_kind: (stages, elements)}`` of one stage unit's records (empty if none)."""
         t = self._totals.get((pe, unit))
