@@ -303,3 +303,14 @@ def test_every_default_figure_quotes_its_source():
         if re.match(r"^\s+static_mw:", line):
             assert float(line.split(":")[1]) == 0.0
     assert "no public per-unit leakage figure" in text
+
+
+def test_power_track_rebuilt_from_the_run_dir(tmp_path):
+    """python -m kbframe.report.trace --power RUN_DIR draws the same power track as the run."""
+    from kbframe.report.trace import main
+    run(tmp_path, "bench.data=false", "bench.S_kv=300", "run.power_track=true", bench="decode_opt3")
+    def power_lines(p):
+        return [ln for ln in p.read_text().splitlines() if '"power W"' in ln]
+    assert main(["--power", str(tmp_path), str(tmp_path / "again.json")]) == 0
+    assert power_lines(tmp_path / "again.json") == power_lines(tmp_path / "trace.json")
+    assert len(power_lines(tmp_path / "trace.json")) > 2

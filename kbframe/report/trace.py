@@ -62,6 +62,25 @@ def tracks_from_metrics(metrics: dict) -> dict:
     return tracks_from_units(units)
 
 
+def power_from_metrics(metrics: dict) -> dict:
+    """What the power track needs (:func:`write_trace`'s ``power``), from ``metrics.json``
+    ``energy`` (kbframe.run.energy): per PE ``{"units": {op_log unit: its dynamic pJ with
+    its share of the TCM's}, "static_w": W, "latency_ns": the run's}``. The op_log names
+    the records of the units serving ``dispatch`` and ``admission`` ``cpu`` and
+    ``scheduler``; the TCM has no records, its energy is drawn on its traffic's units."""
+    lat_ns = metrics["sim"]["latency_ns"]
+    out = {}
+    for pe in metrics["energy"]["by_unit"]:
+        units = {}
+        for name, u in pe["units"].items():
+            if u["role"] != "tcm":
+                log = {"dispatch": "cpu", "admission": "scheduler"}.get(u["role"], name)
+                units[log] = u["dynamic_pj"] + u.get("tcm_pj", 0.0)
+        out[pe["pe"]] = {"units": units, "static_w": pe["static_pj"] / lat_ns * 1e-3 if lat_ns else 0.0,
+                         "latency_ns": lat_ns}
+    return out
+
+
 #: records a fast-forwarded run's trace makes into columns at a time (:func:`write_trace`)
 RECORD_CHUNK = 1 << 16
 #: flow ids are ``pe * FLOW_ID_STRIDE + cmd``
@@ -249,7 +268,7 @@ def write_trace(op_log: Path | str, out: Path | str, tracks: dict | None = None,
     Like the critical flags, only the run knows them.
 
     ``power``: ``{pe: {"units": {op_log unit: pJ}, "static_w": W, "latency_ns": ns}}``
-    (kbframe.run.energy.power_of): draw each PE's power counter track (module doc).
+    (:func:`power_from_metrics`): draw each PE's power counter track (module doc).
 
     Returns:
         ``{"slices": {unit: count}, "flows": n_commands, "link_flows": n_sends_received,
@@ -448,11 +467,14 @@ def write_trace(op_log: Path | str, out: Path | str, tracks: dict | None = None,
 
 
 def main(argv=None) -> int:
-    """``python -m kbframe.report.trace OP_LOG [TRACE]``: (re)build a trace from an op_log."""
+    """``python -m kbframe.report.trace [--power] OP_LOG [TRACE]``: (re)build a trace from an
+    op_log; ``--power`` adds the power track from the run's metrics.json."""
     import sys
     args = sys.argv[1:] if argv is None else argv
+    power = "--power" in args
+    args = [a for a in args if a != "--power"]
     if not args or args[0] in ("-h", "--help"):
-        print("usage: python -m kbframe.report.trace RUN_DIR|op_log.jsonl [trace.json]")
+        print("usage: python -m kbframe.report.trace [--power] RUN_DIR|op_log.jsonl [trace.json]")
         return 0 if args else 2
     src = Path(args[0])
     if src.is_dir():
@@ -460,8 +482,11 @@ def main(argv=None) -> int:
     dst = Path(args[1]) if len(args) > 1 else src.with_name("trace.json")
     try:
         metrics = src.with_name("metrics.json")  # the units' labels, as the run named its tracks
-        tracks = tracks_from_metrics(json.loads(metrics.read_text())) if metrics.is_file() else None
-        info = write_trace(src, dst, tracks)
+        m = json.loads(metrics.read_text()) if metrics.is_file() else None
+        tracks = tracks_from_metrics(m) if m is not None else None
+        if power and (m is None or "energy" not in m):
+            raise ValueError(f"--power: {metrics} has no energy section (a run of a kbframe with energy tables)")
+        info = write_trace(src, dst, tracks, power=power_from_metrics(m) if power else None)
     except (OSError, ValueError) as e:
         print(f"kbframe: error: {e}", file=sys.stderr)
         return 1

@@ -23,7 +23,7 @@ from threadpoolctl import threadpool_limits
 from ..errors import ConfigError, InputsError, NumericsError, OutputError
 from ..files import atomic_write, write_json
 from ..report import critical_path
-from ..report.trace import tracks_from_metrics, write_trace
+from ..report.trace import power_from_metrics, tracks_from_metrics, write_trace
 from ..sim import sanitizer
 from ..sim.engine import build_units
 from ..sim.targets import resolve_class, resolve_kernel
@@ -327,8 +327,7 @@ def _report(run: _Run, rd: RunDir) -> dict:
     if found and wl.tokens():
         metrics["step"] = phases.step(metrics, wl.tokens())
     if run.trace:  # a fast-forwarded run's from its records, not from the op_log's text
-        power = energy.power_of(metrics["energy"], metrics["sim"]["latency_ns"]) \
-            if run.cfg.run.get("power_track", False) else None
+        power = power_from_metrics(metrics) if run.cfg.run.get("power_track", False) else None
         write_trace(run.oplog_path, run.trace_path, tracks_from_metrics(metrics), critical=cp.records,
                     records=run.forwarded.records if run.forwarded is not None else None, phases=slices,
                     power=power)

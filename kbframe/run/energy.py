@@ -214,19 +214,3 @@ def summary_line(e: dict) -> str:
     return (f"  energy      {_pj(total)} ({e['node']}); per {e['unit']} {_pj(e['per_unit_pj'])}; "
             f"avg {e['avg_power_w']:.3g} W; largest: {top}")
 
-
-def power_of(metrics_energy: dict, latency_ns: float) -> dict:
-    """What kbframe.report.trace's power track needs, per PE: ``{pe: {"units": {op_log unit:
-    dynamic pJ with its TCM share}, "static_w": W, "latency_ns": the run's}}``. A unit's records are named
-    ``cpu`` / ``scheduler`` in the op_log for PE_CPU's and PE_SCHEDULER's roles."""
-    out = {}
-    for pe in metrics_energy["by_unit"]:
-        units = {}
-        for name, u in pe["units"].items():
-            if u["role"] == "tcm":
-                continue  # its energy is its traffic's, drawn on the units that made it
-            log = {"dispatch": "cpu", "admission": "scheduler"}.get(u["role"], name)
-            units[log] = u["dynamic_pj"] + u.get("tcm_pj", 0.0)
-        static_w = pe["static_pj"] / latency_ns * 1e-3 if latency_ns else 0.0
-        out[pe["pe"]] = {"units": units, "static_w": static_w, "latency_ns": latency_ns}
-    return out
