@@ -314,3 +314,10 @@ def test_power_track_rebuilt_from_the_run_dir(tmp_path):
     assert main(["--power", str(tmp_path), str(tmp_path / "again.json")]) == 0
     assert power_lines(tmp_path / "again.json") == power_lines(tmp_path / "trace.json")
     assert len(power_lines(tmp_path / "trace.json")) > 2
+
+
+def test_energy_is_the_same_in_data_mode(tmp_path):
+    """Numerics change no record, so no energy: data mode and timing only agree exactly."""
+    a = run(tmp_path / "a", "bench.S_kv=300", "bench.data=true", bench="decode_opt2")["energy"]
+    b = run(tmp_path / "b", "bench.S_kv=300", "bench.data=false", "run.fast_forward=off", bench="decode_opt2")["energy"]
+    assert a == b and a["total_pj"] > 0
