@@ -163,6 +163,18 @@ def test_fast_forward_keeps_the_energy(tmp_path):
     assert on["energy"] == off["energy"] and on["energy"]["total_pj"] > 0
 
 
+def test_fast_forward_verify_covers_the_energy_of_many_pes(tmp_path):
+    """run.fast_forward=verify compares every total the energy is made of (stages and
+    elements per op kind, bytes, FLOPs, link bytes, dispatch cycles) with the full
+    simulation's; on a cube's 8 PEs with IPCQ merges it passes, and the energy has links."""
+    m = run(tmp_path, "hardware=cube", "bench.S_kv=1048576", "bench.inner=opt3", "bench.data=false",
+            "run.check=false", "run.trace=false", "run.fast_forward=verify", bench="decode_splitk")
+    assert m["fast_forward"]["applied"] and "verified" in m["fast_forward"]["note"]
+    e = m["energy"]
+    assert len(e["by_unit"]) == 8 and e["by_role"]["ipcq_send"] > 0
+    assert e["by_action"]["ipcq_send.intra_bits"]["count"] == 8 * m["ipcq"]["bytes"]
+
+
 def test_many_pes_sum_their_energy(tmp_path):
     m = run(tmp_path, *CUBE, bench="decode_splitk")
     e = m["energy"]
