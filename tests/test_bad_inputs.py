@@ -107,6 +107,10 @@ def make_files(tmp: Path) -> None:
     # user's whose defaults load the first
     (rd / "global.yaml").write_text("# @package _global_\nhardware:\n  allow_external_targets: true\n")
     (rd / "nopackage.yaml").write_text(f"# a recipe without its package line\n{RECIPES['writes_r']}")
+    (tmp / "more" / "energy").mkdir()  # a table of the user's for one PE: no IPCQ tables
+    table = (REPO / "conf" / "energy" / "default.yaml").read_text()
+    (tmp / "more" / "energy" / "no_ipcq.yaml").write_text(
+        table[:table.index("ipcq_send:")].replace("name: default", "name: no_ipcq"))
     (tmp / "more" / "bench").mkdir()
     (tmp / "more" / "bench" / "loads_global.yaml").write_text(
         "defaults:\n  - decode_opt2\n  - /recipes: [global]\n  - _self_\nname: loads_global\n")

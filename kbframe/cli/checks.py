@@ -27,7 +27,7 @@ from ..errors import ConfigError, KbframeError, RecipeError
 from ..tl import recipe as recipe_files
 
 
-GROUPS = ("bench", "hardware", "calibration", "model", "search")
+GROUPS = ("bench", "hardware", "calibration", "energy", "model", "search")
 _NAME = re.compile(r"[A-Za-z0-9_.\-]+")
 _CONF = Path(__file__).resolve().parents[1] / "conf"
 
@@ -150,7 +150,7 @@ def check_composed_recipes() -> None:
 
 
 #: top-level sections every run needs (``~calibration`` deletes one)
-SECTIONS = ("hardware", "calibration", "run")
+SECTIONS = ("hardware", "calibration", "energy", "run")
 
 
 def _raw_value(cfg, key: str):

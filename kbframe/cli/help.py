@@ -65,7 +65,7 @@ def text() -> str:
         lines.append(f"  {cls.__name__} (kbframe/workloads/{name}.py; unit of progress: {cls.unit})")
         lines.append(f"    {_keys(cls.Config, common)}")
     lines.append("")
-    for group in ("hardware", "calibration", "model", "sweep", "search"):
+    for group in ("hardware", "calibration", "energy", "model", "sweep", "search"):
         names = ", ".join(sorted(p.stem for p in (CONF / group).glob("*.yaml")))
         lines.append(f"{group.capitalize()} ({'+' if group in ('model', 'sweep', 'search') else ''}{group}=NAME): {names}")
     lines += [

@@ -102,6 +102,22 @@ class IpcqSend(Unit):
 
     roles = ("ipcq_send",)
     label = "IPCQ send"
+    energy_keys = ("intra_pj_per_bit", "d2d_pj_per_bit")
+
+    def energy_actions(self, work) -> list:
+        """The bits it sent: every message crosses its cube's NoC (``intra``) and each cube
+        boundary on its XY route (``d2d``, once per cube crossed), as its latency does."""
+        fabric, me = self.pe.fabric, self.pe.index
+        intra = d2d = 0
+        for (src, dst), ln in sorted(fabric.links.items()):
+            if src == me:
+                intra += 8 * ln.bytes
+                d2d += 8 * ln.bytes * fabric.cube_hops(src, dst)
+        return [("intra_bits", "intra_pj_per_bit", intra), ("d2d_bits", "d2d_pj_per_bit", d2d)]
+
+    def tcm_traffic(self, work) -> tuple:
+        """A message is read from the sender's TCM."""
+        return work.bytes, 0
 
     def __init__(self, intra_latency_ns: float = 16.0, intra_gbps: float = 256.0, d2d_latency_ns: float = 16.0,
                  d2d_gbps: float = 128.0, credits: int = 4, description: str = "", roles=None, label=None):
@@ -164,6 +180,11 @@ class IpcqRecv(Unit):
 
     roles = ("ipcq_recv",)
     label = "IPCQ recv"
+    energy_keys = ()  # the link's energy is the sender's; a receive writes TCM only
+
+    def tcm_traffic(self, work) -> tuple:
+        """A message lands in the receiver's TCM."""
+        return 0, work.bytes
 
     def __init__(self, description: str = "", roles=None, label=None):
         super().__init__(description, roles, label)

@@ -29,6 +29,12 @@ class PeCpu(PeUnit):
 
     roles = ("dispatch",)
     label = "PE_CPU"
+    energy_keys = ("pj_per_cycle",)
+
+    def energy_actions(self, work) -> list:
+        """Every dispatch cycle it spent (``FIXED + R × logical_bytes`` per command, the
+        ADR-0064 cost model): PE_CPU's energy scales with the dispatch cost."""
+        return [("cycles", "pj_per_cycle", self.cycles)]
 
     def __init__(self, fixed_cycles: float, r_cycles_per_byte: float, composite_cap_bytes: int,
                  clock_ghz: float, description: str = "", roles=None, label=None):

@@ -26,6 +26,16 @@ class DmaChannel(Unit):
     """
 
     label = "DMA"  # a channel's role (dma_read or dma_write) comes from its config entry
+    energy_keys = ("hbm_pj_per_bit", "setup_pj_per_transfer")
+
+    def energy_actions(self, work) -> list:
+        """The bits it moved to or from HBM and one setup (descriptor) per transfer."""
+        return [("hbm_bits", "hbm_pj_per_bit", 8 * work.bytes),
+                ("transfers", "setup_pj_per_transfer", work.count)]
+
+    def tcm_traffic(self, work) -> tuple:
+        """A read channel lands its bytes in TCM; a write channel reads them from it."""
+        return (0, work.bytes) if "dma_read" in self.roles else (work.bytes, 0)
 
     def __init__(self, bandwidth_gbps: float, setup_latency_ns: float, max_outstanding: int = 4,
                  description: str = "", roles=None, label=None):

@@ -22,6 +22,17 @@ class GemmUnit(Unit):
 
     roles = ("gemm",)
     label = "GEMM"
+    energy_keys = ("float16_pj_per_mac", "bfloat16_pj_per_mac", "float32_pj_per_mac", "float64_pj_per_mac")
+
+    def energy_actions(self, work) -> list:
+        """Its multiply-accumulates (``flops / 2``) at the run's dtype (``bench.dtype``)."""
+        return [("macs", f"{work.dtype}_pj_per_mac", work.flops // 2)]
+
+    def tcm_traffic(self, work) -> tuple:
+        """The operand bytes its stages read (the accumulator stays in the unit; its
+        write-back is the DMA write's read, or in place in TCM, not counted: an
+        approximation)."""
+        return work.bytes, 0
 
     def __init__(self, peak_tflops: float, operand_read_gbps: float, pipeline_latency_ns: float = 0.0,
                  tile_m: int = 128, tile_n: int = 128, tile_k: int = 128, description: str = "",

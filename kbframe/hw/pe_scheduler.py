@@ -62,6 +62,11 @@ class PeScheduler(PeUnit):
 
     roles = ("admission",)
     label = "PE_SCHEDULER"
+    energy_keys = ("pj_per_admission",)
+
+    def energy_actions(self, work) -> list:
+        """One admission per command (its hazard check and stage plan)."""
+        return [("admissions", "pj_per_admission", work.count)]
 
     def __init__(self, max_queued_commands: int = 64, policy: str = "strict_fifo", description: str = "",
                  roles=None, label=None):

@@ -25,6 +25,14 @@ class Tcm(PeUnit):
 
     roles = ("tcm",)
     label = "TCM"
+    energy_keys = ("read_pj_per_byte", "write_pj_per_byte")
+
+    def energy_actions(self, work) -> list:
+        """The bytes the PE's stages read from and wrote to it (each unit's
+        :meth:`~kbframe.hw.unit.PeUnit.tcm_traffic`: DMA landing, GEMM operands, MATH
+        operands and results, IPCQ messages)."""
+        return [("read_bytes", "read_pj_per_byte", work.tcm_read_bytes),
+                ("write_bytes", "write_pj_per_byte", work.tcm_write_bytes)]
 
     def __init__(self, capacity_bytes: int, read_gbps: float, write_gbps: float,
                  alignment_bytes: int = 64, description: str = "", roles=None, label=None):

@@ -7,6 +7,12 @@ Roles are the planner's vocabulary: ``dispatch`` (PE_CPU), ``admission`` (PE_SCH
 for the unit that serves a role; roofline, trace, sanitizer and metrics iterate over the
 PE's units by what they declare, so a new unit type is a class and a config entry.
 
+Units also declare what their actions cost (DESIGN.md decision 15, Accelergy's per-action
+tables): :attr:`PeUnit.energy_keys` names the keys of its role's table in the ``energy``
+config group, :meth:`PeUnit.energy_actions` counts its actions from the run's records and
+:meth:`PeUnit.tcm_traffic` the TCM bytes its stages read and write. kbframe.run.energy
+multiplies them after the run; nothing of it enters timing.
+
 A unit takes a stage, holds it for its duration and hands it on, in arrival order (FIFO).
 Subclasses supply only the duration rule (:meth:`Unit.duration_ps`); the DMA channel also
 overrides :meth:`Unit.reserve` to overlap fixed latency across transfers in flight.
@@ -80,6 +86,25 @@ class PeUnit:
     roles: tuple = ()
     #: display label in the summary table and the trace
     label: str = ""
+    #: the keys of ``energy.<role>`` (``<role>``: its first role) its actions are charged at,
+    #: each ``<what>_pj_per_<action>``; None: the unit declares no energy rule (a run with it
+    #: is refused, kbframe.run.energy)
+    energy_keys: tuple | None = None
+
+    def energy_actions(self, work) -> list:
+        """The unit's actions in a finished run: ``[(action, energy key, quantity), ...]``,
+        ``quantity`` in the unit the key names (bits, bytes, MACs, cycles ...).
+
+        Args:
+            work: kbframe.run.energy.Work: the unit's records (``count``, ``bytes``,
+                ``flops``, ``kinds``: ``{op_kind: (count, elements)}``), the run's
+                ``dtype`` and, for the TCM, the bytes the other units read and wrote.
+        """
+        return []
+
+    def tcm_traffic(self, work) -> tuple:
+        """``(read_bytes, write_bytes)`` of the PE's TCM that this unit's stages make."""
+        return 0, 0
 
     def __init__(self, description: str = "", roles=None, label: str | None = None):
         self.description = description

@@ -39,6 +39,8 @@ METRICS = (
     "tcm.peak_bytes", "tcm.high_water_bytes", "tcm.capacity_bytes",
     "critical_path.ns_per_unit", "critical_path.period_ns", "critical_path.units_per_period",
     "calibration.FIXED", "calibration.R",
+    "energy.total_pj", "energy.dynamic_pj", "energy.static_pj", "energy.per_unit_pj", "energy.avg_power_w",
+    "energy.edp",
 )
 #: sections whose names depend on the workload, the hardware and the mode (numerics: data
 #: mode only): a name under one is checked when each run ends

@@ -57,11 +57,29 @@ def _columns(jobs: list[Job]) -> tuple[list[str], list[str]]:
     covered = {"bench"} | set(CONFIG_FALLBACK.values()) | {"bench." + c[len("shape."):] for c in shapes}
     extra = [k for k in swept_keys(jobs) if k not in covered]
     steps = STEP_COLUMNS if any(dig(j.metrics or {}, "step.latency_ns") is not None for j in jobs) else []
-    return HEAD_COLUMNS + shapes + RESULT_COLUMNS + steps, extra
+    return HEAD_COLUMNS + shapes + RESULT_COLUMNS + steps + energy_columns(jobs), extra
 
 
 #: a model step's columns, when a job of the sweep has ``metrics.json`` ``step``
 STEP_COLUMNS = ["step.latency_ns", "step.tokens_per_s", "step.layer_ns", "step.binding", "step.analytic_ns"]
+
+
+#: a run's energy (kbframe.run.energy), when a job of the sweep has ``metrics.json`` ``energy``;
+#: then each role's dynamic pJ (``energy.by_role.<role>``, and ``static``) in the order found
+ENERGY_COLUMNS = ["energy.total_pj", "energy.dynamic_pj", "energy.static_pj", "energy.per_unit_pj",
+                  "energy.avg_power_w", "energy.edp"]
+
+
+def energy_columns(jobs: list[Job]) -> list[str]:
+    """:data:`ENERGY_COLUMNS` and the roles' columns, if any job has an energy section."""
+    roles: dict = {}
+    for j in jobs:
+        by_role = dig(j.metrics or {}, "energy.by_role")
+        if isinstance(by_role, dict):
+            roles.update(dict.fromkeys(by_role))
+    if not roles:
+        return []
+    return ENERGY_COLUMNS + [f"energy.by_role.{r}" for r in roles]
 
 
 def csv_rows(jobs: list[Job]) -> tuple[list[str], list[dict]]:

@@ -14,7 +14,12 @@ Layout:
 - on many PEs, an IPCQ track per link: a record naming a ``peer`` PE goes to the track
   ``IPCQ send → PE<peer>`` (``IPCQ recv ← PE<peer>``), and a flow (``cat`` ``ipcq``, ``id``
   from :data:`LINK_FLOW_BASE`) joins each send to the receive that took it (the k-th
-  receive on a link takes its k-th send, as the sanitizer's ``ipcq_matched`` checks).
+  receive on a link takes its k-th send, as the sanitizer's ``ipcq_matched`` checks);
+- with ``run.power_track``, a counter track ``power W`` per PE (``"ph": "C"``): its static
+  power plus, for each unit busy at that moment, the unit's energy spread evenly over its
+  busy time (a DMA channel's data phases, every other unit's slices; the TCM's energy on
+  the units whose traffic made it; a unit whose slices take no time, an IPCQ receive, over
+  the whole run), so its area is the PE's energy (kbframe.run.energy).
 
 Complete events on one thread must nest, but some spans overlap without nesting: commands
 in flight in PE_SCHEDULER, DMA transfers whose setup overlaps (DESIGN.md modelling notes).
@@ -57,6 +62,25 @@ def tracks_from_metrics(metrics: dict) -> dict:
     return tracks_from_units(units)
 
 
+def power_from_metrics(metrics: dict) -> dict:
+    """What the power track needs (:func:`write_trace`'s ``power``), from ``metrics.json``
+    ``energy`` (kbframe.run.energy): per PE ``{"units": {op_log unit: its dynamic pJ with
+    its share of the TCM's}, "static_w": W, "latency_ns": the run's}``. The op_log names
+    the records of the units serving ``dispatch`` and ``admission`` ``cpu`` and
+    ``scheduler``; the TCM has no records, its energy is drawn on its traffic's units."""
+    lat_ns = metrics["sim"]["latency_ns"]
+    out = {}
+    for pe in metrics["energy"]["by_unit"]:
+        units = {}
+        for name, u in pe["units"].items():
+            if u["role"] != "tcm":
+                log = {"dispatch": "cpu", "admission": "scheduler"}.get(u["role"], name)
+                units[log] = u["dynamic_pj"] + u.get("tcm_pj", 0.0)
+        out[pe["pe"]] = {"units": units, "static_w": pe["static_pj"] / lat_ns * 1e-3 if lat_ns else 0.0,
+                         "latency_ns": lat_ns}
+    return out
+
+
 #: records a fast-forwarded run's trace makes into columns at a time (:func:`write_trace`)
 RECORD_CHUNK = 1 << 16
 #: flow ids are ``pe * FLOW_ID_STRIDE + cmd``
@@ -88,6 +112,39 @@ def _write_phases(write, phases, dumps) -> set:
         write(',\n{"name":%s,"cat":"phase","ph":"X","ts":%s,"dur":%s,"pid":%d,"tid":%d,"args":%s}'
               % (dumps(name), _us(t0), _us(t1 - t0), pe, PHASE_TID + lane, dumps(args)))
     return used
+
+
+#: the tid of a PE's power counter track
+POWER_TID = 0
+
+
+def _write_power(write, power: dict, busy: list) -> None:
+    """Each PE's ``power W`` counter (the module doc): at every instant a unit starts or ends
+    being busy, its static W plus each busy unit's pJ / busy ps (= W) times its records busy
+    then (counted, so no sum drifts)."""
+    total: dict = {}
+    for pe, unit, t0, t1 in busy:
+        total[(pe, unit)] = total.get((pe, unit), 0) + (t1 - t0)
+    watts = {key: power[key[0]]["units"].get(key[1], 0.0) / ps for key, ps in total.items()
+             if key[0] in power and ps}
+    edges: dict = {}
+    for pe, unit, t0, t1 in busy:
+        if (pe, unit) in watts:
+            per = edges.setdefault(pe, {})
+            per.setdefault(t0, []).append((unit, 1))
+            per.setdefault(t1, []).append((unit, -1))
+    for pe in sorted(power):
+        lat_ps = power[pe]["latency_ns"] * 1000
+        static = power[pe]["static_w"] + sum(  # units never busy: their energy over the run
+            pj / lat_ps for u, pj in sorted(power[pe]["units"].items()) if pj and (pe, u) not in watts and lat_ps)
+        write(',\n{"name":"power W","ph":"C","ts":0,"pid":%d,"tid":%d,"args":{"W":%r}}' % (pe, POWER_TID, static))
+        active: dict = {}
+        for t in sorted(edges.get(pe, {})):
+            for unit, d in edges[pe][t]:
+                active[unit] = active.get(unit, 0) + d
+            w = static + sum(n * watts[(pe, u)] for u, n in sorted(active.items()) if n)
+            write(',\n{"name":"power W","ph":"C","ts":%s,"pid":%d,"tid":%d,"args":{"W":%r}}'
+                  % (_us(t), pe, POWER_TID, w))
 
 
 def _ps(ns) -> int:
@@ -188,7 +245,7 @@ def _flow(fid: int, steps: list) -> str:
 
 
 def write_trace(op_log: Path | str, out: Path | str, tracks: dict | None = None, critical=None,
-                records: tuple | None = None, phases=()) -> dict:
+                records: tuple | None = None, phases=(), power: dict | None = None) -> dict:
     """Convert ``op_log`` (op_log.jsonl) into ``out`` (trace.json), atomically (a temporary
     file, then rename). ``tracks`` (op_log unit → track name, in track order; the units'
     declared labels, :func:`tracks_from_units`) names the tracks; a unit it does not list
@@ -209,6 +266,9 @@ def write_trace(op_log: Path | str, out: Path | str, tracks: dict | None = None,
     ``tl.phase`` groups, kbframe.run.phases), drawn as slices (``cat`` ``phase``) on a
     per-PE track ``layer`` above the units (overlapping phases on lanes ``layer ·2`` ...).
     Like the critical flags, only the run knows them.
+
+    ``power``: ``{pe: {"units": {op_log unit: pJ}, "static_w": W, "latency_ns": ns}}``
+    (:func:`power_from_metrics`): draw each PE's power counter track (module doc).
 
     Returns:
         ``{"slices": {unit: count}, "flows": n_commands, "link_flows": n_sends_received,
@@ -233,6 +293,7 @@ def write_trace(op_log: Path | str, out: Path | str, tracks: dict | None = None,
     durs: dict[int, str] = {}            # duration (ps) → its µs text (few distinct values)
     n_flows = 0
     n_rec = -1                           # record index of the line being read
+    busy = [] if power is not None else None  # (pe, op_log unit, t0, t1) of each record's busy time
     critical = critical or ()
     dumps, fast, frac_ps = json.dumps, _OPLOG_LINE.fullmatch, _FRAC_PS
 
@@ -344,6 +405,10 @@ def write_trace(op_log: Path | str, out: Path | str, tracks: dict | None = None,
                     extra += ',"critical":true'
                 write(f'{sep}{k.head}{ts},"dur":{dur}{args}{cmd},"bytes":{nbytes},"tile":{tile}{extra}}}}}')
                 sep = ",\n"
+                if busy is not None:
+                    b0 = p0 if p_data is None else p_data
+                    if p1 > b0:
+                        busy.append((k.pe, k.unit if peer is None else linked[k.unit][0], b0, p1))
                 key = (k.pe, cmd)
                 if k.role == _STAGE:
                     steps = pending.get(key)
@@ -359,6 +424,8 @@ def write_trace(op_log: Path | str, out: Path | str, tracks: dict | None = None,
                         n_flows += 1
                         write(_flow(k.pe * FLOW_ID_STRIDE + int(cmd), [text for _, _, text in chain]))
             phase_lanes = _write_phases(write, phases, dumps)
+            if power is not None:
+                _write_power(write, power, busy)
             meta = []
             for pe in sorted({p for p, _ in lanes} | {p for p, _ in phase_lanes}):
                 meta.append({"name": "process_name", "ph": "M", "pid": pe, "tid": 0,
@@ -400,11 +467,14 @@ def write_trace(op_log: Path | str, out: Path | str, tracks: dict | None = None,
 
 
 def main(argv=None) -> int:
-    """``python -m kbframe.report.trace OP_LOG [TRACE]``: (re)build a trace from an op_log."""
+    """``python -m kbframe.report.trace [--power] OP_LOG [TRACE]``: (re)build a trace from an
+    op_log; ``--power`` adds the power track from the run's metrics.json."""
     import sys
     args = sys.argv[1:] if argv is None else argv
+    power = "--power" in args
+    args = [a for a in args if a != "--power"]
     if not args or args[0] in ("-h", "--help"):
-        print("usage: python -m kbframe.report.trace RUN_DIR|op_log.jsonl [trace.json]")
+        print("usage: python -m kbframe.report.trace [--power] RUN_DIR|op_log.jsonl [trace.json]")
         return 0 if args else 2
     src = Path(args[0])
     if src.is_dir():
@@ -412,8 +482,11 @@ def main(argv=None) -> int:
     dst = Path(args[1]) if len(args) > 1 else src.with_name("trace.json")
     try:
         metrics = src.with_name("metrics.json")  # the units' labels, as the run named its tracks
-        tracks = tracks_from_metrics(json.loads(metrics.read_text())) if metrics.is_file() else None
-        info = write_trace(src, dst, tracks)
+        m = json.loads(metrics.read_text()) if metrics.is_file() else None
+        tracks = tracks_from_metrics(m) if m is not None else None
+        if power and (m is None or "energy" not in m):
+            raise ValueError(f"--power: {metrics} has no energy section (a run of a kbframe with energy tables)")
+        info = write_trace(src, dst, tracks, power=power_from_metrics(m) if power else None)
     except (OSError, ValueError) as e:
         print(f"kbframe: error: {e}", file=sys.stderr)
         return 1

@@ -23,16 +23,16 @@ from threadpoolctl import threadpool_limits
 from ..errors import ConfigError, InputsError, NumericsError, OutputError
 from ..files import atomic_write, write_json
 from ..report import critical_path
-from ..report.trace import tracks_from_metrics, write_trace
+from ..report.trace import power_from_metrics, tracks_from_metrics, write_trace
 from ..sim import sanitizer
 from ..sim.engine import build_units
 from ..sim.targets import resolve_class, resolve_kernel
 from ..tl.recipe import load_recipes
 from ..workloads.base import Workload
-from . import fastforward, phases, preflight
+from . import energy, fastforward, phases, preflight
 from .metrics import run_metrics
 from .rundir import OUTPUT_FILES, RunDir
-from .schema import CalibrationConfig, HardwareConfig, RunConfig
+from .schema import CalibrationConfig, EnergyConfig, HardwareConfig, RunConfig
 from .simulate import Simulation, simulate
 
 
@@ -60,9 +60,10 @@ def validate(cfg) -> Workload:
     """Check what the schema cannot: unknown keys, ranges and choices; return the bench's
     workload. Raises ConfigError naming the key."""
     for key in cfg.keys():
-        if key not in ("hardware", "calibration", "bench", "run", "recipes", "sweep", "search"):
+        if key not in ("hardware", "calibration", "energy", "bench", "run", "recipes", "sweep", "search"):
             raise ConfigError(f"unknown top-level key '{key}'")
-    for where, cls in (("hardware", HardwareConfig), ("calibration", CalibrationConfig), ("run", RunConfig)):
+    for where, cls in (("hardware", HardwareConfig), ("calibration", CalibrationConfig), ("run", RunConfig),
+                       ("energy", EnergyConfig)):
         _check_keys(cfg[where], cls, where)
     b = cfg.bench
     if "_target_" not in b:
@@ -275,6 +276,7 @@ def _plan(run: _Run) -> None:
     made, nothing written), else the pre-flight dry run (resources, TCM, HBM)."""
     cfg, wl = run.cfg, run.wl
     run.units = build_units(cfg.hardware)
+    energy.check(cfg.energy, run.units)
     if run.ff != "off":
         run.ff_note = "data mode: every tile simulated"
     if run.ff != "off" and not run.data:  # timing only: a periodic schedule is written, not simulated
@@ -325,8 +327,10 @@ def _report(run: _Run, rd: RunDir) -> dict:
     if found and wl.tokens():
         metrics["step"] = phases.step(metrics, wl.tokens())
     if run.trace:  # a fast-forwarded run's from its records, not from the op_log's text
+        power = power_from_metrics(metrics) if run.cfg.run.get("power_track", False) else None
         write_trace(run.oplog_path, run.trace_path, tracks_from_metrics(metrics), critical=cp.records,
-                    records=run.forwarded.records if run.forwarded is not None else None, phases=slices)
+                    records=run.forwarded.records if run.forwarded is not None else None, phases=slices,
+                    power=power)
     metrics["sanitizer"] = run.sanitizer
     # how the run was made, not a result (check_identical and verify leave it out, as wall_s)
     metrics["fast_forward"] = {"mode": run.ff, "applied": run.forwarded is not None, "note": run.ff_note}

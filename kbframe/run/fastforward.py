@@ -130,6 +130,8 @@ def _apply(sim: Simulation, tot: dict, table: list, codes: np.ndarray, nums: np.
     for key, t in o._totals.items():
         for f in ("count", "bytes", "busy_ps", "flops"):
             setattr(t, f, tot[("oplog", key, f)])
+        for kind in t.kinds:
+            t.kinds[kind] = [tot[("kind", key, kind, "count")], tot[("kind", key, kind, "elements")]]
     column = lambda j: np.array([n[j] for n in table], dtype=np.int64)[codes]  # noqa: E731
     data = np.empty((len(codes), _FIELDS), dtype=np.int64)
     data[:, 0] = column(5)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..report import critical_path, roofline
-from . import phases
+from . import energy, phases
 from ..timebase import ps_to_ns
 
 
@@ -125,6 +125,9 @@ def run_metrics(cfg, wl, engine, pe, oplog, latency_ps, cp: dict) -> dict:
                  "sends": sum(ln["sends"] for ln in links)},
         "describe": wl.describe(),
         "critical_path": cp,
+        # energy per action × the energy group's tables, and static power × latency (kbframe.run.energy)
+        "energy": energy.run_energy(cfg.energy, used, oplog, str(cfg.bench.dtype), latency_ps, wl.unit, n_units,
+                                    wl.tokens()),
     }
 
 
@@ -154,6 +157,8 @@ def summary(metrics: dict, out_dir: Path) -> str:
         lines.append(f"  IPCQ        {len(q['links'])} links, {q['sends']} sends, {q['bytes']:,} B; busiest "
                      f"PE{busiest['src']}→PE{busiest['dst']} {busiest['busy_ns']:.1f} ns "
                      f"({busiest['utilisation']:.1%}), {busiest['max_queued']} of {busiest['credits']} credits")
+    if "energy" in metrics:
+        lines.append(energy.summary_line(metrics["energy"]))
     lines += phases.summary_lines(metrics)
     ff = metrics.get("fast_forward")
     if ff and ff["mode"] != "off" and not n["enabled"]:

@@ -98,6 +98,8 @@ def totals(sim: Simulation) -> dict:
     for key, tot in o._totals.items():
         for f in ("count", "bytes", "busy_ps", "flops"):
             t[("oplog", key, f)] = getattr(tot, f)
+        for kind, (n, elements) in tot.kinds.items():
+            t[("kind", key, kind, "count")], t[("kind", key, kind, "elements")] = n, elements
     for pe in e.pes.built():
         t[("cpu", pe.index, "n_commands")] = pe.cpu.n_commands
         t[("cpu", pe.index, "busy_ps")] = pe.cpu.busy_ps

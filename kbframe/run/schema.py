@@ -39,6 +39,27 @@ class HardwareConfig:
 
 
 @dataclass
+class EnergyConfig:
+    """Energy per action and static power (DESIGN.md decision 15; kbframe.run.energy): one
+    table per unit role, each ``{<key>: value}`` with the keys the unit serving that role
+    declares (``kbframe.hw.unit.PeUnit.energy_keys``, pJ per action) plus ``static_mw``,
+    its leakage power in mW. A new role is a field here; a new unit type only declares
+    its keys. ``node``: the process node the figures are for."""
+
+    name: str = MISSING
+    node: str = MISSING
+    dispatch: Dict[str, float] = field(default_factory=dict)
+    admission: Dict[str, float] = field(default_factory=dict)
+    tcm: Dict[str, float] = field(default_factory=dict)
+    dma_read: Dict[str, float] = field(default_factory=dict)
+    dma_write: Dict[str, float] = field(default_factory=dict)
+    gemm: Dict[str, float] = field(default_factory=dict)
+    math: Dict[str, float] = field(default_factory=dict)
+    ipcq_send: Dict[str, float] = field(default_factory=dict)
+    ipcq_recv: Dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
 class RunConfig:
     """Run options: the sanitizer (``check``), the progress bar, the timeline (``trace``) and
     fast-forward of periodic timing-only runs (``fast_forward``, kbframe.run.fastforward)."""
@@ -48,6 +69,7 @@ class RunConfig:
     trace: bool = True  # write trace.json; python -m kbframe.report.trace RUN_DIR makes it later
     fast_forward: str = "on"  # off | on | verify: a periodic timing-only schedule is written, not simulated
     max_records: int = 20_000_000  # op_log records a simulated run may make (checked before it simulates)
+    power_track: bool = False  # trace.json gets a power counter track per PE (kbframe.report.trace)
 
 
 def workload_classes() -> dict:
@@ -69,11 +91,12 @@ def workload_classes() -> dict:
 
 def register() -> None:
     """Register the schemas in Hydra's ConfigStore: group ``schema`` (hardware,
-    calibration, run) and ``schema/workload/<module>`` (each workload's typed bench config,
+    calibration, run, energy) and ``schema/workload/<module>`` (each workload's typed bench config,
     which a bench yaml extends: ``defaults: [/schema/workload@_here_: gqa_decode]``)."""
     cs = ConfigStore.instance()
     cs.store(group="schema", name="hardware", node=HardwareConfig)
     cs.store(group="schema", name="calibration", node=CalibrationConfig)
     cs.store(group="schema", name="run", node=RunConfig)
+    cs.store(group="schema", name="energy", node=EnergyConfig)
     for name, cls in workload_classes().items():
         cs.store(group="schema/workload", name=name, node=cls.Config)

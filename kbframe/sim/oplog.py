@@ -88,13 +88,15 @@ class RowSink:
 
 class _Totals:
     """Running totals of one ``(pe, unit)``; ``full`` is False for PE_SCHEDULER, whose
-    records count commands but carry no bytes or busy time."""
+    records count commands but carry no bytes or busy time. ``kinds``: a stage unit's
+    ``{op_kind: [stages, elements]}`` (what kbframe.run.energy charges by kind)."""
 
-    __slots__ = ("count", "bytes", "busy_ps", "flops", "full", "heads", "codes")
+    __slots__ = ("count", "bytes", "busy_ps", "flops", "full", "heads", "codes", "kinds")
 
     def __init__(self, full: bool):
         self.count = self.bytes = self.busy_ps = self.flops = 0
         self.full = full
+        self.kinds: dict = {}
         self.heads: dict = {}  # op_kind -> the record's fixed leading text
         self.codes: dict = {}  # op_kind -> the record name's code in the WaitLog
 
@@ -145,6 +147,16 @@ class OpLog:
     def flops(self) -> int:
         """FLOPs of every stage recorded."""
         return sum(t.flops for t in self._totals.values())
+
+    def unit_totals(self, pe: int, unit: str) -> tuple | None:
+        """``(records, bytes, flops)`` of one ``(pe, unit)``, None if it made none."""
+        t = self._totals.get((pe, unit))
+        return None if t is None else (t.count, t.bytes, t.flops)
+
+    def kinds(self, pe: int, unit: str) -> dict:
+        """``{op_kind: (stages, elements)}`` of one stage unit's records (empty if none)."""
+        t = self._totals.get((pe, unit))
+        return {k: (n, e) for k, (n, e) in t.kinds.items()} if t is not None else {}
 
     def head_names(self) -> dict:
         """``{head: (pe, unit, op_kind)}``: the record each head text (a :class:`RowSink`
@@ -206,6 +218,11 @@ class OpLog:
         else:
             t.busy_ps += t1 - t0
         t.flops += st.flops
+        k = t.kinds.get(st.op_kind)
+        if k is None:
+            k = t.kinds[st.op_kind] = [0, 0]
+        k[0] += 1
+        k[1] += st.n_elements
         st.seq = idx = self.n_records
         self.n_records = idx + 1
         code = t.codes.get(st.op_kind)

@@ -6,6 +6,7 @@ import json
 import pytest
 
 from kbframe.errors import SanitizerError
+from kbframe.hw.pe_math import MathUnit, math_actions
 from kbframe.hw.unit import Stage, Unit
 from kbframe.report.roofline import table_lines
 from kbframe.timebase import ns_to_ps
@@ -18,6 +19,9 @@ class ToyVectorUnit(Unit):
 
     roles = ("math",)
     label = "toy vector"
+    energy_keys = MathUnit.energy_keys  # its energy rule: PE_MATH's, by micro-op class
+    energy_actions = math_actions
+    tcm_traffic = MathUnit.tcm_traffic
 
     def __init__(self, description: str = "", roles=None, label=None):
         super().__init__(description, roles, label)
