@@ -242,7 +242,9 @@ def _prepare(cfg, out_dir: Path, explicit) -> _Run:
     run_cfg = cfg.run if "run" in cfg else {}
     ff = str(run_cfg.get("fast_forward", "off"))
     if ff not in ("off", "on", "verify"):
-        raise ConfigError(f"run.fast_forward must be off, on or verify, got '{ff}'")
+        boolean = {"False": "false", "True": "true"}.get(ff)  # the schema's str of a YAML boolean
+        raise ConfigError("run.fast_forward must be off, on or verify, got "
+                          + (f"{boolean} (a boolean; write run.fast_forward=off or =on)" if boolean else f"'{ff}'"))
     inp, unused = None, []
     if b.inputs.path:
         path = to_absolute_path(b.inputs.path)  # relative to where kbframe was started
