@@ -46,10 +46,10 @@ def test_the_front_keeps_the_non_dominated_points():
 @pytest.mark.parametrize("node, message", [
     ({"objectives": ["sim.latncy_ns"]},
      "search.objectives[0]: 'sim.latncy_ns' is not a metric of metrics.json (e.g. sim.latency_ns, tcm.peak_bytes, "
-     "critical_path.period_ns, dispatch.cycles_per_tile; README 'metrics.json')"),
+     "critical_path.period_ns, dispatch.cycles_per_tile; README.md 'What each run writes')"),
     ({"objectives": ["sim.latency_ns"], "constraints": ["tcm.peek_bytes <= 5"]},
      "search.constraints[0]: 'tcm.peek_bytes' is not a metric of metrics.json (e.g. sim.latency_ns, tcm.peak_bytes, "
-     "critical_path.period_ns, dispatch.cycles_per_tile; README 'metrics.json')"),
+     "critical_path.period_ns, dispatch.cycles_per_tile; README.md 'What each run writes')"),
     ({"objectives": ["sim.latency_ns"], "constraints": ["tcm.peak_bytes =< 1M"]},
      "search.constraints[0]: cannot parse 'tcm.peak_bytes =< 1M'; write METRIC OP NUMBER with OP one of "
      "<=, <, >=, >, == (e.g. 'tcm.peak_bytes <= 1048576')"),

@@ -38,8 +38,14 @@ def available(group: str) -> list[str]:
 
 
 def _writable_dir(path: str) -> str | None:
-    """None if ``path`` can be created and written, else the reason."""
+    """None if ``path`` can be created and written (it is made: the run locks it before
+    Hydra writes there), else the reason."""
     p = Path(path)
+    for q in (p, *p.parents):
+        if q.exists() or q.is_symlink():
+            if not q.is_dir():
+                return f"'{q}' is not a directory"
+            break
     try:
         p.mkdir(parents=True, exist_ok=True)
         probe = p / f".kbframe-write-test-{os.getpid()}"

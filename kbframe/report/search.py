@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from ..errors import ConfigError
 from .sweep_jobs import dig
 
-#: metrics.json names every run has (README "metrics.json"); a search may name these or any
+#: metrics.json names every run has (README.md "What each run writes"); a search may name these or any
 #: other number a run's metrics.json holds (shape.*, units.*, critical_path.*), which is
 #: checked when the run ends
 METRICS = (
@@ -73,7 +73,7 @@ def _check_name(name, where: str) -> str:
     section, dot, rest = name.partition(".")
     if name not in METRICS and not (section in OPEN_SECTIONS and dot and rest):
         raise ConfigError(f"{where}: '{name}' is not a metric of metrics.json (e.g. sim.latency_ns, "
-                          f"tcm.peak_bytes, critical_path.period_ns, dispatch.cycles_per_tile; README 'metrics.json')")
+                          f"tcm.peak_bytes, critical_path.period_ns, dispatch.cycles_per_tile; README.md 'What each run writes')")
     return name
 
 
