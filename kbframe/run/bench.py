@@ -103,7 +103,7 @@ def validate(cfg) -> Workload:
             raise ConfigError(f"calibration.{key} must be a finite number ≥ 0, got {cfg.calibration[key]}")
     if cfg.calibration.cap_bytes < 1:
         raise ConfigError(f"calibration.cap_bytes must be ≥ 1, got {cfg.calibration.cap_bytes}")
-    wl = wl_cls(b, n_pes=int(cfg.hardware.n_pes))
+    wl = wl_cls(b, n_pes=int(cfg.hardware.n_pes), hardware=cfg.hardware)
     wl.validate()
     return wl
 
