@@ -81,3 +81,23 @@ def test_a_switch_puts_every_pair_of_gpus_one_crossing_apart():
     assert [mesh.cube_hops(0, 132 * g) for g in range(8)] == list(range(8))
     assert [switch.cube_hops(0, 132 * g) for g in range(8)] == [0] + [1] * 7
     assert switch.cube_hops(5, 131) == 0
+
+
+def test_llama_gemm_shapes_are_the_models_projections():
+    """conf/gemm_shape/llama3_*_tp*_*.yaml (swept by +sweep=gpu_llama_gemms) hold K and N of
+    each projection, from conf/model/ (Llama-3-70B: H 8192, H_q 64, H_kv 8, d 128, F 28672)."""
+    from omegaconf import OmegaConf
+    want = {("llama3_70b", 1): {"qkv": (8192, 10240), "o": (8192, 8192), "gate_up": (8192, 57344),
+                                "down": (28672, 8192)},
+            ("llama3_70b", 8): {"qkv": (8192, 1280), "o": (1024, 8192), "gate_up": (8192, 7168),
+                                "down": (3584, 8192)},
+            ("llama3_8b", 4): {"qkv": (4096, 1536), "o": (1024, 4096), "gate_up": (4096, 7168),
+                               "down": (3584, 4096)}}
+    for (model, tp), gemms in want.items():
+        for g, (K, N) in gemms.items():
+            c = OmegaConf.load(REPO / "conf" / "gemm_shape" / f"{model}_tp{tp}_{g}.yaml")
+            assert (c.K, c.N) == (K, N) and "M" not in c
+    sweep = OmegaConf.load(REPO / "conf" / "sweep" / "gpu_llama_gemms.yaml").hydra.sweeper.params
+    names = sweep["+gemm_shape"].split(",")
+    assert len(names) == 32 and all((REPO / "conf" / "gemm_shape" / f"{n}.yaml").exists() for n in names)
+    assert len(sweep.hardware.split(",")) * len(names) * len(str(sweep["bench.M"]).split(",")) == 384
