@@ -6,6 +6,7 @@ output tiles round-robin over the SMs).
 
     .venv/bin/python benchmarks/gpu_gemm_table.py              # all 384 runs, 2 at a time
     .venv/bin/python benchmarks/gpu_gemm_table.py --jobs 1 --m 1,8   # fewer
+    .venv/bin/python benchmarks/gpu_gemm_table.py --summary OUT.md   # the summary of an earlier output
 
 Per run: kbframe's predicted time (``sim.latency_ns``, launch included), the roofline time
 ``max(unique bytes / achievable HBM bandwidth, FLOPs / achievable tensor rate) + launch``
@@ -18,6 +19,7 @@ then the wall time.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import tempfile
 import time
@@ -75,11 +77,57 @@ def cases(ms=MS) -> list:
     return [(p, mo, tp, g, M) for p in PRESETS for mo in MODELS for tp in TPS for g in GEMMS for M in ms]
 
 
+HEADER = ("| GPU | model | TP | GEMM | M | K | N | predicted µs | roofline µs | binds | predicted / roofline "
+          "| HBM bytes / unique | achieved of binding side |")
+
+
+def row_text(r: dict) -> str:
+    return (f"| {r['preset']} | {MODELS[r['model']]} | {r['tp']} | {r['gemm']} | {r['M']} | {r['K']} | {r['N']} | "
+            f"{r['predicted_us']:.1f} | {r['roofline_us']:.1f} | {r['binds']} | "
+            f"{r['predicted_us'] / r['roofline_us']:.2f} | {r['reread']:.2f} | {r['achieved']:.1%} |")
+
+
+def parse(text: str) -> list:
+    """The rows of an earlier output (:func:`row_text`), as :func:`one` returns them."""
+    names = {v: k for k, v in MODELS.items()}
+    rows = []
+    for line in text.splitlines():
+        p = [x.strip() for x in line.strip().strip("|").split("|")]
+        if len(p) == 13 and p[0] in PRESETS:
+            rows.append({"preset": p[0], "model": names[p[1]], "tp": int(p[2]), "gemm": p[3], "M": int(p[4]),
+                         "K": int(p[5]), "N": int(p[6]), "predicted_us": float(p[7]), "roofline_us": float(p[8]),
+                         "binds": p[9], "reread": float(p[11]), "achieved": float(p[12].rstrip("%")) / 100})
+    return rows
+
+
+def summary(rows: list) -> list[str]:
+    """Per GPU and M: the runs, which side binds, the geometric mean and range of predicted /
+    roofline, and the range of HBM bytes moved / unique bytes."""
+    out = ["| GPU | M | runs | binds (roofline) | predicted / roofline: geomean (min – max) | HBM bytes / unique |",
+           "|---|---:|---:|---|---|---|"]
+    for preset in PRESETS:
+        for M in sorted({r["M"] for r in rows}):
+            g = [r for r in rows if r["preset"] == preset and r["M"] == M]
+            if not g:
+                continue
+            ratio = [r["predicted_us"] / r["roofline_us"] for r in g]
+            geo = math.exp(sum(math.log(x) for x in ratio) / len(ratio))
+            sides = ", ".join(f"{s} {sum(r['binds'] == s for r in g)}" for s in ("hbm", "compute")
+                              if any(r["binds"] == s for r in g))
+            out.append(f"| {preset} | {M} | {len(g)} | {sides} | {geo:.2f} ({min(ratio):.2f} – {max(ratio):.2f}) | "
+                       f"{min(r['reread'] for r in g):.2f} – {max(r['reread'] for r in g):.2f} |")
+    return out
+
+
 def main(argv: list[str]) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--jobs", type=int, default=2, help="worker processes (joblib; default 2)")
     ap.add_argument("--m", default=",".join(map(str, MS)), help="token counts M, comma-separated")
+    ap.add_argument("--summary", metavar="OUT", help="print the summary of an earlier output file and stop")
     args = ap.parse_args(argv)
+    if args.summary:
+        print("\n".join(summary(parse(Path(args.summary).read_text(encoding="utf-8")))))
+        return
     ms = tuple(int(x) for x in args.m.split(","))
     t0 = time.perf_counter()
     todo = cases(ms)
@@ -89,13 +137,12 @@ def main(argv: list[str]) -> None:
     else:
         rows = [one(*c) for c in todo]
     wall = time.perf_counter() - t0
-    print("| GPU | model | TP | GEMM | M | K | N | predicted µs | roofline µs | binds | predicted / roofline "
-          "| HBM bytes / unique | achieved of binding side |")
+    print("\n".join(summary(rows)))
+    print()
+    print(HEADER)
     print("|---|---|---:|---|---:|---:|---:|---:|---:|---|---:|---:|---:|")
     for r in rows:
-        print(f"| {r['preset']} | {MODELS[r['model']]} | {r['tp']} | {r['gemm']} | {r['M']} | {r['K']} | {r['N']} | "
-              f"{r['predicted_us']:.1f} | {r['roofline_us']:.1f} | {r['binds']} | "
-              f"{r['predicted_us'] / r['roofline_us']:.2f} | {r['reread']:.2f} | {r['achieved']:.1%} |")
+        print(row_text(r))
     print(f"\n{len(rows)} runs in {wall:.0f} s wall ({args.jobs} worker(s)).")
 
 
