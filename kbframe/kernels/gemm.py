@@ -80,7 +80,7 @@ def gemm_tiles(tl, *, tiles: list, reduce, N: int, epilogue: list) -> None:
             column panel an epilogue tensor is read from. With ``reduce`` the product is a
             partial block in TCM and ``c`` is None except on rank 0.
         reduce: None, or ``{"steps": this rank's merge_plan steps, "pes": the PE of each
-            rank}`` (:func:`kbframe.kernels.decode_splitk.merge_plan`): each received
+            rank}`` (:func:`kbframe.kernels.collectives.merge_plan`): each received
             partial is added into this rank's (MATH ``add``), each send passes it on;
             rank 0 stores the sum.
     """

@@ -20,7 +20,7 @@ whole. ``bench.split``:
   each; a PE with no tile stays idle (wave quantisation);
 * ``k``: PE r computes the partial ``A[:, k_r] · B[k_r, :]`` of the K range
   ``⌊r·K/P⌋ .. ⌊(r+1)·K/P⌋`` into TCM, block by block of ``block_m`` rows; the partials are
-  summed over IPCQ along the ``tree`` of :func:`kbframe.kernels.decode_splitk.merge_plan`
+  summed over IPCQ along the ``tree`` of :func:`kbframe.kernels.collectives.merge_plan`
   (a received partial added with the MATH ``add``), and rank 0 stores the block; needs
   K ≥ P and no epilogue (an epilogue applies to the sum, not to a partial).
 
@@ -38,6 +38,7 @@ import numpy as np
 from ..errors import ConfigError, InputsError
 from ..ir import micro_ops
 from ..ir.handles import itemsize
+from ..kernels.collectives import merge_plan
 from ..kernels.gemm import EPILOGUE_TENSORS, STAGINGS
 from .base import BenchConfig, Workload
 
@@ -307,7 +308,6 @@ class Gemm(Workload):
                 p = t % P if c.assign == "round_robin" else t * P // T
                 per_pe[p].append((("A", None), *rows[i], f"B.p{j}", None, f"C.p{j}", j))
         else:
-            from ..kernels.decode_splitk import merge_plan
             plan = merge_plan(P, "tree")
             for r, (k0, k1) in enumerate(self.k_ranges()):
                 per_pe[r] = [((f"A.k{r}", None), m0, m1, "B", (k0, k1), "C" if r == 0 else None, None)
