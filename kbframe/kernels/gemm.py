@@ -71,10 +71,11 @@ def _epilogue_items(tl, epilogue: list, panel, m0: int, m1: int) -> list:
 
 
 def gemm_tiles(tl, *, tiles: list, reduce, N: int, epilogue: list) -> None:
-    """One PE's share of a spread GEMM, one composite per entry of ``tiles``.
+    """One PE's share of a GEMM spread over PEs (DESIGN.md decision 9; the split is the
+    workload's, :mod:`kbframe.workloads.gemm`), one composite per entry of ``tiles``.
 
     Args:
-        tiles: ``((a, _), m0, m1, b, k_rows, c, panel)`` each: rows ``m0 .. m1`` of HBM
+        tiles: ``(a, m0, m1, b, k_rows, c, panel)`` each: rows ``m0 .. m1`` of HBM
             tensor ``a`` times HBM tensor ``b`` (rows ``k_rows = (k0, k1)`` of it, or all
             of it for None) into rows ``m0 .. m1`` of HBM tensor ``c``; ``panel`` is the
             column panel an epilogue tensor is read from. With ``reduce`` the product is a
@@ -85,7 +86,7 @@ def gemm_tiles(tl, *, tiles: list, reduce, N: int, epilogue: list) -> None:
             rank 0 stores the sum.
     """
     if reduce is None:
-        for (a, _), m0, m1, b, _, c, panel in tiles:
+        for a, m0, m1, b, _, c, panel in tiles:
             ep = _epilogue_items(tl, epilogue, panel, m0, m1) if epilogue else []
             tl.composite(op="gemm", a=tl.ref(a)[m0:m1], b=tl.ref(b), out=tl.ref(c)[m0:m1], epilogue=ep)
         return
@@ -93,7 +94,7 @@ def gemm_tiles(tl, *, tiles: list, reduce, N: int, epilogue: list) -> None:
     part = [tl.empty((bm, N), f"partial{i}") for i in range(2)]
     incoming = tl.empty((bm, N), "partial_in")
     steps, pes = reduce["steps"], reduce["pes"]
-    for i, ((a, _), m0, m1, b, (k0, k1), c, _) in enumerate(tiles):
+    for i, (a, m0, m1, b, (k0, k1), c, _) in enumerate(tiles):
         rows = m1 - m0
         acc = part[i % 2][0:rows]
         tl.composite(op="gemm", a=tl.ref(a)[m0:m1], b=tl.ref(b)[k0:k1], out=acc)

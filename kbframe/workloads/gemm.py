@@ -297,7 +297,7 @@ class Gemm(Workload):
         blocks = [(m0, min(c.M, m0 + bm)) for m0 in range(0, c.M, bm)]
         if c.split == "n":
             for p in range(P):
-                per_pe[p] = [(("A", None), m0, m1, f"B.p{p}", None, f"C.p{p}", p) for m0, m1 in blocks]
+                per_pe[p] = [("A", m0, m1, f"B.p{p}", None, f"C.p{p}", p) for m0, m1 in blocks]
         elif c.split == "mn":
             tm, _ = self.out_tile()
             rows = [(m0, min(c.M, m0 + tm)) for m0 in range(0, c.M, tm)]
@@ -306,11 +306,11 @@ class Gemm(Workload):
             for t in range(T):
                 i, j = divmod(t, len(panels))
                 p = t % P if c.assign == "round_robin" else t * P // T
-                per_pe[p].append((("A", None), *rows[i], f"B.p{j}", None, f"C.p{j}", j))
+                per_pe[p].append(("A", *rows[i], f"B.p{j}", None, f"C.p{j}", j))
         else:
             plan = merge_plan(P, "tree")
             for r, (k0, k1) in enumerate(self.k_ranges()):
-                per_pe[r] = [((f"A.k{r}", None), m0, m1, "B", (k0, k1), "C" if r == 0 else None, None)
+                per_pe[r] = [(f"A.k{r}", m0, m1, "B", (k0, k1), "C" if r == 0 else None, None)
                              for m0, m1 in blocks]
             reduce = plan
         progs = {}
