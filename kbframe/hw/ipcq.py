@@ -48,17 +48,22 @@ class Fabric:
         pes: the engine's PEs (a link takes its figures from the sending PE's IpcqSend).
         pes_per_cube / cubes_x: the topology (PE ``i`` is in cube ``i // pes_per_cube``,
             cubes laid out row by row, ``cubes_x`` per row).
+        switch: the cubes are joined by one switch (``hardware.cube_fabric: switch``, an
+            NVSwitch): any two cubes are one crossing apart; else a mesh (XY routing).
     """
 
-    def __init__(self, pes, pes_per_cube: int, cubes_x: int):
+    def __init__(self, pes, pes_per_cube: int, cubes_x: int, switch: bool = False):
         self.pes = pes
         self.n_pes = len(pes)
         self.pes_per_cube = int(pes_per_cube)
         self.cubes_x = int(cubes_x)
+        self.switch = bool(switch)
         self.links: dict = {}
 
     def cube_hops(self, src: int, dst: int) -> int:
-        """Cube crossings between two PEs (XY routing over the cube mesh)."""
+        """Cube crossings between two PEs (XY routing over the cube mesh; 1 through a switch)."""
+        if self.switch:
+            return int(src // self.pes_per_cube != dst // self.pes_per_cube)
         ys, xs = divmod(src // self.pes_per_cube, self.cubes_x)
         yd, xd = divmod(dst // self.pes_per_cube, self.cubes_x)
         return abs(xs - xd) + abs(ys - yd)

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from ..errors import ValidationError
 from ..ir.protocol import Dispatch, requests
-from ..timebase import cycles_to_ps
-from .params import at_least_one, non_negative, positive
+from ..timebase import cycles_to_ps, ns_to_ps
+from .params import at_least_one, duration_ns, non_negative, positive
 from .unit import PeUnit
 
 
@@ -23,8 +23,10 @@ class PeCpu(PeUnit):
         r_cycles_per_byte: R, cycles per logical byte (default 0.0625 = 16 B/cycle).
         composite_cap_bytes: largest composite's logical bytes (ADR-0064 D7; 1024).
         clock_ghz: PE_CPU clock, GHz.
+        launch_ns: the kernel's launch cost, ns: PE_CPU starts the kernel this long after
+            the run's start (a GPU's kernel launch, DESIGN.md decision 14; default 0: at once).
     Raises:
-        ValueError: a negative cost term, non-positive cap or clock.
+        ValueError: a negative cost term or launch, non-positive cap or clock.
     """
 
     roles = ("dispatch",)
@@ -37,7 +39,7 @@ class PeCpu(PeUnit):
         return [("cycles", "pj_per_cycle", self.cycles)]
 
     def __init__(self, fixed_cycles: float, r_cycles_per_byte: float, composite_cap_bytes: int,
-                 clock_ghz: float, description: str = "", roles=None, label=None):
+                 clock_ghz: float, launch_ns: float = 0.0, description: str = "", roles=None, label=None):
         super().__init__(description, roles, label)
         non_negative("fixed_cycles", fixed_cycles)
         non_negative("r_cycles_per_byte", r_cycles_per_byte)
@@ -47,6 +49,8 @@ class PeCpu(PeUnit):
         self.r_cycles_per_byte = float(r_cycles_per_byte)
         self.composite_cap_bytes = int(composite_cap_bytes)
         self.clock_ghz = float(clock_ghz)
+        duration_ns("launch_ns", launch_ns)
+        self.launch_ps = ns_to_ps(launch_ns)
         self.pe = None
         self.n_commands = 0
         self.cycles = 0.0
@@ -88,6 +92,8 @@ class PeCpu(PeUnit):
         # (``cpu``), the kernel's start, room made by admitting command ``ref``, or a
         # ``tl.wait`` on command ``ref``
         why, ref = "start", -1
+        if self.launch_ps:
+            yield env.timeout(self.launch_ps)
         for req in requests(program):
             if type(req) is Dispatch:
                 obj = req.cmd

@@ -4,6 +4,12 @@ A transfer holds the channel only while its data moves (``bytes / bandwidth``); 
 setup latency overlaps with other transfers in flight, up to ``max_outstanding`` at once,
 as on real DMA engines (DESIGN.md modelling notes). Reads and writes are separate
 channels, so they overlap; two reads serialize on the read channel's data phase.
+
+On a shared HBM port in ``arrival`` order (kbframe.hw.hbm) a channel keeps its transfers
+in a queue instead of reserving them at once: a transfer takes a slot (one of
+``max_outstanding``) when one is free, its setup runs, and only then is its data phase
+reserved on the port, in simulated time; a slot frees when its transfer ends. This is the
+same channel as the analytic one, with the port served in the order transfers are ready.
 """
 from __future__ import annotations
 
@@ -50,6 +56,8 @@ class DmaChannel(Unit):
         self._ends: deque = deque(maxlen=self.max_outstanding)
         self._transfer_cache: dict = {}  # nbytes -> ps (a kernel moves a few tile sizes)
         self.port = None  # the cube's HbmPort when hardware.hbm_mode is shared (set by the engine)
+        self._queued: deque = deque()  # arrival order: transfers waiting for a slot
+        self._in_flight = 0
 
     def transfer_ps(self, nbytes: int) -> int:
         """Data-phase time of ``nbytes`` on this channel, integer ps."""
@@ -61,6 +69,39 @@ class DmaChannel(Unit):
     def duration_ps(self, stage: Stage) -> int:
         """Unloaded latency of one transfer: setup + data phase."""
         return self.setup_ps + self.transfer_ps(stage.nbytes)
+
+    def submit(self, stage: Stage) -> None:
+        port = self.port
+        if port is None or not port.arrival:
+            return super().submit(stage)
+        self.n_stages += 1
+        self._queued.append(stage)
+        self._take_slots()
+
+    def _take_slots(self) -> None:
+        """Arrival order: start the setup of queued transfers while slots are free."""
+        env = self.env
+        while self._queued and self._in_flight < self.max_outstanding:
+            stage = self._queued.popleft()
+            self._in_flight += 1
+            stage.t_start = env.now
+            env.timeout(self.setup_ps, stage).callbacks.append(self._setup_done)
+
+    def _setup_done(self, ev) -> None:
+        """Arrival order: a transfer's setup ended; its data phase queues on the port now."""
+        stage, port, now = ev.value, self.port, self.env.now
+        data_start = now if now > port.free_ps else port.free_ps
+        end = port.free_ps = data_start + port.transfer_ps(stage.nbytes)
+        self.busy_ps += end - data_start
+        if end > self.free_ps:
+            self.free_ps = end
+        stage.t_data, stage.t_end = data_start, end
+        self.env.timeout(end - now, stage).callbacks.append(self._transfer_done)
+
+    def _transfer_done(self, ev) -> None:
+        self._in_flight -= 1
+        self._take_slots()
+        self._on_done(ev.value)
 
     def reserve(self, now: int, stage: Stage) -> None:
         ends = self._ends

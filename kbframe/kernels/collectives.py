@@ -1,5 +1,7 @@
 """All-reduce over IPCQ (DESIGN.md decision 12): every PE of a group holds a partial of the
-same tensor; afterwards every PE holds their sum. Built on ``tl.send`` / ``tl.recv_async``
+same tensor; afterwards every PE holds their sum (and :func:`merge_plan`: the steps of a
+reduction to rank 0 alone, which split-K decode merges its partials along and a split-K
+GEMM sums its partial products along). Built on ``tl.send`` / ``tl.recv_async``
 and the MATH ``add``; the order of the sum is fixed per algorithm, so data mode is
 deterministic and every PE ends with the same bits.
 
@@ -31,6 +33,47 @@ from __future__ import annotations
 from ..timebase import bytes_to_ps
 
 ALGORITHMS = ("ring", "tree", "direct")
+#: the reductions to rank 0 of :func:`merge_plan`
+TOPOLOGIES = ("tree", "chain", "gather")
+
+
+def merge_plan(P: int, topology: str) -> list[list[tuple[str, int]]]:
+    """A reduction to rank 0 (split-K decode's partial merge, a split-K GEMM's partial sums):
+    each rank's steps, in order: ``("recv", src_rank)`` (receive a partial and merge
+    it into this rank's) or ``("send", dst_rank)`` (send this rank's partial; its last step).
+
+    * ``gather``: ranks 1..P−1 send to rank 0, which merges them in rank order (P−1 merges
+      on one PE, 1 round of transfers);
+    * ``chain``: rank P−1 sends to P−2, which merges and sends on, down to rank 0 (P−1
+      rounds, each a transfer and a merge);
+    * ``tree``: in round k (stride s = 2^k), rank r with r mod 2s = s sends to r − s, which
+      merges (⌈log₂ P⌉ rounds).
+
+    Raises:
+        ValueError: an unknown topology (the workload checks the key first).
+    """
+    plan: list[list[tuple[str, int]]] = [[] for _ in range(P)]
+    if topology == "gather":
+        for r in range(1, P):
+            plan[0].append(("recv", r))
+            plan[r].append(("send", 0))
+    elif topology == "chain":
+        for r in range(P - 1, 0, -1):
+            plan[r].append(("send", r - 1))
+            plan[r - 1].append(("recv", r))
+    elif topology == "tree":
+        s = 1
+        while s < P:
+            for r in range(0, P, 2 * s):
+                if r + s < P:
+                    plan[r].append(("recv", r + s))
+                    plan[r + s].append(("send", r))
+            s *= 2
+    else:
+        raise ValueError(f"unknown merge topology '{topology}' (known: {', '.join(TOPOLOGIES)})")
+    return plan
+
+
 
 
 def chunks(n: int, P: int) -> list[tuple[int, int]]:

@@ -85,6 +85,10 @@ def validate(cfg) -> Workload:
     hw = cfg.hardware
     if hw.hbm_mode not in ("partitioned", "shared"):
         raise ConfigError(f"hardware.hbm_mode must be partitioned or shared, got '{hw.hbm_mode}'")
+    if hw.hbm_arbitration not in ("submission", "arrival"):
+        raise ConfigError(f"hardware.hbm_arbitration must be submission or arrival, got '{hw.hbm_arbitration}'")
+    if hw.cube_fabric not in ("mesh", "switch"):
+        raise ConfigError(f"hardware.cube_fabric must be mesh or switch, got '{hw.cube_fabric}'")
     for key in ("pes_per_cube", "cubes_x", "cubes_y"):
         if hw[key] < 1:
             raise ConfigError(f"hardware.{key} must be ≥ 1, got {hw[key]}")
@@ -104,7 +108,7 @@ def validate(cfg) -> Workload:
             raise ConfigError(f"calibration.{key} must be a finite number ≥ 0, got {cfg.calibration[key]}")
     if cfg.calibration.cap_bytes < 1:
         raise ConfigError(f"calibration.cap_bytes must be ≥ 1, got {cfg.calibration.cap_bytes}")
-    wl = wl_cls(b, n_pes=int(cfg.hardware.n_pes))
+    wl = wl_cls(b, n_pes=int(cfg.hardware.n_pes), hardware=cfg.hardware)
     wl.validate()
     return wl
 

@@ -185,7 +185,7 @@ class _Copies:
         if n not in self.done:
             with open_dict(self.bench):
                 self.bench[self.key] = n * self.step + self.r
-            w = type(self.wl)(self.bench, n_pes=self.wl.n_pes)
+            w = type(self.wl)(self.bench, n_pes=self.wl.n_pes, hardware=self.wl.hardware)
             w.validate()
             sink = RowSink()  # only compared here: the records stay unformatted
             sim = simulate(self.cfg, w, self.kernel, self.recipes, None, sink, self.check, False,

@@ -93,9 +93,10 @@ def run_metrics(cfg, wl, engine, pe, oplog, latency_ps, cp: dict) -> dict:
         "shape": wl.shape(),
         "calibration": {"FIXED": cfg.calibration.FIXED, "R": cfg.calibration.R,
                         "cap_bytes": cfg.calibration.cap_bytes},
-        # latency: the last PE's end
+        # latency: from the kernel's launch to the last PE's end; launch_ns: the launch
+        # cost's share (hardware.units.cpu.launch_ns, 0 unless declared)
         "sim": {"latency_ns": lat_ns, "events": oplog.n_records, "stages": n_stages,
-                "wall_s": engine.wall_s},
+                "wall_s": engine.wall_s, "launch_ns": max(ps_to_ns(p.cpu.launch_ps) for p in used)},
         # every PE's PE_CPU together, per unit of progress (KV tile, output block ...): keys
         # keep the name *_per_tile
         "dispatch": {"commands": commands, "cycles": cycles,
@@ -106,7 +107,9 @@ def run_metrics(cfg, wl, engine, pe, oplog, latency_ps, cp: dict) -> dict:
         "roofline": {"bound_ns": bounds[largest], "largest_bound": largest, "binding": cp["binding"],
                      "fraction": bounds[largest] / lat_ns if lat_ns else 0.0,
                      "hbm_ns": hbm_ns, "compute_ns": compute_ns, "dispatch_ns": dispatch_ns,
-                     "hbm_bytes": oplog.hbm_bytes, "flops": oplog.flops},
+                     "hbm_bytes": oplog.hbm_bytes, "flops": oplog.flops,
+                     # the GEMM flops simulated per ns of the latency, TFLOP/s
+                     "achieved_tflops": oplog.flops / lat_ns / 1000.0 if lat_ns else 0.0},
         "units": _unit_metrics(pe, oplog, latency_ps),
         # peak_bytes: the most TCM any PE of the run held at once (a search's budget metric)
         "tcm": {"high_water_bytes": pe.tcm.high_water, "capacity_bytes": pe.tcm.capacity_bytes,

@@ -33,7 +33,9 @@ class HardwareConfig:
     pes_per_cube: int = 8  # PEs sharing one cube's HBM and NoC
     cubes_x: int = 1  # cubes per row of the mesh (PE i is in cube i // pes_per_cube, row by row)
     cubes_y: int = 1
+    cube_fabric: str = "mesh"  # mesh: die-to-die links, XY routing; switch: any two cubes one crossing apart
     hbm_mode: str = "partitioned"  # partitioned: each PE owns its channels; shared: a cube's PEs contend
+    hbm_arbitration: str = "submission"  # shared HBM: submission | arrival order (kbframe.hw.hbm)
     cube_hbm_gbps: float = 1638.4  # a cube's HBM bandwidth in shared mode (64 channels × 32 GB/s × 0.8)
     units: Dict[str, Any] = field(default_factory=dict)
 

@@ -51,7 +51,7 @@ def simulate(cfg, wl, kernel, recipes, inp, oplog_path, check: bool, show: bool,
         if check:
             sanitizer.enable(engine)
         for name, shape in wl.tensors().items():
-            value = inp[name] if (b.data and name not in wl.outputs) else None
+            value = inp.get(name) if (b.data and name not in wl.outputs) else None  # None: zeros (an output)
             engine.add_hbm_tensor(name, shape, b.dtype, value)
         tls = {}
 

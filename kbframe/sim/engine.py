@@ -170,7 +170,9 @@ class PEs(Sequence):
             pe = self._built[i] = PE(eng.env, i, units, eng.numerics, eng.oplog)
             pe.fabric = eng.fabric
             if eng.shared_hbm:  # one data server per cube (kbframe.hw.hbm)
-                port = eng.hbm_ports.setdefault(i // eng.ppc, HbmPort(eng.cube_hbm_gbps))
+                port = eng.hbm_ports.get(i // eng.ppc)
+                if port is None:
+                    port = eng.hbm_ports[i // eng.ppc] = HbmPort(eng.cube_hbm_gbps, eng.hbm_arrival)
                 for unit in pe.units_serving("dma_read", "dma_write"):
                     unit.port = port
             if len(self._built) == 1:
@@ -213,11 +215,12 @@ class Engine:
                               f"hardware=cube_mesh)")
         self.shared_hbm = hw.get("hbm_mode", "partitioned") == "shared"
         self.cube_hbm_gbps = float(hw.get("cube_hbm_gbps", 1638.4))
+        self.hbm_arrival = hw.get("hbm_arbitration", "submission") == "arrival"  # kbframe.hw.hbm
         self.hbm_ports: dict = {}  # cube -> HbmPort (shared HBM, kbframe.hw.hbm)
         # units: one PE's unit objects, not yet bound (build_units(hw), or a copy of them: a
         # caller that builds many engines of one hardware instantiates them once)
         self.pes = PEs(self, n, units if units is not None else build_units(hw), hw)
-        self.fabric = Fabric(self.pes, self.ppc, cubes_x)
+        self.fabric = Fabric(self.pes, self.ppc, cubes_x, hw.get("cube_fabric", "mesh") == "switch")
         self.hbm: dict[str, TensorHandle] = {}
         self._hbm_top = 0
         self.wall_s = 0.0

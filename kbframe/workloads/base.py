@@ -59,6 +59,9 @@ class Workload:
         cfg: the ``bench`` config node (already checked against :attr:`Config`).
         n_pes: PEs the topology has (``hardware.n_pes``): the PE indices
             :meth:`programs` may use are ``0 .. n_pes - 1``.
+        hardware: the ``hardware`` config node (None: a workload that reads no more of the
+            topology than ``n_pes``), for workloads whose checks or mapping depend on it
+            (a cube's PEs, a unit's tile, the TCM size).
     """
 
     #: the typed config (a dataclass extending BenchConfig)
@@ -77,9 +80,10 @@ class Workload:
     ff_min_steps: int | None = None
     ff_budget: float | None = None
 
-    def __init__(self, cfg, n_pes: int = 1):
+    def __init__(self, cfg, n_pes: int = 1, hardware=None):
         self.cfg = cfg
         self.n_pes = int(n_pes)
+        self.hardware = hardware
 
     # ---- checks ----------------------------------------------------------------------
     def validate(self) -> None:
