@@ -48,9 +48,11 @@ _SWEEP_LOCKS: dict = {}  # sweep dir -> its held lock, for this launching proces
 
 
 def running_sweep() -> str | None:
-    """The directory of the sweep this process launches (from its start to its end), else
-    None: what a Ctrl-C between its jobs names (kbframe.cli.main)."""
-    return next(iter(_SWEEP_LOCKS), None)
+    """The directory of the sweep this process launches, from its start on (also once it
+    ended: a signal during its report still names it), else None: what a Ctrl-C or
+    SIGTERM names (kbframe.cli.main)."""
+    from . import stop
+    return next(iter(_SWEEP_LOCKS), None) or stop.launched_sweep()
 
 
 _LAST_JOB: list = [None, None]  # [directory, start time] of the job Hydra started last here
@@ -106,6 +108,8 @@ class SweepReport(Callback):
             lk = rundir.lock(sweep_dir)
             lk.__enter__()
             _SWEEP_LOCKS[str(sweep_dir)] = lk  # not on self: launchers pickle the callbacks
+            from . import stop
+            stop.note_sweep(str(sweep_dir))
         except Exception as e:  # another sweep holds it, or it cannot be opened
             _fail(str(e).replace("run directory", "sweep directory").replace("hydra.run.dir", "hydra.sweep.dir"))
         # a multirun.yaml alone is a sweep Hydra refused before any job (a bad override):

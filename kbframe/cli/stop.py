@@ -128,6 +128,20 @@ def to(stream) -> None:
         sys.stderr = _quiet
 
 
+_sweep: str | None = None  # the sweep this process launched (kbframe.cli.callbacks)
+
+
+def note_sweep(sweep_dir: str) -> None:
+    """The sweep this process launches: named by a stop at any later moment, also one that
+    escapes kbframe.cli.main (:func:`entry`)."""
+    global _sweep
+    _sweep = sweep_dir
+
+
+def launched_sweep() -> str | None:
+    return _sweep
+
+
 def finish(sweep_dir: str | None, job_dir: str | None, job_started: str | None) -> int:
     """The stopped command's exit status, after its line (see the module doc).
 
@@ -201,7 +215,11 @@ def entry() -> None:
         main_then_exit(main)
     except KeyboardInterrupt as e:  # the imports, or the command's very start or end
         interrupted(e)
-        print(f"kbframe: {'terminated (SIGTERM)' if _stopped == signal.SIGTERM else 'interrupted'}",
-              file=sys.stderr)
+        if _sweep is not None:  # a sweep's end, or its cleanup after a stop
+            status = finish(_sweep, None, None)
+        else:
+            print(f"kbframe: {'terminated (SIGTERM)' if _stopped == signal.SIGTERM else 'interrupted'}",
+                  file=sys.stderr)
+            status = code()
         sys.stderr.flush()
-        os._exit(code())
+        os._exit(status)
