@@ -394,7 +394,8 @@ def test_bounds_hold_the_footprint_and_count_it(tmp_path):
 def test_reads_no_write_overlaps_are_left_out_of_rule_6():
     """The union of a PE's writes answers whether a read can be part of a hazard: it
     overlaps a write's bytes (touching ends do not), in the same space only."""
-    w = sanitizer._Written([("hbm", 0, 8, "a"), ("hbm", 8, 16, "b"), ("hbm", 32, 40, "c"), ("tcm", 100, 101, "d")])
+    from kbframe.sim.footprint import WriteUnion
+    w = WriteUnion([("hbm", 0, 8, "a"), ("hbm", 8, 16, "b"), ("hbm", 32, 40, "c"), ("tcm", 100, 101, "d")])
     assert w.spaces["hbm"] == ([0, 32], [16, 40])
     assert [w.overlaps("hbm", lo, hi) for lo, hi in ((16, 32), (15, 16), (40, 50), (20, 33), (0, 0), (-5, 0))] == \
         [False, True, False, True, False, False]

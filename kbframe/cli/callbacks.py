@@ -21,6 +21,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from ..errors import KbframeError
+from . import stop
 
 
 def _release_stderr() -> None:
@@ -51,7 +52,6 @@ def running_sweep() -> str | None:
     """The directory of the sweep this process launches, from its start on (also once it
     ended: a signal during its report still names it), else None: what a Ctrl-C or
     SIGTERM names (kbframe.cli.main)."""
-    from . import stop
     return next(iter(_SWEEP_LOCKS), None) or stop.launched_sweep()
 
 
@@ -108,7 +108,6 @@ class SweepReport(Callback):
             lk = rundir.lock(sweep_dir)
             lk.__enter__()
             _SWEEP_LOCKS[str(sweep_dir)] = lk  # not on self: launchers pickle the callbacks
-            from . import stop
             stop.note_sweep(str(sweep_dir))
         except Exception as e:  # another sweep holds it, or it cannot be opened
             _fail(str(e).replace("run directory", "sweep directory").replace("hydra.run.dir", "hydra.sweep.dir"))

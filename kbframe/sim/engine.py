@@ -208,7 +208,7 @@ class Engine:
             raise ConfigError(f"hardware.n_pes must be 1 to {MAX_PES}, got {n}")
         self.ppc = int(hw.get("pes_per_cube", 8))
         cubes_x, cubes_y = int(hw.get("cubes_x", 1)), int(hw.get("cubes_y", 1))
-        if min(self.ppc, cubes_x, cubes_y) < 1 or n > self.ppc * cubes_x * cubes_y:
+        if n > self.ppc * cubes_x * cubes_y:  # also a count below 1 (bench.validate names that one)
             raise ConfigError(f"hardware.n_pes={n} does not fit the topology: hardware.pes_per_cube={self.ppc} × "
                               f"hardware.cubes_x={cubes_x} × hardware.cubes_y={cubes_y} = "
                               f"{self.ppc * cubes_x * cubes_y} PE(s) (each ≥ 1; set the cubes too, e.g. "

@@ -10,6 +10,7 @@ that none of them is a hazard.
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
+from collections import defaultdict
 from math import prod
 
 import numpy as np
@@ -163,6 +164,37 @@ class Space:
             pos = s[1]
             i += 1
         return out
+
+
+class WriteUnion:
+    """The union of write intervals ``(space, lo, hi, label)`` per space, to ask whether a
+    byte range overlaps any of them (a read none overlaps can be part of no hazard: rule 6,
+    kbframe.sim.sanitizer)."""
+
+    def __init__(self, intervals):
+        per: dict = defaultdict(list)
+        for space, lo, hi, _ in intervals:
+            if hi > lo:
+                per[space].append((lo, hi))
+        self.spaces = {}
+        for space, ivs in per.items():
+            ivs.sort()
+            los, his = [ivs[0][0]], [ivs[0][1]]
+            for lo, hi in ivs[1:]:
+                if lo <= his[-1]:
+                    his[-1] = max(his[-1], hi)
+                else:
+                    los.append(lo)
+                    his.append(hi)
+            self.spaces[space] = (los, his)
+
+    def overlaps(self, space, lo: int, hi: int) -> bool:
+        got = self.spaces.get(space)
+        if got is None or hi <= lo:
+            return False
+        los, his = got
+        j = bisect_right(los, hi - 1) - 1  # the last union interval starting below hi
+        return j >= 0 and his[j] > lo
 
 
 #: addresses in a space below this: a space's number and an address share one int64 key

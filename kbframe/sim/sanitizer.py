@@ -52,7 +52,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import SanitizerError
-from .footprint import FootprintNumerics, Space, bounds, footprint, hazard_free
+from .footprint import FootprintNumerics, Space, WriteUnion, bounds, footprint, hazard_free
 from ..hw.tiling import plan_stages
 
 RULES = ("commands_once", "cpu_dispatch_serial", "unit_capacity", "tcm_no_overlap",
@@ -495,7 +495,7 @@ def check_data_dependencies(pe, plan, hbm_writes: list | None = None) -> int:
                     hbm_writes += [(lo, hi, pe.index, st) for space, lo, hi, _ in w_iv if space == "hbm"]
     except Exception as e:  # noqa: BLE001 — raised below, once the commands before it are checked
         stopped = e
-    written = _Written(w for _, _, _, w_iv in ran for w in w_iv)
+    written = WriteUnion(w for _, _, _, w_iv in ran for w in w_iv)
     touched = []  # (stage, t0, reads, writes) as intervals, the reads no write overlaps left out
     for st, t0, reads, w_iv in ran:
         r_iv = []
@@ -510,36 +510,6 @@ def check_data_dependencies(pe, plan, hbm_writes: list | None = None) -> int:
     if stopped is not None:
         raise stopped
     return n
-
-
-class _Written:
-    """The union of write intervals ``(space, lo, hi, label)`` per space, to ask whether a
-    byte range overlaps any of them."""
-
-    def __init__(self, intervals):
-        per: dict = defaultdict(list)
-        for space, lo, hi, _ in intervals:
-            if hi > lo:
-                per[space].append((lo, hi))
-        self.spaces = {}
-        for space, ivs in per.items():
-            ivs.sort()
-            los, his = [ivs[0][0]], [ivs[0][1]]
-            for lo, hi in ivs[1:]:
-                if lo <= his[-1]:
-                    his[-1] = max(his[-1], hi)
-                else:
-                    los.append(lo)
-                    his.append(hi)
-            self.spaces[space] = (los, his)
-
-    def overlaps(self, space, lo: int, hi: int) -> bool:
-        got = self.spaces.get(space)
-        if got is None or hi <= lo:
-            return False
-        los, his = got
-        j = bisect_right(los, hi - 1) - 1  # the last union interval starting below hi
-        return j >= 0 and his[j] > lo
 
 
 def _first_hazard(touched) -> None:
