@@ -67,7 +67,7 @@ def check(energy, units: dict) -> None:
                               f"'{role}' but declares no energy rule for its actions (energy_keys and "
                               f"energy_actions, kbframe.hw.unit.PeUnit)")
         need = (*unit.energy_keys, "static_mw")
-        table = energy.get(role) if role in energy else None
+        table = energy.get(role)
         if not table:
             raise ConfigError(f"energy.{role}: no table for role '{role}', which hardware.units.{name} "
                               f"({unit.label or name}) serves (it needs {', '.join(need)})")
@@ -111,14 +111,10 @@ def pe_energy(pe, oplog, energy, dtype: str, latency_ps: int) -> dict:
     """
     lat_ns = ps_to_ns(latency_ps)
     works = {name: _work(pe, _op_log_name(pe, name), oplog, dtype) for name in pe.units}
-    reads = writes = 0
-    for name, unit in pe.units.items():
-        if unit is not pe.tcm:
-            r, w = unit.tcm_traffic(works[name])
-            reads += r
-            writes += w
+    traffic = {name: unit.tcm_traffic(works[name]) for name, unit in pe.units.items() if unit is not pe.tcm}
     tcm_name = next(n for n, u in pe.units.items() if u is pe.tcm)
-    works[tcm_name].tcm_read_bytes, works[tcm_name].tcm_write_bytes = reads, writes
+    works[tcm_name].tcm_read_bytes = sum(r for r, _ in traffic.values())
+    works[tcm_name].tcm_write_bytes = sum(w for _, w in traffic.values())
     tcm_table = energy[_role(pe.tcm)]
     out = {}
     for name, unit in pe.units.items():
@@ -136,11 +132,10 @@ def pe_energy(pe, oplog, energy, dtype: str, latency_ps: int) -> dict:
         static = float(table["static_mw"]) * lat_ns
         out[name] = {"label": unit.label or name, "role": role, "actions": actions, "pj_by_action": pj_by,
                      "dynamic_pj": dynamic, "static_pj": static, "pj": dynamic + static}
-        if unit is not pe.tcm:  # the TCM energy its traffic makes (counted in the TCM's figures)
-            r, w = unit.tcm_traffic(works[name])
-            if r or w:
-                out[name]["tcm_pj"] = r * float(tcm_table.get("read_pj_per_byte", 0.0)) + \
-                    w * float(tcm_table.get("write_pj_per_byte", 0.0))
+        r, w = traffic.get(name, (0, 0))
+        if r or w:  # the TCM energy its traffic makes (counted in the TCM's figures)
+            out[name]["tcm_pj"] = r * float(tcm_table.get("read_pj_per_byte", 0.0)) + \
+                w * float(tcm_table.get("write_pj_per_byte", 0.0))
     return out
 
 
