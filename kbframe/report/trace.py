@@ -19,7 +19,8 @@ Layout:
   power plus, for each unit busy at that moment, the unit's energy spread evenly over its
   busy time (a DMA channel's data phases, every other unit's slices; the TCM's energy on
   the units whose traffic made it; a unit whose slices take no time, an IPCQ receive, over
-  the whole run), so its area is the PE's energy (kbframe.run.energy).
+  the whole run), so its area is the PE's energy (kbframe.report.power computes it from
+  kbframe.run.energy's figures).
 
 Complete events on one thread must nest, but some spans overlap without nesting: commands
 in flight in PE_SCHEDULER, DMA transfers whose setup overlaps (DESIGN.md modelling notes).
@@ -42,6 +43,7 @@ from collections import deque
 from pathlib import Path
 
 from ..files import final_name
+from .power import POWER_TID, power_counters, power_from_metrics
 
 
 def tracks_from_units(units: dict) -> dict:
@@ -60,25 +62,6 @@ def tracks_from_metrics(metrics: dict) -> dict:
         for name, u in pe.get("units", {}).items():
             units.setdefault(name, u)
     return tracks_from_units(units)
-
-
-def power_from_metrics(metrics: dict) -> dict:
-    """What the power track needs (:func:`write_trace`'s ``power``), from ``metrics.json``
-    ``energy`` (kbframe.run.energy): per PE ``{"units": {op_log unit: its dynamic pJ with
-    its share of the TCM's}, "static_w": W, "latency_ns": the run's}``. The op_log names
-    the records of the units serving ``dispatch`` and ``admission`` ``cpu`` and
-    ``scheduler``; the TCM has no records, its energy is drawn on its traffic's units."""
-    lat_ns = metrics["sim"]["latency_ns"]
-    out = {}
-    for pe in metrics["energy"]["by_unit"]:
-        units = {}
-        for name, u in pe["units"].items():
-            if u["role"] != "tcm":
-                log = {"dispatch": "cpu", "admission": "scheduler"}.get(u["role"], name)
-                units[log] = u["dynamic_pj"] + u.get("tcm_pj", 0.0)
-        out[pe["pe"]] = {"units": units, "static_w": pe["static_pj"] / lat_ns * 1e-3 if lat_ns else 0.0,
-                         "latency_ns": lat_ns}
-    return out
 
 
 #: records a fast-forwarded run's trace makes into columns at a time (:func:`write_trace`)
@@ -112,39 +95,6 @@ def _write_phases(write, phases, dumps) -> set:
         write(',\n{"name":%s,"cat":"phase","ph":"X","ts":%s,"dur":%s,"pid":%d,"tid":%d,"args":%s}'
               % (dumps(name), _us(t0), _us(t1 - t0), pe, PHASE_TID + lane, dumps(args)))
     return used
-
-
-#: the tid of a PE's power counter track
-POWER_TID = 0
-
-
-def _write_power(write, power: dict, busy: list) -> None:
-    """Each PE's ``power W`` counter (the module doc): at every instant a unit starts or ends
-    being busy, its static W plus each busy unit's pJ / busy ps (= W) times its records busy
-    then (counted, so no sum drifts)."""
-    total: dict = {}
-    for pe, unit, t0, t1 in busy:
-        total[(pe, unit)] = total.get((pe, unit), 0) + (t1 - t0)
-    watts = {key: power[key[0]]["units"].get(key[1], 0.0) / ps for key, ps in total.items()
-             if key[0] in power and ps}
-    edges: dict = {}
-    for pe, unit, t0, t1 in busy:
-        if (pe, unit) in watts:
-            per = edges.setdefault(pe, {})
-            per.setdefault(t0, []).append((unit, 1))
-            per.setdefault(t1, []).append((unit, -1))
-    for pe in sorted(power):
-        lat_ps = power[pe]["latency_ns"] * 1000
-        static = power[pe]["static_w"] + sum(  # units never busy: their energy over the run
-            pj / lat_ps for u, pj in sorted(power[pe]["units"].items()) if pj and (pe, u) not in watts and lat_ps)
-        write(',\n{"name":"power W","ph":"C","ts":0,"pid":%d,"tid":%d,"args":{"W":%r}}' % (pe, POWER_TID, static))
-        active: dict = {}
-        for t in sorted(edges.get(pe, {})):
-            for unit, d in edges[pe][t]:
-                active[unit] = active.get(unit, 0) + d
-            w = static + sum(n * watts[(pe, u)] for u, n in sorted(active.items()) if n)
-            write(',\n{"name":"power W","ph":"C","ts":%s,"pid":%d,"tid":%d,"args":{"W":%r}}'
-                  % (_us(t), pe, POWER_TID, w))
 
 
 def _ps(ns) -> int:
@@ -268,7 +218,7 @@ def write_trace(op_log: Path | str, out: Path | str, tracks: dict | None = None,
     Like the critical flags, only the run knows them.
 
     ``power``: ``{pe: {"units": {op_log unit: pJ}, "static_w": W, "latency_ns": ns}}``
-    (:func:`power_from_metrics`): draw each PE's power counter track (module doc).
+    (kbframe.report.power.power_from_metrics): draw each PE's power counter track (module doc).
 
     Returns:
         ``{"slices": {unit: count}, "flows": n_commands, "link_flows": n_sends_received,
@@ -424,8 +374,9 @@ def write_trace(op_log: Path | str, out: Path | str, tracks: dict | None = None,
                         n_flows += 1
                         write(_flow(k.pe * FLOW_ID_STRIDE + int(cmd), [text for _, _, text in chain]))
             phase_lanes = _write_phases(write, phases, dumps)
-            if power is not None:
-                _write_power(write, power, busy)
+            for pe, t, w in power_counters(power, busy) if power is not None else ():
+                write(',\n{"name":"power W","ph":"C","ts":%s,"pid":%d,"tid":%d,"args":{"W":%r}}'
+                      % ("0" if t is None else _us(t), pe, POWER_TID, w))
             meta = []
             for pe in sorted({p for p, _ in lanes} | {p for p, _ in phase_lanes}):
                 meta.append({"name": "process_name", "ph": "M", "pid": pe, "tid": 0,

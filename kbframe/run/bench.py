@@ -23,7 +23,8 @@ from threadpoolctl import threadpool_limits
 from ..errors import ConfigError, InputsError, NumericsError, OutputError
 from ..files import atomic_write, write_json
 from ..report import critical_path
-from ..report.trace import power_from_metrics, tracks_from_metrics, write_trace
+from ..report.power import power_from_metrics
+from ..report.trace import tracks_from_metrics, write_trace
 from ..sim import sanitizer
 from ..sim.engine import build_units
 from ..sim.targets import resolve_class, resolve_kernel
