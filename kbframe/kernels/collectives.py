@@ -74,8 +74,6 @@ def merge_plan(P: int, topology: str) -> list[list[tuple[str, int]]]:
     return plan
 
 
-
-
 def chunks(n: int, P: int) -> list[tuple[int, int]]:
     """Element range ``[c0, c1)`` of each of the P ring chunks of ``n`` elements."""
     return [(c * n // P, (c + 1) * n // P) for c in range(P)]
@@ -104,22 +102,15 @@ def plan(P: int, algorithm: str) -> list[list[tuple]]:
             for r in range(P):
                 steps[r] += [("send", (r + 1) % P, ("x", (r + 1 - s) % P)),
                              ("recv", (r - 1) % P, ("x", (r - s) % P))]
-    elif algorithm == "tree":
-        strides = []
-        s = 1
-        while s < P:
-            strides.append(s)
-            s *= 2
-        for s in strides:
-            for r in range(0, P, 2 * s):
-                if r + s < P:
-                    steps[r] += [("recv", r + s, ("tmp", 0)), ("add", ("x", None), ("tmp", 0), ("x", None))]
-                    steps[r + s].append(("send", r, ("x", None)))
-        for s in reversed(strides):
-            for r in range(0, P, 2 * s):
-                if r + s < P:
-                    steps[r].append(("send", r + s, ("x", None)))
-                    steps[r + s].append(("recv", r, ("x", None)))
+    elif algorithm == "tree":  # merge_plan's tree to rank 0, then its steps reversed: the broadcast
+        reduce = merge_plan(P, "tree")
+        for r, rank_steps in enumerate(reduce):
+            for op, q in rank_steps:
+                steps[r] += ([("recv", q, ("tmp", 0)), ("add", ("x", None), ("tmp", 0), ("x", None))]
+                             if op == "recv" else [("send", q, ("x", None))])
+        for r, rank_steps in enumerate(reduce):
+            for op, q in reversed(rank_steps):
+                steps[r].append(("send", q, ("x", None)) if op == "recv" else ("recv", q, ("x", None)))
     elif algorithm == "direct":
         for r in range(P):
             steps[r] += [("send", (r + j) % P, ("x", None)) for j in range(1, P)]

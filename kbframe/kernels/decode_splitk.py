@@ -8,7 +8,7 @@ the ``lse_merge`` recipe along a merge topology
 from __future__ import annotations
 
 from .attention import PARTIALS, finish, lse_floor, merge
-from .collectives import TOPOLOGIES, merge_plan  # noqa: F401  (the workload reads them here)
+
 
 def decode_splitk(tl, *, q, k, v, out, S: int, steps, pes, G: int, d: int, tile: int, scale: float,
                   inner: str, empty: bool) -> None:

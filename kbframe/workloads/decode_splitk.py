@@ -8,7 +8,7 @@ PEs (null: ``hardware.n_pes // items``), ``i·P .. i·P + P − 1``, by key rang
 ``bench.chunk = c``, ``r·c .. (r+1)·c`` clipped to S (trailing splits may be empty). Each PE
 runs the opt2 or opt3 inner loop (``bench.inner``) over its range; the partials are merged
 over IPCQ with the ``lse_merge`` recipe along ``bench.merge`` (``tree``, ``chain`` or
-``gather``; :func:`~kbframe.kernels.decode_splitk.merge_plan`), and the item's first PE
+``gather``; :func:`~kbframe.kernels.collectives.merge_plan`), and the item's first PE
 stores ``O / l``. Items × splits must fit the topology (``hardware.n_pes``).
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ..errors import ConfigError
-from ..kernels.decode_splitk import TOPOLOGIES, merge_plan
+from ..kernels.collectives import TOPOLOGIES, merge_plan
 from .attention import HeadsBatch, HeadsConfig
 from .base import Workload
 

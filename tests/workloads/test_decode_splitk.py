@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from conftest import compose_cfg, load_out, read_oplog, ref64, run
-from kbframe.kernels.decode_splitk import merge_plan
+from kbframe.kernels.collectives import merge_plan
 from kbframe.run.bench import validate
 
 
