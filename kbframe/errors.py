@@ -74,3 +74,17 @@ class Terminated(KeyboardInterrupt):
 
     def __str__(self) -> str:
         return "terminated (SIGTERM)"
+
+
+def raise_interrupt_behind(e: BaseException) -> None:
+    """Raise the Ctrl-C (KeyboardInterrupt) or SIGTERM (:class:`Terminated`) that ``e``
+    was raised while unwinding from, if any (its ``__context__`` chain): a cleanup that
+    fails on the half-made state an interrupt left (a ``with`` block's exit) must not turn
+    the interrupt into an error, or into nothing where that error is expected and caught."""
+    seen = set()
+    c = e.__context__
+    while c is not None and id(c) not in seen:
+        if isinstance(c, KeyboardInterrupt):
+            raise c
+        seen.add(id(c))
+        c = c.__context__

@@ -456,3 +456,64 @@ def test_ctrl_c_as_a_search_starts_is_one_line(tmp_path):
                  "bench.S_kv=256", f"hydra.sweep.dir={d}")
     assert p.returncode == 130 and p.stderr.count("\n") == 1, p.stderr
     assert p.stderr.startswith("kbframe: interrupted")
+
+
+# ---------------------------------------------------------------- an interrupt Python would lose
+
+def test_an_interrupt_lost_in_a_weakref_callback_is_raised_again():
+    """A signal handler runs wherever the main thread is, also in a weakref callback, whose
+    exception Python prints as "ignored" and drops: kbframe.cli.stop raises it again in the
+    main thread's own code (the run then ends interrupted, not ok)."""
+    code = (
+        "import time, weakref\n"
+        "from kbframe.cli import stop\n"
+        "stop.keep_interrupts()\n"
+        "class A: pass\n"
+        "a = A()\n"
+        "def callback(ref): raise KeyboardInterrupt  # as a handler raising inside it\n"
+        "r = weakref.ref(a, callback)\n"
+        "try:\n"
+        "    del a\n"
+        "    t = time.monotonic()\n"
+        "    while time.monotonic() - t < 10: time.sleep(0.01)\n"
+        "    print('lost')\n"
+        "except KeyboardInterrupt:\n"
+        "    print('raised again')\n")
+    p = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert (p.returncode, p.stdout, p.stderr) == (0, "raised again\n", "")
+
+
+def test_an_interrupt_in_the_middle_of_a_tcm_allocation_is_not_swallowed_by_the_dry_run():
+    """Ctrl-C inside a TCM allocation of a kernel's scratch scope (the scope's exit then
+    finds a half-made allocation): the dry run, which takes a kernel's own errors as "no
+    exact dry run", raises the interrupt."""
+    from kbframe.sim.targets import resolve_kernel
+    from kbframe.tl.recipe import load_recipes
+    cfg = compose_cfg("bench.S_kv=1024", "bench.data=false")
+    wl, real = validate(cfg), resolve_kernel(cfg.bench.kernel)
+    calls = []
+
+    def interrupted_kernel(tl, **kw):
+        tcm, now = tl.pe.tcm, tl.pe.tcm.now
+
+        def ctrl_c_at_the_tenth():
+            calls.append(1)
+            if len(calls) == 10:
+                raise KeyboardInterrupt
+            return now()
+        tcm.now = ctrl_c_at_the_tenth
+        return real(tl, **kw)
+    with pytest.raises(KeyboardInterrupt):
+        preflight.dry_run(cfg.hardware, wl, interrupted_kernel, load_recipes(cfg.recipes), "float16", None)
+    assert len(calls) == 10
+
+
+def test_an_error_raised_while_unwinding_from_ctrl_c_in_a_run_ends_it_interrupted(tmp_path):
+    """Ctrl-C in the simulation, and a library error raised as it unwinds (the interrupt as
+    its context): the run records interrupted and exits 130 with one line, not failed with
+    the error's traceback."""
+    out = tmp_path / "run"
+    p = _planted("call:kbframe.run.bench:_simulate:1+error", "+bench=decode_opt2", "bench.S_kv=128",
+                 "bench.data=false", f"hydra.run.dir={out}")
+    assert (p.returncode, p.stderr) == (130, f"kbframe: interrupted; status in {out / 'status.json'}\n")
+    assert read_status(out)["status"] == "interrupted"

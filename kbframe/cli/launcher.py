@@ -136,9 +136,11 @@ def _quiet_when_idle() -> None:
     """A worker's start (loky ``initializer``): Ctrl-C or SIGTERM that finds it between
     jobs ends it quietly (the launcher stops the sweep and records what ran), not with a
     traceback from loky's own loop; during a job they are KeyboardInterrupt and
-    Terminated, as in a single run."""
+    Terminated, as in a single run, and one that Python loses is raised again
+    (kbframe.cli.stop.keep_interrupts)."""
     signal.signal(signal.SIGINT, _end_idle_worker)
     signal.signal(signal.SIGTERM, _end_idle_worker)
+    stop.keep_interrupts()
 
 
 def _end_idle_worker(signum, frame) -> None:

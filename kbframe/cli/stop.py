@@ -15,6 +15,10 @@ handlers do the rest:
   recorded itself yet, and prints the command's line: ``kbframe: interrupted`` alone, or,
   when a sweep was running, one line naming the sweep directory and how to summarise what
   finished. A second signal while the first unwinds is ignored.
+* an interrupt that Python loses is raised again (:func:`keep_interrupts`): a signal
+  handler runs wherever the main thread is, also inside a weakref callback or a
+  ``__del__`` (the garbage collector's), where Python prints the exception as "ignored"
+  and goes on, and the run would end ``ok`` as if no signal had come.
 
 This module imports nothing heavy: the command's entry (:func:`entry`) installs the
 handlers before Python imports Hydra, numpy or kbframe's layers.
@@ -43,10 +47,42 @@ started_epoch = datetime.datetime.now().timestamp()
 
 def install() -> None:
     """SIGINT and SIGTERM raise (KeyboardInterrupt, Terminated) and mark the command as
-    stopped (main thread only: Python runs signal handlers there)."""
+    stopped (main thread only: Python runs signal handlers there); a lost one is raised
+    again (:func:`keep_interrupts`)."""
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGINT, _handler)
         signal.signal(signal.SIGTERM, _handler)
+        keep_interrupts()
+
+
+#: seconds after which an interrupt Python lost is raised again
+RERAISE_S = 0.001
+_lost: "type[BaseException] | None" = None  # the interrupt to raise again
+
+
+def keep_interrupts() -> None:
+    """A KeyboardInterrupt (Terminated) raised by a signal handler in a place whose
+    exceptions Python ignores (a weakref callback, ``__del__``: ``sys.unraisablehook``) is
+    raised again :data:`RERAISE_S` later, from SIGALRM, in the main thread's own code. The
+    hook is Python's default for every other exception."""
+    signal.signal(signal.SIGALRM, _raise_lost)
+    sys.unraisablehook = _unraisable
+
+
+def _unraisable(u) -> None:
+    global _lost
+    if isinstance(u.exc_value, KeyboardInterrupt) and threading.current_thread() is threading.main_thread():
+        _lost = type(u.exc_value)
+        signal.setitimer(signal.ITIMER_REAL, RERAISE_S)
+        return
+    sys.__unraisablehook__(u)
+
+
+def _raise_lost(signum, frame) -> None:
+    global _lost
+    lost, _lost = _lost, None
+    if lost is not None:
+        raise lost()
 
 
 def _handler(signum, frame) -> None:

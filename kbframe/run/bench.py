@@ -20,7 +20,7 @@ from hydra.utils import to_absolute_path
 from omegaconf import OmegaConf, open_dict
 from threadpoolctl import threadpool_limits
 
-from ..errors import ConfigError, InputsError, NumericsError, OutputError
+from ..errors import ConfigError, InputsError, NumericsError, OutputError, raise_interrupt_behind
 from ..files import atomic_write, write_json
 from ..report import critical_path
 from ..report.power import power_from_metrics
@@ -147,6 +147,7 @@ def read_inputs_file(path: str, wl: Workload) -> dict:
     except InputsError:
         raise
     except Exception as e:  # zipfile/ValueError/OSError: a truncated or non-npz file
+        raise_interrupt_behind(e)
         raise InputsError(f"bench.inputs.path: cannot read '{path}' as .npz ({type(e).__name__}: {e})") from None
     for k in need:
         if k not in arrays:

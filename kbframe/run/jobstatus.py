@@ -42,7 +42,7 @@ import traceback
 from pathlib import Path
 
 from . import rundir
-from ..errors import KbframeError, OutputError, Terminated
+from ..errors import KbframeError, OutputError, Terminated, raise_interrupt_behind
 from ..files import STATUS_FILE, atomic_write, read_status
 
 #: exit status of an interrupted run (128 + SIGINT) and of a terminated one (128 + SIGTERM)
@@ -255,6 +255,11 @@ class JobStatus:
             self.ok = True
             self._finish("ok")
             return False
+        if issubclass(et, Exception):  # an error of the unwinding from Ctrl-C or SIGTERM is that interrupt
+            try:
+                raise_interrupt_behind(exc)
+            except KeyboardInterrupt as e:
+                et, exc = type(e), e
         if issubclass(et, KeyboardInterrupt):
             self._finish("interrupted", exc)
             what = "terminated (SIGTERM)" if issubclass(et, Terminated) else "interrupted"

@@ -23,7 +23,7 @@ import zipfile
 import numpy as np
 
 from ..sim.engine import Engine
-from ..errors import ConfigError, InputsError, KbframeError, NumericsError, TcmOverflowError, TimeBaseError
+from ..errors import ConfigError, InputsError, KbframeError, NumericsError, TcmOverflowError, TimeBaseError, raise_interrupt_behind
 from ..ir.handles import itemsize
 from ..sim.numerics import Numerics
 from ..sim.oplog import OpLog
@@ -184,7 +184,8 @@ def dry_run(hardware, wl, kernel, recipes: dict, dtype: str, inputs: dict | None
             dispatch_ps = max(dispatch_ps, pe_ps)
     except KbframeError:
         raise
-    except Exception:  # a kernel that reads simulated values: no exact dry run
+    except Exception as e:  # a kernel that reads simulated values: no exact dry run
+        raise_interrupt_behind(e)
         return {}
     pe = max(programs, key=lambda i: engine.pes[i].tcm.high_water)
     tcm = engine.pes[pe].tcm

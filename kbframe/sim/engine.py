@@ -19,10 +19,10 @@ from .. import internals
 from ..errors import ConfigError, DeadlockError, TimeBaseError
 from ..ir.handles import TensorHandle, itemsize
 from ..hw.hbm import HbmPort
-from ..hw.ipcq import Fabric
+from ..hw.ipcq import Fabric, IpcqSend
 from ..hw.pe import PE
 from ..hw.unit import Stage
-from ..timebase import LIMIT_TEXT, MAX_PS, cycles_to_ps, ps_to_ns
+from ..timebase import LIMIT_TEXT, MAX_PS, bytes_to_ps, cycles_to_ps, ps_to_ns
 from .targets import resolve_unit_class
 
 
@@ -109,15 +109,27 @@ def check_time_base(pe, hw) -> None:
     or reads at most a TCM-full of bytes and elements, and at most ``2·(E/3)^1.5`` flops
     (a GEMM whose three operands share a TCM of E elements); PE_CPU's longest dispatch is
     of a command of 256 logical bytes (the pre-flight dry run times every real command).
-    Each is timed by the unit's own rule (``duration_ps``), so any unit type is covered.
+    Each is timed by the unit's own rule (``duration_ps``), so any unit type is covered,
+    except what takes its time from a link or a port: a TCM-full IPCQ message on each kind
+    of link the topology has, and a TCM-full DMA transfer through a cube's shared HBM port.
 
     Raises:
-        ConfigError: names ``hardware.units.<name>``, the stage and its parameters (with
-            the keys they come from).
+        ConfigError: names ``hardware.units.<name>`` (or the bandwidth's key), the stage
+            and its parameters (with the keys they come from).
     """
     cap = int(pe.tcm.capacity_bytes)
     flops = int(2 * (cap / 3) ** 1.5)
+    bandwidths = []  # (key, GB/s, what moves): rates a stage's time takes from its link or port
+    if hw.get("hbm_mode", "partitioned") == "shared":
+        bandwidths.append(("hardware.cube_hbm_gbps", float(hw.get("cube_hbm_gbps", 1638.4)), "DMA transfer"))
     for name, unit in pe.stage_units.items():
+        if isinstance(unit, IpcqSend):  # its time is its link's: each kind of link the topology has
+            cubes = int(hw.get("cubes_x", 1)) * int(hw.get("cubes_y", 1))
+            if int(hw.get("n_pes", 1)) > 1:
+                bandwidths.append((f"hardware.units.{name}.intra_gbps", unit.intra_gbps, "message"))
+            if cubes > 1:
+                bandwidths.append((f"hardware.units.{name}.d2d_gbps", unit.d2d_gbps, "message"))
+            continue
         probe = Stage(unit, "probe", None, -1, cap, flops, cap)
         try:
             unit.duration_ps(probe)
@@ -125,6 +137,12 @@ def check_time_base(pe, hw) -> None:
             raise ConfigError(f"hardware.units.{name}: its longest possible stage (a TCM-full: {cap} B, "
                               f"{cap} elements, {flops:.3g} flop) does not fit the time base: {e} "
                               f"({_params(hw, name)})") from None
+    for key, gbps, what in bandwidths:
+        try:
+            bytes_to_ps(cap, gbps)
+        except (TimeBaseError, OverflowError, ZeroDivisionError) as e:
+            raise ConfigError(f"{key}: the longest possible {what} (a TCM-full: {cap} B) does not fit the "
+                              f"time base: {e}") from None
     cpu = pe.cpu
     nbytes = _PRIMITIVE_BYTES
     cycles = cpu.cost_cycles(SimpleNamespace(logical_bytes=nbytes))

@@ -26,7 +26,7 @@ import inspect
 import re
 from types import ModuleType
 
-from ..errors import ConfigError
+from ..errors import ConfigError, raise_interrupt_behind
 from ..hw.pe_cpu import PeCpu
 from ..hw.pe_scheduler import PeScheduler
 from ..hw.tcm import Tcm
@@ -92,6 +92,7 @@ def locate(dotted, key: str, allow_external: bool = False):
     except ConfigError:
         raise
     except Exception as e:  # a module that fails on import (or is not installed)
+        raise_interrupt_behind(e)
         raise ConfigError(f"{key}: cannot import '{text}': {type(e).__name__}: {e}") from None
     return obj
 

@@ -434,9 +434,10 @@ class _ScratchScope:
         self.tl.pe.tcm.push_scope()
         self.tl._scope_depth += 1
 
-    def __exit__(self, *exc) -> None:
-        self.tl._scope_depth -= 1
-        self.tl.pe.tcm.pop_scope()
+    def __exit__(self, et, *exc) -> None:
+        if et is None:  # an error or an interrupt abandons the kernel and its TCM: nothing to free
+            self.tl._scope_depth -= 1
+            self.tl.pe.tcm.pop_scope()
 
 
 _buf_ids = itertools.count(1)
