@@ -84,12 +84,12 @@ def test_search_without_the_sweeper_installed_is_one_line(monkeypatch):
 
 
 def test_bad_search_on_the_command_line_writes_nothing(tmp_path):
-    d = tmp_path / "sweep"
+    d = tmp_path / "sweep" / "search"
     p = cli("-m", "+search=decode_tile", 'search.constraints=["tcm.peak_bytes =< 5"]', f"hydra.sweep.dir={d}")
     assert p.returncode == 1 and p.stdout == ""
     assert p.stderr == ("kbframe: error: search.constraints[0]: cannot parse 'tcm.peak_bytes =< 5'; write METRIC OP "
                         "NUMBER with OP one of <=, <, >=, >, == (e.g. 'tcm.peak_bytes <= 1048576')\n")
-    assert not d.exists() or not any(d.iterdir())  # no trial, no file
+    assert not d.exists()  # no trial, no file, no empty directory
     p = cli("-m", "+search=decode_tile", "hydra.sweeper.storage=sqlite:///x.db", f"hydra.sweep.dir={d}")
     assert p.returncode == 1 and p.stderr.startswith("kbframe: error: hydra.sweeper.storage: kbframe does not take this override")
 

@@ -37,15 +37,19 @@ def available(group: str) -> list[str]:
     return sorted(p.stem for p in (_CONF / group).glob("*.yaml"))
 
 
-def _writable_dir(path: str) -> str | None:
-    """None if ``path`` can be created and written (it is made: the run locks it before
-    Hydra writes there), else the reason."""
+def _writable_dir(path: str, keep: bool = True) -> str | None:
+    """None if ``path`` can be created and written, else the reason. It is made (a single
+    run locks it before Hydra writes there); with ``keep=False`` (a sweep's, which the
+    sweep makes when it locks it) the folders made to find out are removed again, so a
+    sweep refused later (a search's objectives) leaves no empty directory."""
     p = Path(path)
+    made = []
     for q in (p, *p.parents):
         if q.exists() or q.is_symlink():
             if not q.is_dir():
                 return f"'{q}' is not a directory"
             break
+        made.append(q)
     try:
         p.mkdir(parents=True, exist_ok=True)
         probe = p / f".kbframe-write-test-{os.getpid()}"
@@ -53,6 +57,12 @@ def _writable_dir(path: str) -> str | None:
         probe.unlink()
     except OSError as e:
         return e.strerror or str(e)
+    finally:
+        for q in [] if keep else made:  # deepest first
+            try:
+                q.rmdir()
+            except OSError:
+                break
     return None
 
 
@@ -245,7 +255,7 @@ def check_run_dir(argv: list[str]) -> str | None:
     if val is not None and not val.strip():
         return f"{key} is empty; give a directory (the default is {_default_dir(key)})"
     text = val if val is not None else _default_dir(key)
-    why = _writable_prefix(text) if "${" in text else _writable_dir(text)
+    why = _writable_prefix(text) if "${" in text else _writable_dir(text, keep=key == "hydra.run.dir")
     if why is not None:
         return f"cannot write the run directory '{text}' ({key}): {why}"
     return None
