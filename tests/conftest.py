@@ -131,6 +131,7 @@ def rng():
     return np.random.default_rng(1234)
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's, which adds each test's group to its id
 def pytest_collection_modifyitems(config, items):
     """Under pytest-xdist (``make test``: ``-n auto --dist loadgroup``): the tests marked
     ``serial`` share one xdist group, so one worker runs them one after another and no two
@@ -138,3 +139,14 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("serial") is not None:
             item.add_marker(pytest.mark.xdist_group("serial"))
+
+
+def pytest_collection_finish(session):
+    """Under ``--dist loadgroup`` each grouped test's id carries its group (pytest-xdist adds
+    ``@GROUP``): a pytest that drops it would spread the serial tests over the workers, and
+    their signals and timings over one another, without a word."""
+    if getattr(session.config.option, "loadgroup", False):
+        lost = [i.nodeid for i in session.items if i.get_closest_marker("xdist_group") and "@" not in i.nodeid]
+        if lost:
+            raise pytest.UsageError(f"--dist loadgroup: {len(lost)} grouped test(s) lost their group, e.g. "
+                                    f"{lost[0]}: pytest-xdist does not work with this pytest (pyproject.toml)")

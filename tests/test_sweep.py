@@ -261,6 +261,17 @@ def test_a_killed_joblib_worker_fails_its_job_only(tmp_path):
     assert sorted(os.listdir(d / "0")) == [".hydra", "status.json"]  # its temporaries removed
 
 
+def _communicate_or_dump(p, timeout_s):
+    """``p``'s stderr once it ends; if it does not end in time, every process of its group
+    dumps its threads' stacks (faulthandler, SIGABRT) and the test fails showing them."""
+    try:
+        return p.communicate(timeout=timeout_s)[1]
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGABRT)
+        _, err = p.communicate(timeout=60)
+        raise AssertionError(f"the sweep did not end within {timeout_s} s of the signal; its stacks:\n{err}")
+
+
 def _status(d, num):
     try:
         return json.loads((d / str(num) / "status.json").read_text()).get("status")
@@ -279,7 +290,8 @@ def test_ctrl_c_on_a_joblib_sweep_is_one_line_per_job(tmp_path):
     p = subprocess.Popen([sys.executable, "-m", "kbframe", "-m", "+bench=decode_opt2", "bench.S_kv=4194304,64,128,256",
                           "bench.data=false", "run.fast_forward=off", "run.check=false", "run.progress=false",
                           "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", f"hydra.sweep.dir={d}"], cwd=REPO,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                         env={**os.environ, "PYTHONFAULTHANDLER": "1"})
     try:
         _job_pid(d, 0, p)
         deadline = time.monotonic() + 120
@@ -288,7 +300,7 @@ def test_ctrl_c_on_a_joblib_sweep_is_one_line_per_job(tmp_path):
             time.sleep(0.05)
         assert _status(d, 0) == "running"
         os.killpg(p.pid, signal.SIGINT)
-        _, err = p.communicate(timeout=120)
+        err = _communicate_or_dump(p, 60)
     finally:
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)
@@ -340,11 +352,11 @@ def test_sigterm_on_a_sweep_ends_every_job_and_says_how_to_summarise(tmp_path, l
     p = subprocess.Popen([sys.executable, "-m", "kbframe", "-m", "+bench=decode_opt2", "bench.S_kv=1048576,64,128",
                           "bench.data=false", "run.fast_forward=off", "run.progress=false", f"hydra.sweep.dir={d}",
                           *extra], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         start_new_session=True)
+                         start_new_session=True, env={**os.environ, "PYTHONFAULTHANDLER": "1"})
     try:
         _job_pid(d, 0, p, timeout=120)
         (os.kill if to == "process" else os.killpg)(p.pid, signal.SIGTERM)
-        _, err = p.communicate(timeout=120)
+        err = _communicate_or_dump(p, 60)
     finally:
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)

@@ -24,6 +24,7 @@ import os
 import re
 import signal
 import sys
+import threading
 from collections import deque
 from concurrent.futures import FIRST_COMPLETED, wait
 from pathlib import Path
@@ -122,14 +123,24 @@ def _stop_jobs(launcher, initial_job_idx: int, running: dict, executors: list, e
                 pass
     try:
         wait(list(running), timeout=STOP_WAIT_S)
+        _shut_down(executors)
     except KeyboardInterrupt:
         pass
-    for ex in executors:
-        if ex is not None:
-            ex.shutdown(wait=True, kill_workers=True)
     what = "terminated (SIGTERM)" if sig == signal.SIGTERM else "interrupted (Ctrl-C)"
     for slot, idx, ov in running.values():
         _out_dir_status(launcher, initial_job_idx + idx, ov, f"{what}; its worker was stopped", "interrupted")
+
+
+def _shut_down(executors: list) -> None:
+    """Stop every worker (loky's ``shutdown(kill_workers=True)``), waiting at most
+    :data:`STOP_WAIT_S`: the command ends after a stop even if loky's own thread does not
+    (an interrupt can leave a lock of its futures held), and its process exit does not wait
+    for that thread (kbframe.cli.speed)."""
+    live = [ex for ex in executors if ex is not None]
+    t = threading.Thread(target=lambda: [ex.shutdown(wait=True, kill_workers=True) for ex in live],
+                         name="kbframe-stop-workers", daemon=True)
+    t.start()
+    t.join(STOP_WAIT_S)
 
 
 def _quiet_when_idle() -> None:

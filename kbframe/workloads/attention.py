@@ -145,7 +145,7 @@ class HeadsBatch:
 
     outputs = ("out",)
     generated_only_keys = ("seed", "inputs.peak")
-    file_scalars = ("scale",)
+    file_scalars = ("scale", "S_kv")
     unit = "KV tile"
 
     # ---- the batch -------------------------------------------------------------------
@@ -240,17 +240,55 @@ class HeadsBatch:
         return draw_qkv(rng, shapes["q"][0], shapes["k"][0], self.cfg.d, self.cfg.inputs.peak, self.scale())
 
     def shape_from_file(self, arrays: dict, path: str) -> dict:
-        """An inputs file holds the stacked tensors of the batch the keys describe (its
-        ``d`` is taken from the file); rows that do not match are an InputsError."""
+        """The batch an inputs file's stacked tensors (q ``(B·H_q, d)``, k and v
+        ``(H_kv·ΣS_b, d)``) determine: ``d`` always; with the sequence lengths in the file
+        (an integer array ``S_kv``, one per sequence), also ``B``, ``H_q`` and ``H_kv``;
+        without them, a batch of equal lengths for the keys' ``H_q`` and ``H_kv`` (when the
+        keys' own batch does not fit the rows: a ragged batch needs the lengths).
+
+        Raises:
+            InputsError: shapes that contradict each other or the lengths, or rows no
+                batch of the keys' heads fits.
+        """
         q, k, v = arrays["q"], arrays["k"], arrays["v"]
         c = self.cfg
-        want_q = len(self.lengths()) * c.H_q
-        want_kv = c.H_kv * sum(self.lengths())
         if q.ndim != 2 or k.ndim != 2 or v.ndim != 2 or k.shape != v.shape or q.shape[1] != k.shape[1] \
-                or q.shape[0] != want_q or k.shape[0] != want_kv or q.shape[1] == 0:
+                or q.shape[1] == 0:
             raise InputsError(f"bench.inputs.path: shapes in '{path}' (q {q.shape}, k {k.shape}, v {v.shape}) do "
-                              f"not fit the batch: need q (B·H_q = {want_q}, d), k and v (H_kv·ΣS_kv = {want_kv}, d)")
-        return {"d": int(q.shape[1])}
+                              f"not stack a batch: need q (B·H_q, d), k and v (H_kv·ΣS_kv, d), d > 0")
+        d, q_rows, kv_rows = int(q.shape[1]), int(q.shape[0]), int(k.shape[0])
+        if "S_kv" in arrays:
+            return {"d": d, **self._batch_from_lengths(arrays["S_kv"], q_rows, kv_rows, path)}
+        if q_rows == len(self.lengths()) * c.H_q and kv_rows == c.H_kv * sum(self.lengths()):
+            return {"d": d}  # the keys' batch fits the rows
+        B = q_rows // c.H_q if c.H_q else 0
+        if B == 0 or q_rows != B * c.H_q or kv_rows % (c.H_kv * B):
+            raise InputsError(f"bench.inputs.path: shapes in '{path}' (q {q.shape}, k {k.shape}) fit no batch of "
+                              f"H_q={c.H_q}, H_kv={c.H_kv} (q needs B·H_q rows, k and v H_kv·B·S_kv); set "
+                              f"bench.H_q and bench.H_kv (+model=NAME), or store the sequence lengths in the "
+                              f"file as an integer array 'S_kv'")
+        return {"d": d, "S_kv": kv_rows // (c.H_kv * B), "batch": B}
+
+    @staticmethod
+    def _batch_from_lengths(lengths, q_rows: int, kv_rows: int, path: str) -> dict:
+        """``S_kv``, ``batch``, ``H_q``, ``H_kv`` from a file's sequence lengths and rows."""
+        n = np.asarray(lengths)
+        if not np.issubdtype(n.dtype, np.integer) or n.ndim > 1 or n.size == 0 or (n < 0).any():
+            raise InputsError(f"bench.inputs.path: '{path}' S_kv must be the sequence lengths, integers >= 0 "
+                              f"(one per sequence), got {n!r}")
+        L = [int(x) for x in n.reshape(-1)]
+        B, total = len(L), sum(L)
+        H_q = q_rows // B
+        H_kv = kv_rows // total if total else 0
+        if q_rows != B * H_q or H_q == 0 or (total and (kv_rows != H_kv * total or H_kv == 0)) \
+                or (not total and kv_rows) or (H_kv and H_q % H_kv):
+            raise InputsError(f"bench.inputs.path: shapes in '{path}' (q rows {q_rows}, k rows {kv_rows}) do not "
+                              f"fit its S_kv {L}: need q B·H_q rows and k, v H_kv·ΣS_kv rows, H_kv dividing H_q")
+        shape = {"S_kv": L[0], "batch": B} if len(set(L)) == 1 else {"S_kv": L}
+        shape["H_q"] = H_q
+        if total:  # a batch of empty sequences has no k rows to tell H_kv by
+            shape["H_kv"] = H_kv
+        return shape
 
     def accept_file(self, arrays: dict, path: str) -> dict:
         out = super().accept_file(arrays, path)  # Workload's: float64 q, k, v

@@ -72,7 +72,8 @@ class Workload:
     outputs: tuple = ()
     #: bench keys an inputs file makes meaningless (named in the summary as unused)
     generated_only_keys: tuple = ("seed",)
-    #: optional 0-d arrays an inputs file may hold besides the input tensors
+    #: optional arrays an inputs file may hold besides the input tensors (a 0-d scale, a
+    #: batch's sequence lengths), read by :meth:`shape_from_file` / :meth:`accept_file`
     file_scalars: tuple = ()
     #: fast-forward's short copies (kbframe.run.fastforward): the steps of the periodic axis
     #: the first keeps, and the share of the run's steps the copies may simulate; None:

@@ -118,3 +118,70 @@ def test_a_preset_applies_whatever_its_place_on_the_command_line():
         "-m", "x=1", "+bench=decode_heads,decode_splitk", "+model=a,b"]
     same = ["+bench=decode_heads", "+model=llama3_8b"]
     assert presets_after_bench(same) == same and presets_after_bench(["+model=x"]) == ["+model=x"]
+
+
+# ---- inputs files: the batch is taken from the file ----------------------------------
+
+def _stacked(path, lengths, H_q, H_kv, d=16, with_lengths=True, seed=3):
+    r = np.random.default_rng(seed)
+    rows = H_kv * sum(lengths)
+    arrays = {"q": r.standard_normal((len(lengths) * H_q, d)), "k": r.standard_normal((rows, d)),
+              "v": r.standard_normal((rows, d))}
+    if with_lengths:
+        arrays["S_kv"] = np.array(lengths)
+    np.savez(path, **arrays)
+    return arrays
+
+
+@pytest.mark.parametrize("bench", ["decode_heads", "decode_splitk"])
+def test_a_file_with_its_lengths_gives_the_whole_batch(tmp_path, bench):
+    """q, k, v and the lengths S_kv (ragged, one empty): B, H_q, H_kv, d and S_kv are the
+    file's, whatever the bench's defaults (64 / 8 heads, d 128, 4096 keys), and every head
+    matches float64."""
+    lengths, path = [40, 0, 23], tmp_path / "in.npz"
+    a = _stacked(path, lengths, H_q=6, H_kv=2)
+    m = run(tmp_path / "run", "hardware=cube", f"bench.inputs.path={path}", "bench.tile=16", bench=bench)
+    s = m["shape"]
+    assert (s["B"], s["H_q"], s["H_kv"], s["d"], s["S_kv"]) == (3, 6, 2, 16, lengths)
+    out = load_out(tmp_path / "run")["out"]
+    want = _ref_per_item({**a, "scale": np.array(1 / math.sqrt(16))}, 6, 2, lengths)
+    np.testing.assert_allclose(out, want, atol=TOL, rtol=TOL)
+
+
+def test_a_file_without_lengths_gives_an_equal_length_batch_for_the_keys_heads(tmp_path):
+    path = tmp_path / "in.npz"
+    _stacked(path, [30] * 4, H_q=8, H_kv=2, with_lengths=False)
+    m = run(tmp_path / "run", "hardware=cube", f"bench.inputs.path={path}", "bench.H_q=8", "bench.H_kv=2",
+            "bench.tile=16", bench="decode_heads")
+    assert (m["shape"]["B"], m["shape"]["S_kv"], m["shape"]["d"]) == (4, 30, 16)
+
+
+def test_inputs_files_that_fit_no_batch_are_one_line(tmp_path):
+    from kbframe.errors import InputsError
+    from kbframe.run.bench import run_bench
+    path = tmp_path / "in.npz"
+    _stacked(path, [30] * 4, H_q=8, H_kv=2, with_lengths=False)
+    with pytest.raises(InputsError) as e:
+        run(tmp_path / "a", f"bench.inputs.path={path}", bench="decode_heads")
+    assert str(e.value) == (
+        f"bench.inputs.path: shapes in '{path}' (q (32, 16), k (240, 16)) fit no batch of H_q=64, H_kv=8 (q needs "
+        f"B·H_q rows, k and v H_kv·B·S_kv); set bench.H_q and bench.H_kv (+model=NAME), or store the sequence "
+        f"lengths in the file as an integer array 'S_kv'")
+    _stacked(path, [30, 10], H_q=8, H_kv=2)
+    np.savez(path, **{**dict(np.load(path)), "S_kv": np.array([30, 11])})
+    with pytest.raises(InputsError) as e:
+        run(tmp_path / "b", f"bench.inputs.path={path}", bench="decode_heads")
+    assert str(e.value) == (f"bench.inputs.path: shapes in '{path}' (q rows 16, k rows 80) do not fit its S_kv "
+                            f"[30, 11]: need q B·H_q rows and k, v H_kv·ΣS_kv rows, H_kv dividing H_q")
+    np.savez(path, **{**dict(np.load(path)), "S_kv": np.array([30.0, 10.0])})
+    with pytest.raises(InputsError) as e:
+        run(tmp_path / "c", f"bench.inputs.path={path}", bench="decode_heads")
+    assert str(e.value) == (f"bench.inputs.path: '{path}' S_kv must be the sequence lengths, integers >= 0 (one "
+                            f"per sequence), got array([30., 10.])")
+    np.savez(path, **{**dict(np.load(path)), "S_kv": np.array([30, 10])})
+    cfg = compose_cfg("run.progress=false", f"bench.inputs.path={path}", "bench.H_q=16", bench="decode_heads")
+    with pytest.raises(InputsError) as e:
+        run_bench(cfg, tmp_path / "d", {"bench.H_q"})
+    assert str(e.value) == (f"bench.inputs.path: '{path}' contradicts explicit shape key(s): bench.H_q=16 but the "
+                            f"file has H_q=8 (drop the key(s) to use the file's shapes)")
+    assert not any((tmp_path / n).exists() for n in "abcd")
