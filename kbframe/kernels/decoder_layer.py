@@ -104,7 +104,7 @@ def decoder_layer(tl, *, rank: int, pes: list, B: int, H: int, H_q: int, H_kv: i
                     h = _rmsnorm(tl, x, tl.load(attn_norm[l:l + 1]), eps_t)
                 with tl.phase("qkv", layer=l, hbm_bytes=H * C * isz, flops=2 * B * H * C):
                     qkv = tl.dot(h, wqkv[wb:wb + H], out=tl.empty((B, C), "qkv"))
-                with tl.phase("rope", layer=l):
+                with tl.phase("rope", layer=l, hbm_bytes=0, flops=0):  # on the QKV output in TCM
                     tl.math("rope", qkv, pos, out=qkv, **rope)
             heads = tl.reshape(qkv, (B * nh, d))
             o = tl.empty((B, hq * d), "attn_out")

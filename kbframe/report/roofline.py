@@ -2,12 +2,14 @@
 
 Reads only ``metrics.json`` fields (``roofline.*``, ``units.*``, ``sim.latency_ns``):
 
-- the three lower bounds on latency: ``hbm`` = the busiest DMA channel's bytes / its
+- the lower bounds on latency: ``hbm`` = the busiest DMA channel's bytes / its
   bandwidth (read and write channels overlap),
   ``compute`` = GEMM FLOPs / GEMM peak, ``dispatch`` = PE_CPU dispatch cycles / clock;
   on many PEs, each the largest PE's (they work in parallel), and with shared HBM at least
   each cube's bytes / the cube's bandwidth (kbframe.run.metrics);
-  ``largest_bound`` names the largest, ``bound_ns`` is it and ``fraction`` = bound /
+  with collectives (a decoder layer), ``link`` = the busiest PE's IPCQ send time
+  (``phases.link_bound_ns``), printed under them;
+  ``largest_bound`` names the largest of the three, ``bound_ns`` is it and ``fraction`` = bound /
   simulated latency. A bound is only a bound: ``binding`` is the critical path's kind
   (:mod:`kbframe.report.critical_path`: ``hbm``, ``compute``, ``dispatch`` or ``chain``),
   which says what really sets the latency (before it, ``binding`` named the
@@ -35,6 +37,12 @@ def table_lines(metrics: dict, indent: str = "  ") -> list[str]:
         mark = "  ← binding" if name == r["binding"] else "  ← largest" if name == r.get("largest_bound") else ""
         share = f"{ns / lat:.1%}" if lat else "-"
         lines.append(f"{indent}{name:<10}{ns:>12.1f}{share:>12}  {work[name]}{mark}")
+    link_ns = (metrics.get("phases") or {}).get("link_bound_ns")
+    if link_ns:  # a decoder layer's collectives: the busiest PE's IPCQ send time (kbframe.run.phases)
+        moved = sum(c["bytes"] for c in metrics.get("collectives", []))
+        share = f"{link_ns / lat:.1%}" if lat else "-"
+        lines.append(f"{indent}{'link':<10}{link_ns:>12.1f}{share:>12}  "
+                     f"{moved:,} B all-reduced ({len(metrics.get('collectives', []))} all-reduces)")
     pes = metrics.get("pes") or []
     # many PEs: the table is the first PE's (metrics.json pes[] has every PE's)
     head = "unit" if len(pes) < 2 else f"PE{pes[0]['pe']} unit"

@@ -225,7 +225,8 @@ def summary_lines(metrics: dict) -> list[str]:
                      f"{st['layers']} layer(s): {st['tokens_per_s']:,.0f} tokens/s, binding {st['binding']}{an}")
     if layers:
         lines.append(f"  layer       {sum(layers) / len(layers) / 1000:.2f} µs per layer ({len(layers)} layer"
-                     f"{'s' if len(layers) != 1 else ''}); by critical-path time: " + ", ".join(parts[:6]))
+                     f"{'s' if len(layers) != 1 else ''}); by critical-path time: " + ", ".join(parts[:6])
+                     + (f" (+{len(parts) - 6} more in metrics.json phases)" if len(parts) > 6 else ""))
     coll = metrics.get("collectives")
     if coll:
         c = coll[0]

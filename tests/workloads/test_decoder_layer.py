@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from conftest import REPO, load_out, read_oplog, run
+from kbframe.run.metrics import summary
 from kbframe.workloads.decoder_layer import FILE_ARRAYS, reference_layers
 
 SMALL = ("bench.H=64", "bench.H_q=4", "bench.H_kv=2", "bench.d=16", "bench.F=96", "bench.S_kv=100")
@@ -121,6 +122,14 @@ def test_a_layers_all_reduces_take_their_model_time(tmp_path, algorithm):
     coll = m["collectives"]
     assert len(coll) == 2 and all(c["algorithm"] == algorithm and c["pes"] == list(range(8)) for c in coll)
     assert all(c["bytes"] == 4096 * 2 and c["ns"] == c["model_ns"] > 0 for c in coll)
+    # the links' roofline term: the busiest PE's sends at 256 GB/s (ring: 14 of n/8 bytes;
+    # tree: the root's 3 broadcasts of n; direct: 7 of n), two all-reduces a layer
+    n = 4096 * 2
+    sent = {"ring": 14 * n // 8, "tree": 3 * n, "direct": 7 * n}[algorithm]
+    assert m["phases"]["link_bound_ns"] == pytest.approx(2 * sent / 256)
+    link_row = next(line for line in summary(m, tmp_path).splitlines() if line.split()[:1] == ["link"])
+    assert link_row.split()[1:4] == [f"{2 * sent / 256:.1f}", f"{2 * sent / 256 / m['sim']['latency_ns']:.1%}",
+                                     f"{2 * n:,}"]
 
 
 def test_fused_saves_dispatch_over_none(tmp_path):
@@ -136,6 +145,9 @@ def test_fused_saves_dispatch_over_none(tmp_path):
                              "residual", "ffn", "store"]
     assert names["fused"] == ["load", "norm+qkv+rope", "kv_append", "attention", "o_proj+residual", "all_reduce",
                               "norm", "ffn+residual", "store"]
+    for f, m in ms.items():  # every phase of either fusion has its analytic estimate, and the step their sum
+        an = [e["analytic_ns"] for e in m["phases"]["by_phase"]]
+        assert None not in an and m["step"]["analytic_ns"] == pytest.approx(sum(an), abs=1e-3), f
 
 
 def _dispatches(path: Path) -> list:
