@@ -128,7 +128,7 @@ class DecoderLayer(Workload):
         return 8 * 3 * n_in + 8 * self.cfg.batch * self.cfg.H_q * (self.cfg.S_kv + 1) * 2
 
     # ---- inputs ----------------------------------------------------------------------
-    def generate(self, rng: np.random.Generator, early=None) -> dict:
+    def generate(self, rng: np.random.Generator) -> dict:
         """float32 inputs that keep the residual stream O(1): x standard normal, norms
         around 1, weights N(0, 1/fan_in), caches standard normal; every new token at
         position S_kv."""
