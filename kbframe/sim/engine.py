@@ -159,6 +159,26 @@ def check_time_base(pe, hw) -> None:
 MAX_PES = 1 << 20
 
 
+def check_topology(hw) -> tuple:
+    """``hardware.n_pes`` must be the topology's PEs, ``pes_per_cube × cubes_x × cubes_y``:
+    more would have no cube, and fewer would leave declared cubes (or a cube's PEs) out of
+    the run while its links and HBM ports are still laid out for them.
+
+    Returns:
+        ``(cubes_x, cubes_y)``.
+    Raises:
+        ConfigError: names the four keys, their values and the product.
+    """
+    n, ppc = int(hw.n_pes), int(hw.get("pes_per_cube", 8))
+    cubes_x, cubes_y = int(hw.get("cubes_x", 1)), int(hw.get("cubes_y", 1))
+    total = ppc * cubes_x * cubes_y
+    if n != total:  # a count below 1 is refused before this (bench.validate names it)
+        raise ConfigError(f"hardware.n_pes={n} does not match the topology: hardware.pes_per_cube={ppc} × "
+                          f"hardware.cubes_x={cubes_x} × hardware.cubes_y={cubes_y} = {total} PE(s); set "
+                          f"hardware.n_pes={total}, or the cube keys so that their product is {n}")
+    return cubes_x, cubes_y
+
+
 class PEs(Sequence):
     """``engine.pes``: the ``hardware.n_pes`` PEs, each built (its units copied and bound)
     the first time it is used, so a run on PE 0 of ``n_pes=100000`` builds one PE.
@@ -212,8 +232,8 @@ class Engine:
         numerics: a :class:`~kbframe.sim.numerics.Numerics` (timing only) or NumpyNumerics.
         oplog: the :class:`~kbframe.sim.oplog.OpLog` records stream into.
     Raises:
-        ConfigError: ``hardware.n_pes`` outside 1..MAX_PES, or a unit refused (build_units,
-            check_time_base).
+        ConfigError: ``hardware.n_pes`` outside 1..MAX_PES or not the topology's PEs
+            (check_topology), or a unit refused (build_units, check_time_base).
     """
 
     def __init__(self, hw, numerics, oplog, units: dict | None = None):
@@ -225,12 +245,7 @@ class Engine:
         if not 1 <= n <= MAX_PES:
             raise ConfigError(f"hardware.n_pes must be 1 to {MAX_PES}, got {n}")
         self.ppc = int(hw.get("pes_per_cube", 8))
-        cubes_x, cubes_y = int(hw.get("cubes_x", 1)), int(hw.get("cubes_y", 1))
-        if n > self.ppc * cubes_x * cubes_y:  # also a count below 1 (bench.validate names that one)
-            raise ConfigError(f"hardware.n_pes={n} does not fit the topology: hardware.pes_per_cube={self.ppc} × "
-                              f"hardware.cubes_x={cubes_x} × hardware.cubes_y={cubes_y} = "
-                              f"{self.ppc * cubes_x * cubes_y} PE(s) (each ≥ 1; set the cubes too, e.g. "
-                              f"hardware=cube_mesh)")
+        cubes_x, cubes_y = check_topology(hw)
         self.shared_hbm = hw.get("hbm_mode", "partitioned") == "shared"
         self.cube_hbm_gbps = float(hw.get("cube_hbm_gbps", 1638.4))
         self.hbm_arrival = hw.get("hbm_arbitration", "submission") == "arrival"  # kbframe.hw.hbm
