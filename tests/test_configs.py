@@ -133,7 +133,7 @@ def test_bad_unit_parameter_names_the_unit():
     cfg = compose_cfg("hardware.units.math.vector_width=0")
     with pytest.raises(ConfigError) as e:
         build_units(cfg.hardware)
-    assert str(e.value) == "hardware.units.math: ValueError: vector_width must be ≥ 1, got 0"
+    assert str(e.value) == "hardware.units.math.vector_width must be ≥ 1, got 0"
 
 
 def test_recipes_are_in_the_composed_config():

@@ -62,7 +62,7 @@ def test_npz_expansion_checked_from_headers(tmp_path, monkeypatch):
 def test_unused_pes_are_not_built():
     """hardware.n_pes=100000 took 64 s and 0.94 GB building PEs a one-PE run never uses;
     PEs are now built when first used."""
-    cfg = compose_cfg("hardware.n_pes=100000", "hardware.cubes_x=12500")
+    cfg = compose_cfg("hardware.n_pes=100000", "hardware.pes_per_cube=8", "hardware.cubes_x=12500")
     eng = Engine(cfg.hardware, Numerics(), OpLog(None))
     pe = eng.pes[7]
     assert len(eng.pes) == 100000 and eng.pes.built() == [pe] and pe.index == 7

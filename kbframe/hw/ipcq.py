@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections import deque
 
 from ..timebase import bytes_to_ps, ns_to_ps
-from .params import at_least_one, non_negative, positive
+from .params import at_least_one, duration_ns, positive
 from .unit import Stage, Unit
 
 
@@ -102,7 +102,8 @@ class IpcqSend(Unit):
         d2d_gbps: bandwidth of a link that crosses cubes, GB/s.
         credits: messages a link holds before the sender blocks (queue depth, ≥ 1).
     Raises:
-        ValueError: a non-positive bandwidth or credit count, or a negative latency.
+        ValueError: a non-positive bandwidth or credit count, or a latency that is negative or
+            beyond the time base (a route's sum of them: kbframe.sim.engine.check_time_base).
     """
 
     roles = ("ipcq_send",)
@@ -127,8 +128,8 @@ class IpcqSend(Unit):
     def __init__(self, intra_latency_ns: float = 16.0, intra_gbps: float = 256.0, d2d_latency_ns: float = 16.0,
                  d2d_gbps: float = 128.0, credits: int = 4, description: str = "", roles=None, label=None):
         super().__init__(description, roles, label)
-        non_negative("intra_latency_ns", intra_latency_ns)
-        non_negative("d2d_latency_ns", d2d_latency_ns)
+        duration_ns("intra_latency_ns", intra_latency_ns)
+        duration_ns("d2d_latency_ns", d2d_latency_ns)
         positive("intra_gbps", intra_gbps)
         positive("d2d_gbps", d2d_gbps)
         at_least_one("credits", credits)

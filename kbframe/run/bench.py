@@ -26,7 +26,7 @@ from ..report import critical_path
 from ..report.power import power_from_metrics
 from ..report.trace import tracks_from_metrics, write_trace
 from ..sim import sanitizer
-from ..sim.engine import build_units
+from ..sim.engine import build_units, check_topology
 from ..sim.targets import resolve_class, resolve_kernel
 from ..tl.recipe import load_recipes
 from ..workloads.base import Workload
@@ -93,6 +93,7 @@ def validate(cfg) -> Workload:
     for key in ("pes_per_cube", "cubes_x", "cubes_y"):
         if hw[key] < 1:
             raise ConfigError(f"hardware.{key} must be ≥ 1, got {hw[key]}")
+    check_topology(hw)  # every PE the topology declares is in the run, and no more
     if not (math.isfinite(hw.cube_hbm_gbps) and hw.cube_hbm_gbps > 0):
         raise ConfigError(f"hardware.cube_hbm_gbps must be a finite number > 0, got {hw.cube_hbm_gbps}")
     if not 0 <= b.pe < cfg.hardware.n_pes:

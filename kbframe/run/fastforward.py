@@ -57,6 +57,7 @@ from ..sim.oplog import RowSink, _row, format_rows
 from ..sim import sanitizer
 from ..sim.waits import _FIELDS
 from ..timebase import MAX_PS
+from . import preflight
 from .periodic import NotPeriodic, Runs, Settling, global_refs, precheck, records_of, streams_of, totals
 from .simulate import Simulation, simulate
 
@@ -336,6 +337,7 @@ def _run(copies: _Copies, q: int, key: str, t_start: float, min_steps: int = MIN
             # the full run's records are made, then the last copy's verdict is taken, before
             # any other reason not to fast-forward
             tot = runs.total(k_full)
+            preflight.check_forwarded_records(copies.cfg, copies.wl, int(tot["n_records"]))  # before any is made
             late = [n for n in tot if n == "latency_ps" or (isinstance(n, tuple) and n[-1] == "busy_ps")]
             beyond, not_periodic = any(tot[n] >= MAX_PS for n in late), None
             if not beyond:

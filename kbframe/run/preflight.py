@@ -76,6 +76,29 @@ def check_sanitizer_memory(cfg, fig: dict) -> None:
                           f"{_gib(have)}; use run.check=false or a shorter run")
 
 
+#: host memory a fast-forwarded run keeps per op_log record of the full run, bytes: its
+#: records are made as arrays and formatted as one text (kbframe.run.fastforward), so it
+#: grows with the run. Measured 0.64 KB (peak RSS of decode_opt2, timing only, S_kv=10^6
+#: and 4·10^6: +527 MB for 843,750 records), rounded up
+FF_BYTES_PER_RECORD = 700
+
+
+def check_forwarded_records(cfg, wl, records: int) -> None:
+    """Raise ConfigError if a fast-forwarded run would make more op_log records than
+    ``run.max_records``, or more than this machine's memory holds: it is not simulated
+    record by record, but its records are all made (:data:`FF_BYTES_PER_RECORD` each).
+    Checked once the short copies gave the full run's count, before any record is made."""
+    need = records * FF_BYTES_PER_RECORD
+    head = (f"{cfg.bench.name} at {_shape_text(wl)} would make {records:,} op_log records even fast-forwarded "
+            f"(about {_gib(need)} of host memory, {FF_BYTES_PER_RECORD} B each)")
+    budget = int(cfg.run.get("max_records", 0)) if "run" in cfg else 0
+    if budget and records > budget:
+        raise ConfigError(f"{head}, over run.max_records={budget:,}; raise run.max_records or shrink the run")
+    have = physical_memory_bytes()
+    if have is not None and need > have:
+        raise ConfigError(f"{head}; this machine has {_gib(have)}; shrink the run")
+
+
 def npz_headers(path) -> dict:
     """``{array name: (shape, dtype)}`` of the ``.npy`` members of an ``.npz``, read from
     their headers only (nothing is decompressed but the header); ``{}`` if it cannot be read

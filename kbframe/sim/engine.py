@@ -20,9 +20,10 @@ from ..errors import ConfigError, DeadlockError, TimeBaseError
 from ..ir.handles import TensorHandle, itemsize
 from ..hw.hbm import HbmPort
 from ..hw.ipcq import Fabric, IpcqSend
+from ..hw.params import ParamError
 from ..hw.pe import PE
 from ..hw.unit import Stage
-from ..timebase import LIMIT_TEXT, MAX_PS, bytes_to_ps, cycles_to_ps, ps_to_ns
+from ..timebase import LIMIT_TEXT, MAX_PS, bytes_to_ps, cycles_to_ps, ns_to_ps, ps_to_ns
 from .targets import resolve_unit_class
 
 
@@ -65,7 +66,8 @@ def build_units(hw) -> dict:
 
     Raises:
         ConfigError: a refused target, or a unit whose parameters its class rejects
-            (names ``hardware.units.<name>`` and the reason).
+            (names ``hardware.units.<name>.<parameter>`` when kbframe.hw.params checked it,
+            else ``hardware.units.<name>``, and the reason).
     """
     classes = _check_targets(hw)
     units = {}
@@ -74,6 +76,8 @@ def build_units(hw) -> dict:
             units[name] = instantiate(ucfg, _convert_="all")
         except InstantiationException as e:
             cause = e.__cause__ or e
+            if isinstance(cause, ParamError):  # its message starts with the parameter's name
+                raise ConfigError(f"hardware.units.{name}.{cause}") from None
             raise ConfigError(f"hardware.units.{name}: {type(cause).__name__}: {cause}") from None
         if type(units[name]) is not classes[name]:  # e.g. a _target_ whose text resolved differently
             raise ConfigError(f"hardware.units.{name}: built a {type(units[name]).__name__}, "
@@ -112,6 +116,8 @@ def check_time_base(pe, hw) -> None:
     Each is timed by the unit's own rule (``duration_ps``), so any unit type is covered,
     except what takes its time from a link or a port: a TCM-full IPCQ message on each kind
     of link the topology has, and a TCM-full DMA transfer through a cube's shared HBM port.
+    Each fixed latency is checked by its unit (kbframe.hw.params.duration_ns); an IPCQ
+    message's, the sum over its route, here for the longest route the topology has.
 
     Raises:
         ConfigError: names ``hardware.units.<name>`` (or the bandwidth's key), the stage
@@ -124,11 +130,19 @@ def check_time_base(pe, hw) -> None:
         bandwidths.append(("hardware.cube_hbm_gbps", float(hw.get("cube_hbm_gbps", 1638.4)), "DMA transfer"))
     for name, unit in pe.stage_units.items():
         if isinstance(unit, IpcqSend):  # its time is its link's: each kind of link the topology has
-            cubes = int(hw.get("cubes_x", 1)) * int(hw.get("cubes_y", 1))
+            cubes_x, cubes_y = int(hw.get("cubes_x", 1)), int(hw.get("cubes_y", 1))
             if int(hw.get("n_pes", 1)) > 1:
                 bandwidths.append((f"hardware.units.{name}.intra_gbps", unit.intra_gbps, "message"))
-            if cubes > 1:
+            if cubes_x * cubes_y > 1:
                 bandwidths.append((f"hardware.units.{name}.d2d_gbps", unit.d2d_gbps, "message"))
+                # each latency fits (kbframe.hw.params.duration_ns); the longest route's sum must too
+                hops = 1 if hw.get("cube_fabric", "mesh") == "switch" else cubes_x - 1 + cubes_y - 1
+                try:
+                    ns_to_ps(unit.intra_latency_ns + hops * unit.d2d_latency_ns)
+                except TimeBaseError as e:
+                    raise ConfigError(f"hardware.units.{name}.intra_latency_ns + {hops} × hardware.units.{name}."
+                                      f"d2d_latency_ns: the latency of a message on the longest route ({hops} "
+                                      f"cube crossing(s)) does not fit the time base: {e}") from None
             continue
         probe = Stage(unit, "probe", None, -1, cap, flops, cap)
         try:
@@ -157,6 +171,26 @@ def check_time_base(pe, hw) -> None:
 #: thousands of such trays); PEs are built only when a run uses them, so this refuses
 #: absurd values, it is not a memory budget
 MAX_PES = 1 << 20
+
+
+def check_topology(hw) -> tuple:
+    """``hardware.n_pes`` must be the topology's PEs, ``pes_per_cube × cubes_x × cubes_y``:
+    more would have no cube, and fewer would leave declared cubes (or a cube's PEs) out of
+    the run while its links and HBM ports are still laid out for them.
+
+    Returns:
+        ``(cubes_x, cubes_y)``.
+    Raises:
+        ConfigError: names the four keys, their values and the product.
+    """
+    n, ppc = int(hw.n_pes), int(hw.get("pes_per_cube", 8))
+    cubes_x, cubes_y = int(hw.get("cubes_x", 1)), int(hw.get("cubes_y", 1))
+    total = ppc * cubes_x * cubes_y
+    if n != total:  # a count below 1 is refused before this (bench.validate names it)
+        raise ConfigError(f"hardware.n_pes={n} does not match the topology: hardware.pes_per_cube={ppc} × "
+                          f"hardware.cubes_x={cubes_x} × hardware.cubes_y={cubes_y} = {total} PE(s); set "
+                          f"hardware.n_pes={total}, or the cube keys so that their product is {n}")
+    return cubes_x, cubes_y
 
 
 class PEs(Sequence):
@@ -212,8 +246,8 @@ class Engine:
         numerics: a :class:`~kbframe.sim.numerics.Numerics` (timing only) or NumpyNumerics.
         oplog: the :class:`~kbframe.sim.oplog.OpLog` records stream into.
     Raises:
-        ConfigError: ``hardware.n_pes`` outside 1..MAX_PES, or a unit refused (build_units,
-            check_time_base).
+        ConfigError: ``hardware.n_pes`` outside 1..MAX_PES or not the topology's PEs
+            (check_topology), or a unit refused (build_units, check_time_base).
     """
 
     def __init__(self, hw, numerics, oplog, units: dict | None = None):
@@ -225,12 +259,7 @@ class Engine:
         if not 1 <= n <= MAX_PES:
             raise ConfigError(f"hardware.n_pes must be 1 to {MAX_PES}, got {n}")
         self.ppc = int(hw.get("pes_per_cube", 8))
-        cubes_x, cubes_y = int(hw.get("cubes_x", 1)), int(hw.get("cubes_y", 1))
-        if n > self.ppc * cubes_x * cubes_y:  # also a count below 1 (bench.validate names that one)
-            raise ConfigError(f"hardware.n_pes={n} does not fit the topology: hardware.pes_per_cube={self.ppc} × "
-                              f"hardware.cubes_x={cubes_x} × hardware.cubes_y={cubes_y} = "
-                              f"{self.ppc * cubes_x * cubes_y} PE(s) (each ≥ 1; set the cubes too, e.g. "
-                              f"hardware=cube_mesh)")
+        cubes_x, cubes_y = check_topology(hw)
         self.shared_hbm = hw.get("hbm_mode", "partitioned") == "shared"
         self.cube_hbm_gbps = float(hw.get("cube_hbm_gbps", 1638.4))
         self.hbm_arrival = hw.get("hbm_arbitration", "submission") == "arrival"  # kbframe.hw.hbm
