@@ -238,3 +238,13 @@ def test_ctrl_c_outside_a_job_is_one_line_and_status_130(monkeypatch, capsys, sw
     assert e.value.code == 130
     assert capsys.readouterr().err == "kbframe: interrupted" + (
         "; summarise what finished with: python -m kbframe.report /tmp/the_sweep" if sweep else "") + "\n"
+
+
+def test_a_reader_that_stops_reading_ends_the_command_quietly():
+    """``python -m kbframe --help | head -1``: the pipe closes before the help is written; the
+    command ends as a tool killed by SIGPIPE does (status 141), with nothing on stderr."""
+    p = subprocess.Popen([sys.executable, "-m", "kbframe", "--help"], cwd=REPO, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE)
+    p.stdout.close()  # the reader goes away before reading anything
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=60) == 141 and err == ""

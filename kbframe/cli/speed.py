@@ -100,4 +100,8 @@ def main_then_exit(main) -> None:
         code = 0
     except SystemExit as e:
         code = e.code
+    except BrokenPipeError:  # the reader of stdout went away (`... --help | head`): stop quietly,
+        # as a tool killed by SIGPIPE does (128 + 13)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        code = 141
     exit_now(code)
