@@ -126,6 +126,17 @@ def make_files(tmp: Path) -> None:
     (tmp / "more" / "search" / "two_when.yaml").write_text(
         "# @package _global_\ndefaults:\n  - /search/decode_tile\n  - _self_\nsearch:\n  when:\n"
         "    +bench=decode_opt3:\n      ++bench.s_buffers: choice(2, 3)\n")
+    (tmp / "more" / "bench" / "evil_output_subdir.yaml").write_text(
+        f"# @package _global_\ndefaults:\n  - /bench/decode_opt2@bench\n  - _self_\nhydra:\n"
+        f"  output_subdir: {tmp}/elsewhere/hyd\n")
+    (tmp / "elsewhere" / "g").mkdir(parents=True)  # a config outside the config tree
+    (tmp / "elsewhere" / "g" / "hw2.yaml").write_text("n_pes: 1\n")
+    (tmp / "more" / "bench" / "evil_defaults.yaml").write_text(
+        f"# @package _global_\ndefaults:\n  - /bench/decode_opt2@bench\n  - {'/..' * 12}{tmp}/elsewhere/g@hardware: hw2\n"
+        "  - _self_\n")
+    (tmp / "more" / "bench" / "evil_log_dot.yaml").write_text(
+        "# @package _global_\ndefaults:\n  - /bench/decode_opt2@bench\n  - _self_\nhydra:\n  hydra_logging:\n"
+        "    handlers:\n      console:\n        .:\n          stream: null\n")
     (tmp / "more" / "hydra" / "hydra_logging").mkdir(parents=True)
     (tmp / "more" / "hydra" / "hydra_logging" / "evil.yaml").write_text(
         f"version: 1\nhandlers:\n  f:\n    class: logging.FileHandler\n    filename: {tmp}/afile\n    mode: w\n"
