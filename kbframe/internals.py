@@ -25,6 +25,19 @@ KEPT = {
     "hydra_plugins.hydra_optuna_sweeper._impl.create_params_from_overrides":
         "kbframe.cli.search_space: search.when parameters parsed as the Optuna sweeper parses "
         "hydra.sweeper.params (interval(), choice(), range() ...), the same distributions",
+    "hydra._internal.config_loader_impl.ConfigLoaderImpl.load_configuration":
+        "kbframe.cli.hydra_guard.install: every composed config (the run's, a sweep's, each job's) is "
+        "checked after composition and before Hydra builds anything from it; Hydra has no public "
+        "hook between the two (a callback runs after the logging and the callbacks are built)",
+    "hydra._internal.config_repository.ConfigRepository.load_config":
+        "kbframe.cli.hydra_guard.install: each config file's defaults list is checked as Hydra reads "
+        "the file (every group and choice a name in the config tree), before any entry is loaded; "
+        "the composed config does not keep the defaults lists",
+    "hydra._internal.config_loader_impl.ConfigLoaderImpl._parse_overrides_and_create_caching_repo, "
+    "hydra._internal.defaults_list.create_defaults_list":
+        "kbframe.cli.hydra_guard.source_of: the file a refused key was set in, found in the defaults "
+        "list with the repository Hydra composed from (hydra.searchpath included); the public "
+        "compute_defaults_list gives no repository to read the files back",
 }
 
 
@@ -60,3 +73,28 @@ def optuna_params_from_overrides():
     """The Optuna sweeper's parser of its ``params`` (:data:`KEPT`)."""
     from hydra_plugins.hydra_optuna_sweeper._impl import create_params_from_overrides
     return create_params_from_overrides
+
+
+def config_loader_class():
+    """Hydra's ``ConfigLoaderImpl`` (its ``load_configuration``: :data:`KEPT`)."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    return ConfigLoaderImpl
+
+
+def config_repository_class():
+    """Hydra's ``ConfigRepository`` (its ``load_config``, whose result holds the file's parsed
+    ``defaults_list``: :data:`KEPT`)."""
+    from hydra._internal.config_repository import ConfigRepository
+    return ConfigRepository
+
+
+def defaults_list(loader, config_name, overrides, run_mode):
+    """``(defaults list, repository)`` of a composition: the configs in the order Hydra merged
+    them (``.defaults``: each with ``config_path`` and ``package``) and the caching repository
+    that read them (its ``load_config(path)``: the file's ConfigResult) (:data:`KEPT`)."""
+    from hydra._internal.defaults_list import create_defaults_list
+    from hydra.types import RunMode
+    parsed, repo = loader._parse_overrides_and_create_caching_repo(config_name, list(overrides))
+    dl = create_defaults_list(repo=repo, config_name=config_name, overrides_list=parsed, prepend_hydra=True,
+                              skip_missing=run_mode == RunMode.MULTIRUN)
+    return dl, repo

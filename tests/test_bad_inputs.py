@@ -94,6 +94,9 @@ def make_files(tmp: Path) -> None:
     np.savez(tmp / "q60k.npz", q=q60, k=rng.standard_normal((32, 8)) * 1e-3, v=rng.standard_normal((32, 8)),
              scale=np.float64(2.0))
     write_npz_bomb(tmp / "bomb.npz")
+    np.savez(tmp / "gemm_1e30.npz", A=np.full((128, 16), 1e30), B=np.full((16, 16), 1e30))  # fit fp32, A·B not
+    (tmp / "sweeps" / "used" / "0" / ".hydra").mkdir(parents=True)  # an earlier sweep's job
+    (tmp / "sweeps" / "used" / "0" / ".hydra" / "overrides.yaml").write_text("[]\n")
     make_layer_files(tmp, rng)
     os.mkfifo(tmp / "fifo.npz")
     (tmp / "zero.npz").symlink_to("/dev/zero")
@@ -119,6 +122,21 @@ def make_files(tmp: Path) -> None:
     (tmp / "more" / "bench" / "evil_callback.yaml").write_text(
         "# @package _global_\ndefaults:\n  - /bench/decode_opt2@bench\n  - _self_\nhydra:\n  callbacks:\n    x:\n"
         f"      _target_: numpy.save\n      file: {tmp}/x.npy\n      arr: [1]\n")
+    (tmp / "more" / "search").mkdir()  # decode_tile with s_buffers in a second branch, other choices
+    (tmp / "more" / "search" / "two_when.yaml").write_text(
+        "# @package _global_\ndefaults:\n  - /search/decode_tile\n  - _self_\nsearch:\n  when:\n"
+        "    +bench=decode_opt3:\n      ++bench.s_buffers: choice(2, 3)\n")
+    (tmp / "more" / "bench" / "evil_output_subdir.yaml").write_text(
+        f"# @package _global_\ndefaults:\n  - /bench/decode_opt2@bench\n  - _self_\nhydra:\n"
+        f"  output_subdir: {tmp}/elsewhere/hyd\n")
+    (tmp / "elsewhere" / "g").mkdir(parents=True)  # a config outside the config tree
+    (tmp / "elsewhere" / "g" / "hw2.yaml").write_text("n_pes: 1\n")
+    (tmp / "more" / "bench" / "evil_defaults.yaml").write_text(
+        f"# @package _global_\ndefaults:\n  - /bench/decode_opt2@bench\n  - {'/..' * 12}{tmp}/elsewhere/g@hardware: hw2\n"
+        "  - _self_\n")
+    (tmp / "more" / "bench" / "evil_log_dot.yaml").write_text(
+        "# @package _global_\ndefaults:\n  - /bench/decode_opt2@bench\n  - _self_\nhydra:\n  hydra_logging:\n"
+        "    handlers:\n      console:\n        .:\n          stream: null\n")
     (tmp / "more" / "hydra" / "hydra_logging").mkdir(parents=True)
     (tmp / "more" / "hydra" / "hydra_logging" / "evil.yaml").write_text(
         f"version: 1\nhandlers:\n  f:\n    class: logging.FileHandler\n    filename: {tmp}/afile\n    mode: w\n"

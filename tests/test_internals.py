@@ -13,7 +13,7 @@ from kbframe import internals
 
 
 def test_every_kept_name_has_a_test_here():
-    assert len(internals.KEPT) == 5
+    assert len(internals.KEPT) == 8
 
 
 def test_hydra_get_mode_takes_the_config_name_and_overrides():
@@ -69,3 +69,66 @@ def test_conditional_parameters_are_sampled_through_optunas_public_calls():
     for name, dist in dists.items():
         _suggest(trial, name, dist)
     assert trial.distributions == dists
+
+
+def _tree(tmp_path):
+    """A config tree: config.yaml whose defaults list has a group entry, a config entry and
+    _self_; g/x.yaml."""
+    (tmp_path / "g").mkdir()
+    (tmp_path / "g" / "x.yaml").write_text("a: 1\n")
+    (tmp_path / "config.yaml").write_text("defaults:\n  - /g@p: x\n  - g/x@q\n  - _self_\nb: 2\n")
+    return tmp_path
+
+
+def _spy(monkeypatch, cls, name, seen):
+    original = getattr(cls, name)
+
+    def spy(self, *args, **kwargs):
+        seen.append((name, args[0] if args else kwargs.get("config_path", kwargs.get("config_name"))))
+        return original(self, *args, **kwargs)
+    monkeypatch.setattr(cls, name, spy)
+
+
+def test_hydra_composes_through_load_configuration_and_reads_every_file_through_load_config(tmp_path, monkeypatch):
+    """kbframe.cli.hydra_guard.install wraps both: each composition passes the first, and
+    every config file (the primary one and each of its defaults) the second, whose result
+    holds the file's parsed defaults list."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.default_element import ConfigDefault, GroupDefault
+    seen = []
+    loader_cls, repo_cls = internals.config_loader_class(), internals.config_repository_class()
+    assert list(inspect.signature(loader_cls.load_configuration).parameters)[:4] == [
+        "self", "config_name", "overrides", "run_mode"]
+    _spy(monkeypatch, loader_cls, "load_configuration", seen)
+    _spy(monkeypatch, repo_cls, "load_config", seen)
+    results = []
+    original = repo_cls.load_config
+    monkeypatch.setattr(repo_cls, "load_config",
+                        lambda self, config_path: results.append(original(self, config_path)) or results[-1])
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(_tree(tmp_path)), version_base="1.3"):
+        cfg = compose(config_name="config")
+    assert cfg == {"p": {"a": 1}, "q": {"a": 1}, "b": 2}
+    assert ("load_configuration", "config") in seen
+    assert {"config", "g/x"} <= {n for k, n in seen if k == "load_config"}
+    res = next(r for r in results if r is not None and r.path == f"file://{tmp_path}" and r.defaults_list
+               and any(isinstance(d, GroupDefault) for d in r.defaults_list))
+    group, config = res.defaults_list[0], res.defaults_list[1]
+    assert isinstance(group, GroupDefault) and (group.group, group.package, group.value) == ("/g", "p", "x")
+    assert isinstance(config, ConfigDefault) and (config.path, config.package) == ("g/x", "q")
+
+
+def test_defaults_list_gives_the_configs_and_the_repository_that_read_them(tmp_path):
+    """kbframe.cli.hydra_guard.source_of: the defaults list in merge order, each with its
+    config_path and package, and the repository that reads each file back."""
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.types import RunMode
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(_tree(tmp_path)), version_base="1.3"):
+        dl, repo = internals.defaults_list(GlobalHydra.instance().config_loader(), "config", [], RunMode.RUN)
+    mine = [(d.config_path, d.package) for d in dl.defaults if d.config_path in ("g/x", "config")]
+    assert mine == [("g/x", "p"), ("g/x", "q"), ("config", "")]
+    res = repo.load_config("g/x")
+    assert res.path == f"file://{tmp_path}" and OmegaConf.to_container(res.config) == {"a": 1}

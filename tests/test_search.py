@@ -187,3 +187,45 @@ def test_a_search_with_no_feasible_trial_exits_1_and_one_that_stopped_early_list
     rep = report.write_report(d, echo=False)
     assert [(j.num, j.status) for j in rep.jobs] == [(0, "ok"), (1, "missing"), (2, "ok")]
     assert rep.jobs[1].error == "never ran (the sweep ended before this trial)"
+
+
+def _search_cfg(when: dict):
+    """decode_tile's composed config (its hydra node too) with ``when`` added to search.when."""
+    from hydra import compose, initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import open_dict
+    GlobalHydra.instance().clear()
+    with initialize_config_module(config_module="kbframe.conf", version_base="1.3"):
+        cfg = compose(config_name="config", overrides=["+search=decode_tile"], return_hydra_config=True)
+    with open_dict(cfg):
+        cfg.search.when.update(when)
+    return cfg
+
+
+@pytest.mark.parametrize("when, message", [
+    ({"+bench=decode_opt3": {"++bench.s_buffers": "choice(2, 3)"}},
+     "search.when: ++bench.s_buffers is sampled from choice(2, 3, 4) in branch +bench=decode_opt2 and from "
+     "choice(2, 3) in branch +bench=decode_opt3; Optuna keeps one value space per parameter for the whole search: "
+     "give it the same values in both branches"),
+    ({"++bench.tile=64": {"++bench.v_staging": "prefetch"}},  # a fixed value is a choice of one
+     "search.when: ++bench.v_staging is sampled from choice(composite, prefetch) in branch +bench=decode_opt2 and "
+     "from prefetch in branch ++bench.tile=64; Optuna keeps one value space per parameter for the whole search: "
+     "give it the same values in both branches"),
+    ({"+bench=decode_opt3": {"++bench.s_buffers": "interval(2, 4)"}},  # another kind of distribution
+     "search.when: ++bench.s_buffers is sampled from choice(2, 3, 4) in branch +bench=decode_opt2 and from "
+     "interval(2, 4) in branch +bench=decode_opt3; Optuna keeps one value space per parameter for the whole search: "
+     "give it the same values in both branches"),
+])
+def test_a_parameter_in_two_when_branches_needs_one_value_space(when, message):
+    """Optuna would stop the search with a traceback ('CategoricalDistribution does not
+    support dynamic value space') at the trial that samples the second branch."""
+    from kbframe.cli.search_space import check_sweep
+    with pytest.raises(ConfigError) as e:
+        check_sweep(_search_cfg(when))
+    assert str(e.value) == message
+
+
+def test_a_parameter_in_two_when_branches_with_the_same_values_is_taken():
+    from kbframe.cli.search_space import check_sweep
+    check_sweep(_search_cfg({"+bench=decode_opt3": {"++bench.s_buffers": "choice(2, 3, 4)", "++bench.x": "interval(1, 2)"},
+                             "++bench.tile=64": {"++bench.x": "interval(1, 8)"}}))  # a range may differ

@@ -114,6 +114,10 @@ class SweepReport(Callback):
         # a multirun.yaml alone is a sweep Hydra refused before any job (a bad override):
         # no jobs to mix in, so the directory may be used again
         if not self.reuse_dir and _job_dirs(sweep_dir):
+            if "optuna" in str(config.hydra.sweeper.get("_target_", "")).lower():
+                _fail(f"the sweep directory '{sweep_dir}' holds another sweep's jobs (its job directories); a "
+                      f"search always starts in a new directory: give a hydra.sweep.dir that does not exist yet "
+                      f"(or leave it out for a new dated one)")
             _fail(f"the sweep directory '{sweep_dir}' holds another sweep's jobs (its job "
                   f"directories); choose a new hydra.sweep.dir, or reuse it with "
                   f"hydra.callbacks.sweep_report.reuse_dir=true (the report then lists this sweep's jobs only)")

@@ -5,8 +5,8 @@
   lists of a sweep) that names no file in ``conf/<group>/`` is reported with the available
   names; a ``hydra.run.dir`` / ``hydra.sweep.dir`` that cannot be created or written is
   reported before Hydra tries to (one holding ``${...}``, the default too, by its existing
-  part; an empty one is refused); ``hydra.sweep.subdir`` / ``hydra.output_subdir`` may not
-  leave it; recipe names and files are checked (:func:`check_recipes`); Hydra keys that
+  part; an empty one is refused; ``hydra.sweep.subdir`` / ``hydra.output_subdir``, wherever
+  set, are checked on the composed config by :mod:`kbframe.cli.hydra_guard`); recipe names and files are checked (:func:`check_recipes`); Hydra keys that
   would build objects (a ``_target_``, a logging handler, an Optuna storage or custom search
   space) are refused; ``+search=`` needs the Optuna sweeper. Group choices are not checked
   when the config search path is extended (``hydra.searchpath``, ``--config-dir``) or a
@@ -323,20 +323,6 @@ def check_sweeper(argv: list[str]) -> str | None:
     return None
 
 
-def check_subdirs(argv: list[str]) -> str | None:
-    """``hydra.sweep.subdir`` (a job's folder in the sweep) and ``hydra.output_subdir`` (the
-    run's ``.hydra/``) must stay inside the run or sweep directory: relative, no ``..``."""
-    for a in argv:
-        key, eq, val = a.partition("=")
-        key = key.lstrip("+~")
-        if eq and key in ("hydra.sweep.subdir", "hydra.output_subdir") and val not in ("null", ""):
-            parts = Path(val).parts
-            if Path(val).is_absolute() or ".." in parts:
-                return (f"{key}={val} would write outside the {'sweep' if 'sweep' in key else 'run'} directory; "
-                        f"give a relative path without '..'")
-    return None
-
-
 def check_one_search(argv: list[str]) -> str | None:
     """``+search=`` names one search config: a comma list would make a grid of searches."""
     for a in argv:
@@ -348,8 +334,7 @@ def check_one_search(argv: list[str]) -> str | None:
 
 def precheck(argv: list[str]) -> str | None:
     """The one-line message for a command line Hydra would reject, or None."""
-    msg = (check_hydra_code(argv) or check_group_names(argv) or check_sweeper(argv) or check_subdirs(argv)
-           or check_one_search(argv))
+    msg = (check_hydra_code(argv) or check_group_names(argv) or check_sweeper(argv) or check_one_search(argv))
     if msg is not None:
         return msg
     try:

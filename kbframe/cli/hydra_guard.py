@@ -24,16 +24,29 @@ By kind:
   ``()`` factory and no other ``ext://`` name;
 * no other ``_target_`` anywhere in ``hydra``;
 * every config group choice (``hydra.runtime.choices``: bench, hardware, model, sweep,
-  search, Hydra's own groups and any added later) is a name, never a path.
+  search, Hydra's own groups and any added later) is a name, never a path;
+* the paths Hydra places under the run or sweep directory stay in it: ``hydra.output_subdir``
+  (the run's ``.hydra/``) and ``hydra.sweep.subdir`` (a job's folder) are relative, without
+  ``..``, interpolating only ``${hydra.job.num}``, ``${hydra.job.id}`` or ``${hydra.job.name}``;
+  ``hydra.job.name`` (in the log file's name) is a name. ``hydra.run.dir`` and
+  ``hydra.sweep.dir`` are where the user chose to write: checked for being writable
+  (:mod:`kbframe.cli.checks`), not for where they are.
 
-A refusal is one line naming the key, what it holds and where it was set (the command line
-or the config file), raised as Hydra's own composition error, which
-:mod:`kbframe.cli.hydra_errors` prints as ``kbframe: error: ...``.
+Every defaults list of every config file Hydra reads is checked as the file is read, before
+any of its entries is loaded (:func:`install` wraps ``ConfigRepository.load_config``): each
+group path and each choice is a name in the config tree (``/bench/decode_opt2@bench``,
+``override /hardware: cube``), never a path out of it (``/../../elsewhere/g@hardware``).
+
+A refusal is one line naming the key (or the defaults-list entry), what it holds and where
+it was set (the command line or the config file), raised as Hydra's own composition error,
+which :mod:`kbframe.cli.hydra_errors` prints as ``kbframe: error: ...``. Hydra's private
+names used here are reached through :mod:`kbframe.internals` (``KEPT``).
 """
 from __future__ import annotations
 
 import inspect
 import re
+from pathlib import PurePosixPath
 
 from ..errors import ConfigError
 
@@ -42,6 +55,8 @@ _CHOICE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")
 _STREAMS = ("ext://sys.stdout", "ext://sys.stderr")
 _LOG_FILE = re.compile(r"\$\{hydra[.:]runtime\.output_dir\}/(?P<name>(?:[A-Za-z0-9_.\-]|\$\{hydra[.:]job\.name\})+)")
 _OWN_FILES = ("metrics.json", "op_log.jsonl", "tensors.npz", "trace.json", "status.json")
+#: what a folder Hydra places under the run or sweep directory may interpolate
+_SUBDIR_VARS = re.compile(r"\$\{hydra[.:]job\.(?:num|id|name)\}")
 
 
 def check_choice(group: str, choice) -> None:
@@ -170,6 +185,9 @@ def _check_logging(log, section: str) -> None:
         return
     prefix = f"hydra.{section}"
     for key, v in _walk(log, prefix):
+        if key.endswith(".."):  # the '.' key: attributes set on the object logging builds
+            raise Refusal(key[:-1] + "'.'", f"{v!r} sets attributes on the object logging builds (its '.' key); "
+                                            f"kbframe takes none")
         if key.endswith(".()"):
             raise Refusal(key, f"'{v}' is a logging factory, which runs any callable; kbframe takes none")
         if isinstance(v, str) and v.startswith("ext://") and not (key.endswith(".stream") and v in _STREAMS):
@@ -203,6 +221,26 @@ def _check_logging(log, section: str) -> None:
 _CHECKED = ("callbacks", "launcher", "sweeper", "hydra_logging", "job_logging")
 
 
+def _check_paths(hydra: dict) -> None:
+    """The folders Hydra places under the run or sweep directory stay in it (module doc)."""
+    for key, node, where in (("hydra.output_subdir", hydra, "output_subdir"),
+                             ("hydra.sweep.subdir", hydra.get("sweep") or {}, "subdir")):
+        v = node.get(where) if isinstance(node, dict) else None
+        if v is None:
+            continue
+        text = str(v)
+        rest = _SUBDIR_VARS.sub("x", text)
+        if "${" in rest or rest.startswith(("/", "\\")) or ".." in PurePosixPath(rest.replace("\\", "/")).parts:
+            what = "sweep" if "sweep" in key else "run"
+            raise Refusal(key, f"'{text}' would write outside the {what} directory; give a relative path without "
+                               f"'..' (it may interpolate ${{hydra.job.num}}, ${{hydra.job.id}} or "
+                               f"${{hydra.job.name}})")
+    name = (hydra.get("job") or {}).get("name")
+    if name is not None and name != "???" and (not _CHOICE.fullmatch(str(name)) or ".." in str(name)):
+        raise Refusal("hydra.job.name", f"'{name}' is not a name; Hydra puts it in the log file's path "
+                                        f"(${{hydra.runtime.output_dir}}/${{hydra.job.name}}.log)")
+
+
 def check_hydra(hydra: dict) -> None:
     """The rules of the module doc on the unresolved ``hydra`` node of a composed config.
 
@@ -214,6 +252,7 @@ def check_hydra(hydra: dict) -> None:
             check_choice(group, choice)
         except ConfigError as e:
             raise Refusal(_CHOICES + group, str(e), choice) from None
+    _check_paths(hydra)
     _check_callbacks(hydra.get("callbacks"))
     _check_launcher(hydra.get("launcher"))
     _check_sweeper(hydra.get("sweeper"))
@@ -239,19 +278,20 @@ def source_of(loader, config_name, overrides, run_mode, key: str, choice=None) -
     """Where ``key`` of the composed config was set: ``the command line (OVERRIDE)`` or
     ``FILE`` (the last config of the defaults list that sets it), else ``the config``."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
     from omegaconf import OmegaConf
-    parts = re.findall(r"[^.\[\]]+", key)
+    from omegaconf.errors import OmegaConfBaseException
+
+    from ..internals import defaults_list
+    dot = key.endswith(".'.'")  # logging's '.' key
+    parts = re.findall(r"[^.\[\]]+", key[:-4] if dot else key) + (["."] if dot else [])
     group = key[len(_CHOICES):] if key.startswith(_CHOICES) else None
     try:
         for ov in reversed(OverridesParser.create().parse_overrides(list(overrides))):
             k = ov.key_or_group
             if k == group or (group is None and "/" not in k and parts[:len(k.split("."))] == k.split(".")):
                 return f"the command line ({ov.input_line})"
-        from hydra._internal.defaults_list import create_defaults_list
-        from hydra.types import RunMode
-        parsed, repo = loader._parse_overrides_and_create_caching_repo(config_name, list(overrides))
-        dl = create_defaults_list(repo=repo, config_name=config_name, overrides_list=parsed, prepend_hydra=True,
-                                  skip_missing=run_mode == RunMode.MULTIRUN)
+        dl, repo = defaults_list(loader, config_name, overrides, run_mode)
         if group is not None:  # the last config whose defaults list chose it
             for d in reversed(dl.defaults):
                 res = repo.load_config(d.config_path) if d.config_path else None
@@ -276,19 +316,71 @@ def source_of(loader, config_name, overrides, run_mode, key: str, choice=None) -
                     break
             else:
                 return _file(res, d.config_path)
-    except Exception:  # noqa: BLE001 (where it was set is a courtesy: the refusal stands)
+    except (HydraException, OmegaConfBaseException):  # a config Hydra cannot read again: the refusal stands
         pass
     return "the config"
 
 
+def _entry_text(d) -> str:
+    """A defaults-list entry as written (``/g@pkg: choice``, ``/g/name@pkg``)."""
+    pkg = f"@{d.package}" if getattr(d, "package", None) else ""
+    if hasattr(d, "group"):
+        value = d.value if not isinstance(d.value, (list, tuple)) else f"[{', '.join(map(str, d.value))}]"
+        return f"{'override ' if getattr(d, 'override', False) else ''}{d.group}{pkg}: {value}"
+    return f"{d.path}{pkg}"
+
+
+def check_defaults(defaults, where: str) -> None:
+    """Every entry of one config file's parsed defaults list names a config in the config
+    tree: its group path (``/hydra/launcher``) and choice, or its config path
+    (``/bench/decode_opt2``), are names joined by '/', never '..' or an empty part.
+    ``where``: the file, for the message.
+
+    Raises:
+        ConfigCompositionException: one line naming the entry and the file.
+    """
+    from hydra.errors import ConfigCompositionException
+    for d in defaults or []:
+        path = getattr(d, "group", None) if hasattr(d, "group") else getattr(d, "path", None)
+        if path is None or "${" in str(path):
+            continue  # an interpolated entry: its resolved choice is checked (hydra.runtime.choices)
+        parts = str(path).lstrip("/").split("/")
+        bad = [p for p in parts if not _CHOICE.fullmatch(p) or ".." in p]
+        if bad:
+            raise ConfigCompositionException(
+                f"defaults entry '{_entry_text(d)}': a defaults list names a config group and a config in the "
+                f"config tree (names joined by '/', as /bench/decode_opt2), never a path out of it ('{bad[0]}') "
+                f"(set in {where})")
+        if hasattr(d, "group"):
+            values = d.value if isinstance(d.value, (list, tuple)) else [d.value]
+            for v in values:
+                if v is None or v == "???" or "${" in str(v):
+                    continue
+                try:
+                    check_choice(str(path).lstrip("/"), v)
+                except ConfigError as e:
+                    raise ConfigCompositionException(f"{e} (set in {where})") from None
+
+
 def install() -> None:
-    """Wrap Hydra's config loader so that every composed config is checked (idempotent)."""
-    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    """Wrap Hydra's config loader so that every composed config is checked, and its config
+    repository so that every file's defaults list is checked as it is read (idempotent)."""
     from hydra.errors import ConfigCompositionException
     from omegaconf import OmegaConf
+
+    from ..internals import config_loader_class, config_repository_class
+    ConfigLoaderImpl, ConfigRepository = config_loader_class(), config_repository_class()
     original = ConfigLoaderImpl.load_configuration
     if getattr(original, "__kbframe_guard__", False):
         return
+    load_config = ConfigRepository.load_config
+
+    def checked_load_config(self, config_path, *args, **kwargs):
+        res = load_config(self, config_path, *args, **kwargs)
+        if res is not None:
+            check_defaults(res.defaults_list, _file(res, config_path))
+        return res
+    ConfigRepository.load_config = checked_load_config
 
     def load_configuration(self, config_name, overrides, run_mode, *args, **kwargs):
         cfg = original(self, config_name, overrides, run_mode, *args, **kwargs)

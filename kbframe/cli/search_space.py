@@ -79,6 +79,7 @@ def check_sweep(config) -> None:
         return
     if not isinstance(when, dict):
         raise ConfigError(f"search.when: a mapping from KEY=VALUE conditions to parameters, not {when!r}")
+    seen: dict = {}  # a conditional parameter -> (its first branch, what it is sampled from, distribution)
     for cond, body in when.items():
         key, eq, want = str(cond).partition("=")
         where = f"search.when.{cond}"
@@ -99,7 +100,31 @@ def check_sweep(config) -> None:
             if str(k) in params:
                 raise ConfigError(f"{where}.{k}: already a parameter of hydra.sweeper.params; "
                                   f"a conditional parameter must be a key of its own")
-            _param(str(k), str(v), f"{where}.{k}")
+            dist = _as_distribution(_param(str(k), str(v), f"{where}.{k}"))
+            if str(k) in seen:
+                first, first_v, first_dist = seen[str(k)]
+                if not _compatible(first_dist, dist):
+                    raise ConfigError(f"search.when: {k} is sampled from {first_v} in branch {first} and from {v} "
+                                      f"in branch {cond}; Optuna keeps one value space per parameter for the whole "
+                                      f"search: give it the same values in both branches")
+            else:
+                seen[str(k)] = (str(cond), str(v), dist)
+
+
+def _as_distribution(param):
+    """A parameter as :func:`conditional` samples it: its distribution, a fixed value as a
+    choice of one."""
+    from optuna.distributions import BaseDistribution, CategoricalDistribution
+    return param if isinstance(param, BaseDistribution) else CategoricalDistribution([param])
+
+
+def _compatible(a, b) -> bool:
+    """Whether Optuna lets one parameter take distributions ``a`` and ``b`` in one study: the
+    same kind, and the same choices for a categorical one (a float or int range may differ)."""
+    from optuna.distributions import CategoricalDistribution
+    if type(a) is not type(b):
+        return False
+    return not isinstance(a, CategoricalDistribution) or tuple(a.choices) == tuple(b.choices)
 
 
 def conditional(cfg, trial) -> None:

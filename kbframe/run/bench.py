@@ -199,7 +199,10 @@ def run_bench(cfg, out_dir: Path, explicit: set | frozenset = frozenset()) -> di
         all or nothing, cleaned up on any failure).
     """
     out_dir = Path(out_dir)
-    with RunDir(out_dir) as rd:
+    # numpy's overflow and invalid-value warnings are off for the whole run: every value
+    # that matters is checked (inputs against their dtype and the accumulator before the
+    # simulation, the outputs for NaN and inf after it) and refused with one line
+    with RunDir(out_dir) as rd, np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         run = _prepare(cfg, out_dir, explicit)
         _draw_inputs(run)
         _plan(run)
@@ -238,6 +241,7 @@ class _Run:
     trace_path: Path | None = None
     sanitizer: dict | None = None
     references: dict | None = None  # data mode: output name -> its float64 reference
+    path: str | None = None  # bench.inputs.path, absolute, when a file gave the inputs
 
 
 def _prepare(cfg, out_dir: Path, explicit) -> _Run:
@@ -252,7 +256,7 @@ def _prepare(cfg, out_dir: Path, explicit) -> _Run:
         boolean = {"False": "false", "True": "true"}.get(ff)  # the schema's str of a YAML boolean
         raise ConfigError("run.fast_forward must be off, on or verify, got "
                           + (f"{boolean} (a boolean; write run.fast_forward=off or =on)" if boolean else f"'{ff}'"))
-    inp, unused = None, []
+    inp, unused, path = None, [], None
     if b.inputs.path:
         path = to_absolute_path(b.inputs.path)  # relative to where kbframe was started
         arrays = read_inputs_file(path, wl)
@@ -266,7 +270,8 @@ def _prepare(cfg, out_dir: Path, explicit) -> _Run:
     kernel = resolve_kernel(b.kernel, "bench.kernel", bool(cfg.hardware.allow_external_targets),
                             kwargs=tuple(wl.kernel_kwargs(inp)))
     return _Run(cfg, wl, recipes, kernel, inp, unused, bool(b.data), check=bool(run_cfg.get("check", True)),
-                show=bool(run_cfg.get("progress", False)), trace=bool(run_cfg.get("trace", True)), ff=ff)
+                show=bool(run_cfg.get("progress", False)), trace=bool(run_cfg.get("trace", True)), ff=ff,
+                path=path)
 
 
 def _draw_inputs(run: _Run) -> None:
@@ -277,8 +282,13 @@ def _draw_inputs(run: _Run) -> None:
     b, wl = run.cfg.bench, run.wl
     if run.inputs is None:
         run.inputs = wl.generate(np.random.default_rng(b.seed))
-    preflight.check_inputs_fit(b.data_dtype, {n: run.inputs[n] for n in wl.input_names()})
-    wl.check_inputs(b.data_dtype, run.inputs)
+    try:
+        preflight.check_inputs_fit(b.data_dtype, {n: run.inputs[n] for n in wl.input_names()})
+        wl.check_inputs(b.data_dtype, run.inputs)
+    except NumericsError as e:
+        if run.path is None:
+            raise
+        raise NumericsError(f"bench.inputs.path: '{run.path}': {e}") from None
 
 
 def _plan(run: _Run) -> None:

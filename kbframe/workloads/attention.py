@@ -43,7 +43,14 @@ def draw_qkv(rng: np.random.Generator, n_q: int, n_kv: int, d: int, peak: float,
     the same values). q is scaled so the scores ``q·kᵀ·scale`` have standard deviation
     ``peak``. k and v are drawn in chunks (the same stream), so a long context never holds
     a float64 copy."""
-    q = (rng.standard_normal((n_q, d)) * (peak / (scale * math.sqrt(d)))).astype(np.float32)
+    q64 = rng.standard_normal((n_q, d)) * (peak / (scale * math.sqrt(d)))
+    top = float(np.finfo(np.float32).max)
+    big = float(np.max(np.abs(q64))) if q64.size else 0.0
+    if not big <= top:
+        raise NumericsError(f"bench.inputs.peak={peak:g}: the drawn q reaches |x| ≈ {big:.6g}, beyond float32's "
+                            f"largest value {top:.6g} (refused rather than stored as inf); use a smaller "
+                            f"bench.inputs.peak")
+    q = q64.astype(np.float32)
     chunk = np.empty((min(n_kv, CHUNK_ROWS), d))  # each chunk is drawn into this
 
     def normal_f32(out):
@@ -83,8 +90,7 @@ def check_scores(data_dtype: str, q, k, scale: float) -> None:
     bound = float(np.abs(q64).sum(axis=-1).max()) * big_k * abs(scale) if q64.size else 0.0
     if bound <= acc_top:
         return
-    with np.errstate(over="ignore", invalid="ignore"):
-        s_max = float(np.max(np.abs(q) @ np.abs(k).T)) * abs(scale)
+    s_max = float(np.max(np.abs(q) @ np.abs(k).T)) * abs(scale)  # an overflow is inf (run_bench's errstate)
     if not s_max <= acc_top:
         raise NumericsError(f"scores q·kᵀ·scale reach |s| ≈ {s_max:.6g}, beyond the accumulator's largest "
                             f"value {acc_top:.6g}; use smaller inputs or bench.scale")

@@ -35,7 +35,7 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
-from ..errors import ConfigError, InputsError
+from ..errors import ConfigError, InputsError, NumericsError
 from ..ir import micro_ops
 from ..ir.handles import itemsize
 from ..kernels.collectives import merge_plan
@@ -274,6 +274,28 @@ class Gemm(Workload):
                 raise InputsError(f"bench.inputs.path: '{path}' array '{name}' has shape "
                                   f"{tuple(arrays[name].shape)}, needs {want}")
         return shape
+
+    def check_inputs(self, data_dtype: str, inputs: dict) -> None:
+        """``A·B`` (plus ``bias`` / ``other``) must fit the accumulator (fp32 at least):
+        refused naming the bound before the simulation, never turned into inf there.
+
+        Raises:
+            NumericsError: the largest |A·B| and the accumulator's largest value.
+        """
+        acc_top = float(np.finfo(np.promote_types(np.dtype(data_dtype), np.float32)).max)
+        a, b = inputs["A"], inputs["B"]
+        if not a.size or not b.size:
+            return
+        extra = sum(max(float(inputs[n].max()), -float(inputs[n].min())) for n in ("bias", "other")
+                    if n in inputs and inputs[n].size)
+        big_b = max(float(b.max()), -float(b.min()))
+        # |C_ij| ≤ Σ_k |A_ik| · max |B|: when that bound fits, the exact product is not needed
+        if float(np.abs(a).sum(axis=1, dtype=np.float64).max()) * big_b + extra <= acc_top:
+            return
+        c_max = float(np.max(np.abs(a).astype(np.float64) @ np.abs(b).astype(np.float64))) + extra
+        if not c_max <= acc_top:
+            raise NumericsError(f"A·B reaches |C| ≈ {c_max:.6g}, beyond the accumulator's largest value "
+                                f"{acc_top:.6g}; use smaller inputs")
 
     def host_bytes(self) -> int:
         return (5 if self._spread() else 3) * 8 * sum(math.prod(s) for s in self._whole().values())
