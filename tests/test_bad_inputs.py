@@ -32,6 +32,10 @@ SENTINELS = {"metrics.json": b'{"sentinel": "a previous run"}\n', "op_log.jsonl"
              "tensors.npz": b"not really an npz: a sentinel\n", "trace.json": b'{"traceEvents": []}\n'}
 
 
+#: the status.json of the "previous run" whose files the sentinels are
+PREVIOUS_STATUS = '{"status": "ok", "started": "2025-01-01T00:00:00.000+00:00", "host": "h", "pid": 1}\n'
+
+
 def doc_rows() -> list[dict]:
     rows = []
     for line in DOCS.read_text(encoding="utf-8").splitlines():
@@ -160,6 +164,8 @@ def _prepare(row: dict, tmp: Path):
             if not p.exists():
                 p.write_bytes(body)
                 sentinels[name] = body
+        if not (run_dir / "status.json").exists():  # they are a kbframe run's (kbframe.run.rundir.check_foreign)
+            (run_dir / "status.json").write_text(PREVIOUS_STATUS)
     return [*args, "run.progress=false"], run_dir, sentinels
 
 

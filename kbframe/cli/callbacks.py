@@ -91,7 +91,10 @@ class SweepReport(Callback):
         """Before Hydra writes the sweep's ``multirun.yaml``: check a design-space search
         whole (kbframe.cli.search_space.check_sweep), lock the sweep directory for the
         sweep, and refuse one that holds another sweep's jobs (its report would mix them
-        in) unless ``hydra.callbacks.sweep_report.reuse_dir=true`` (a grid sweep only)."""
+        in) unless ``hydra.callbacks.sweep_report.reuse_dir=true`` (a grid sweep only), one
+        with a symbolic link where the sweep writes a file (``multirun.yaml``) and one
+        holding files no kbframe run made (kbframe.run.rundir.check_foreign); a link
+        inside a job's folder fails that job (kbframe.cli.job_dirs)."""
         from ..report.sweep_jobs import _job_dirs
         from ..run import rundir
         sweep_dir = Path(str(config.hydra.sweep.dir))
@@ -117,6 +120,11 @@ class SweepReport(Callback):
             _fail(f"the sweep directory '{sweep_dir}' holds another sweep's jobs (its job "
                   f"directories); choose a new hydra.sweep.dir, or reuse it with "
                   f"hydra.callbacks.sweep_report.reuse_dir=true (the report then lists this sweep's jobs only)")
+        try:  # a link where the sweep writes a file, another program's files (kbframe.run.rundir)
+            rundir.check_sweep_links(sweep_dir)
+            rundir.check_foreign(sweep_dir, sweep=True, key="hydra.sweep.dir")
+        except KbframeError as e:
+            _fail(str(e))
 
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
         """Hydra wrote the job's ``.hydra/``: note the job (:func:`last_job`)."""
