@@ -114,17 +114,17 @@ class SweepReport(Callback):
             stop.note_sweep(str(sweep_dir))
         except Exception as e:  # another sweep holds it, or it cannot be opened
             _fail(str(e).replace("run directory", "sweep directory").replace("hydra.run.dir", "hydra.sweep.dir"))
+        try:  # a link where the sweep writes a file, another program's files (kbframe.run.rundir)
+            rundir.check_sweep_links(sweep_dir)
+            rundir.check_foreign(sweep_dir, sweep=True, key="hydra.sweep.dir")
+        except KbframeError as e:
+            _fail(str(e))
         # a multirun.yaml alone is a sweep Hydra refused before any job (a bad override):
         # no jobs to mix in, so the directory may be used again
         if not self.reuse_dir and _job_dirs(sweep_dir):
             _fail(f"the sweep directory '{sweep_dir}' holds another sweep's jobs (its job "
                   f"directories); choose a new hydra.sweep.dir, or reuse it with "
                   f"hydra.callbacks.sweep_report.reuse_dir=true (the report then lists this sweep's jobs only)")
-        try:  # a link where the sweep writes a file, another program's files (kbframe.run.rundir)
-            rundir.check_sweep_links(sweep_dir)
-            rundir.check_foreign(sweep_dir, sweep=True, key="hydra.sweep.dir")
-        except KbframeError as e:
-            _fail(str(e))
 
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
         """Hydra wrote the job's ``.hydra/``: note the job (:func:`last_job`)."""
