@@ -20,7 +20,12 @@ faults a review found:
   the next run that passes removes;
 * **stale temporaries** of a run that was killed: the next run, holding the lock, removes
   every file it recognises as a kbframe temporary (also the fixed names older kbframe
-  versions used).
+  versions used);
+* **a symbolic link inside the run or sweep directory** where a run would write: refused
+  (:func:`check_links`, before Hydra writes; the directory the user named may be a link);
+* **another program's directory**: one holding files that no kbframe run made (no
+  kbframe ``status.json``) is refused untouched (:func:`check_foreign`), so stale-file
+  removal and replacement only ever touch an earlier kbframe run's files.
 """
 from __future__ import annotations
 
