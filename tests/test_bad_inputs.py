@@ -32,6 +32,10 @@ SENTINELS = {"metrics.json": b'{"sentinel": "a previous run"}\n', "op_log.jsonl"
              "tensors.npz": b"not really an npz: a sentinel\n", "trace.json": b'{"traceEvents": []}\n'}
 
 
+#: the status.json of the "previous run" whose files the sentinels are
+PREVIOUS_STATUS = '{"status": "ok", "started": "2025-01-01T00:00:00.000+00:00", "host": "h", "pid": 1}\n'
+
+
 def doc_rows() -> list[dict]:
     rows = []
     for line in DOCS.read_text(encoding="utf-8").splitlines():
@@ -118,6 +122,19 @@ def make_files(tmp: Path) -> None:
     (tmp / "more" / "bench" / "loads_global.yaml").write_text(
         "defaults:\n  - decode_opt2\n  - /recipes: [global]\n  - _self_\nname: loads_global\n")
     (tmp / "runs" / "out_file_blocked" / "metrics.json").mkdir(parents=True)
+    # links inside a run or sweep directory (the victims outside), another program's files
+    (tmp / "victims").mkdir()
+    (tmp / "victims" / "file").write_bytes(b"the user's file\n")
+    for name in ("run", "result", "sweep"):
+        (tmp / "linked" / name).mkdir(parents=True)
+    (tmp / "linked" / "run" / ".hydra").symlink_to(tmp / "victims")
+    (tmp / "linked" / "result" / "trace.json").symlink_to(tmp / "victims" / "file")
+    (tmp / "linked" / "sweep" / "multirun.yaml").symlink_to(tmp / "victims" / "file")
+    for name, body in (("run/metrics.json", "mine"), ("run/trace.json", "mine"), ("run/tensors.npz", "x"),
+                       ("status/status.json", '{"state": "mine"}'), ("status/trace.json", "mine"),
+                       ("sweep/0/metrics.json", "mine"), ("sweep/data.csv", "a,b")):
+        (tmp / "foreign" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp / "foreign" / name).write_text(body + "\n")
     # Hydra objects set in config files, a file written outside the run directory by them
     (tmp / "more" / "bench" / "evil_callback.yaml").write_text(
         "# @package _global_\ndefaults:\n  - /bench/decode_opt2@bench\n  - _self_\nhydra:\n  callbacks:\n    x:\n"
@@ -178,6 +195,8 @@ def _prepare(row: dict, tmp: Path):
             if not p.exists():
                 p.write_bytes(body)
                 sentinels[name] = body
+        if not (run_dir / "status.json").exists():  # they are a kbframe run's (kbframe.run.rundir.check_foreign)
+            (run_dir / "status.json").write_text(PREVIOUS_STATUS)
     return [*args, "run.progress=false"], run_dir, sentinels
 
 
@@ -237,6 +256,14 @@ def test_bad_input(results, row_id):
         assert p.read_bytes() == body, f"{name} in the run dir was changed by a failed run"
     if row_id == "out_not_a_dir":
         assert not (tmp / "afile" / "run").exists() and (tmp / "afile").is_file()
+    if row_id.startswith(("out_link", "out_sweep_link", "out_foreign", "out_sweep_foreign")):
+        assert sorted(os.listdir(tmp / "victims")) == ["file"]  # nothing written through a link
+        assert (tmp / "victims" / "file").read_bytes() == b"the user's file\n"
+    if row_id.startswith(("out_foreign", "out_sweep_foreign")):  # another program's files untouched
+        got = {str(p.relative_to(tmp / "foreign")): p.read_text() for p in (tmp / "foreign").rglob("*") if p.is_file()}
+        assert got == {"run/metrics.json": "mine\n", "run/trace.json": "mine\n", "run/tensors.npz": "x\n",
+                       "status/status.json": '{"state": "mine"}\n', "status/trace.json": "mine\n",
+                       "sweep/0/metrics.json": "mine\n", "sweep/data.csv": "a,b\n"}, got
 
 
 @pytest.mark.parametrize("row_id", ["type_float", "unknown_bench", "tcm_too_small", "in_pickled", "out_not_a_dir"])

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -138,3 +139,203 @@ def test_kbframes_own_hydra_configs_pass_the_guard():
     for ov in ([], ["+sweep=r_sweep"], ["+search=decode_tile"], ["hydra/launcher=joblib"],
                ["hydra/launcher=submitit_local"], ["hydra/job_logging=default"]):
         compose_cfg(*ov)
+
+
+# ---------------------------------------------------------------- 3. symbolic links inside a run or sweep directory
+# A run or sweep never writes through a link it did not make (kbframe.cli.job_dirs,
+# kbframe.run.rundir.check_links): a link where it would write is refused with one line
+# naming it, before Hydra writes; the directory the user named may itself be a link.
+
+LINK = ("is a symbolic link: kbframe writes nothing through a link inside a run or sweep directory (only the "
+        "directory hydra.run.dir or hydra.sweep.dir names may be one); remove the link or choose another directory")
+SWEEP = ["-m", "+bench=decode_opt2", "bench.S_kv=64,128"]
+
+
+def _link_cases(tmp):
+    """``{id: (argv, the link's path)}``, with the links made (each aims at its own folder or
+    victim file under ``tmp/out``)."""
+    out = tmp / "out"
+    out.mkdir()
+
+    def aim(name, is_dir):
+        p = out / name
+        p.mkdir() if is_dir else p.write_bytes(VICTIM)
+        return p
+    cases = {}
+    # a sweep's job folder, a job's .hydra/, a job's nested folder, multirun.yaml
+    (tmp / "s_job").mkdir()
+    (tmp / "s_job" / "0").symlink_to(aim("l1", True))
+    cases["sweep_job_dir"] = (SWEEP + [f"hydra.sweep.dir={tmp}/s_job"], tmp / "s_job" / "0")
+    (tmp / "s_hydra" / "0").mkdir(parents=True)
+    (tmp / "s_hydra" / "0" / ".hydra").symlink_to(aim("l3", True))
+    cases["sweep_job_hydra"] = (SWEEP + [f"hydra.sweep.dir={tmp}/s_hydra"], tmp / "s_hydra" / "0" / ".hydra")
+    (tmp / "s_nested").mkdir()
+    (tmp / "s_nested" / "a").symlink_to(aim("l4", True))
+    cases["sweep_nested"] = (SWEEP + [f"hydra.sweep.dir={tmp}/s_nested", "hydra.sweep.subdir=a/${hydra.job.num}"],
+                             tmp / "s_nested" / "a")
+    (tmp / "s_multirun").mkdir()
+    (tmp / "s_multirun" / "multirun.yaml").symlink_to(aim("v_multirun", False))
+    cases["sweep_multirun"] = (SWEEP + [f"hydra.sweep.dir={tmp}/s_multirun"], tmp / "s_multirun" / "multirun.yaml")
+    # a single run's .hydra/, its Hydra config file, its result files
+    (tmp / "r_hydra").mkdir()
+    (tmp / "r_hydra" / ".hydra").symlink_to(aim("lk", True))
+    cases["run_hydra"] = (["+bench=decode_opt2", f"hydra.run.dir={tmp}/r_hydra"], tmp / "r_hydra" / ".hydra")
+    (tmp / "r_cfg" / ".hydra").mkdir(parents=True)
+    (tmp / "r_cfg" / ".hydra" / "config.yaml").symlink_to(aim("v_cfg", False))
+    cases["run_hydra_file"] = (["+bench=decode_opt2", f"hydra.run.dir={tmp}/r_cfg"],
+                               tmp / "r_cfg" / ".hydra" / "config.yaml")
+    for name in ("metrics.json", "status.json", "op_log.jsonl.partial"):
+        d = tmp / f"r_{name.split('.')[0]}"
+        d.mkdir()
+        (d / name).symlink_to(aim(f"v_{name}", False))
+        cases[f"run_{name}"] = (["+bench=decode_opt2", f"hydra.run.dir={d}"], d / name)
+    return cases
+
+
+@pytest.fixture(scope="module")
+def link_results(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("links")
+    cases = _link_cases(tmp)
+    big = tmp / "big"  # the user's own link as the run directory: taken
+    big.mkdir()
+    (tmp / "outputs").symlink_to(big)
+    reqs = [{"id": cid, "argv": [*argv, "run.progress=false"], "cwd": str(REPO)} for cid, (argv, _) in cases.items()]
+    reqs.append({"id": "named_link", "argv": ["+bench=decode_opt2", f"hydra.run.dir={tmp}/outputs", "bench.S_kv=64",
+                                              "run.progress=false"], "cwd": str(REPO)})
+    return tmp, cases, run_many(reqs, jobs=2)
+
+
+def _out_untouched(tmp):
+    """Nothing was written through any link: the folders they aim at are empty, the victim
+    files as they were."""
+    for p in sorted((tmp / "out").iterdir()):
+        if p.is_dir():
+            assert os.listdir(p) == [], f"written through a link into {p}: {os.listdir(p)}"
+        else:
+            assert p.read_bytes() == VICTIM, f"{p} was overwritten through a link"
+
+
+@pytest.mark.parametrize("cid", ["run_hydra", "run_hydra_file", "run_metrics.json", "run_status.json",
+                                 "run_op_log.jsonl.partial", "sweep_multirun"])
+def test_a_link_inside_a_run_or_sweep_directory_is_refused(link_results, cid):
+    """A single run, or a sweep whose multirun.yaml is a link: one line naming the link,
+    exit 1, nothing written through it (and in a sweep, no job ran)."""
+    tmp, cases, out = link_results
+    r, (_, link) = out[cid], cases[cid]
+    assert r["rc"] == 1 and r["stderr"] == f"kbframe: error: '{link}' {LINK}\n", r["stderr"]
+    assert r["stdout"] == ""
+    _out_untouched(tmp)
+    if cid == "sweep_multirun":
+        assert sorted(os.listdir(link.parent)) == ["multirun.yaml"]
+    else:
+        assert not (link.parent / "metrics.json").is_file() or link.name == "metrics.json"
+
+
+@pytest.mark.parametrize("cid", ["sweep_job_dir", "sweep_job_hydra", "sweep_nested"])
+def test_a_link_inside_a_sweep_fails_its_job_alone(link_results, cid):
+    """A link in a job's path: that job fails with the line (recorded in its status.json when
+    its folder is a real one, named by the report), the other job runs, the sweep exits 1."""
+    tmp, cases, out = link_results
+    r, (argv, link) = out[cid], cases[cid]
+    sweep = Path(argv[3].split("=", 1)[1])
+    assert r["rc"] == 1 and "Traceback" not in r["stderr"], r["stderr"]
+    lines = r["stderr"].splitlines()
+    assert lines[0] == f"kbframe: error (job 0 [+bench=decode_opt2 bench.S_kv=64 run.progress=False]): '{link}' {LINK}"
+    _out_untouched(tmp)
+    if cid == "sweep_nested":  # both jobs' folders are under the link: both refused
+        assert lines[1] == (f"kbframe: error (job 1 [+bench=decode_opt2 bench.S_kv=128 run.progress=False]): "
+                            f"'{link}' {LINK}")
+        assert lines[2] == "kbframe: 2 of 2 jobs not ok:" and len(lines) == 5, r["stderr"]
+        return
+    assert lines[1] == "kbframe: 1 of 2 jobs not ok:" and len(lines) == 3, r["stderr"]
+    assert json.loads((sweep / "1" / "status.json").read_text())["status"] == "ok"
+    if cid == "sweep_job_hydra":
+        st = json.loads((sweep / "0" / "status.json").read_text())
+        assert st["status"] == "failed" and st["error"] == f"'{link}' {LINK}"
+        assert lines[2].endswith(f"failed: '{link}' {LINK}")
+    else:
+        assert lines[2].endswith(f"failed: refused: its job directory '{link}' is a symbolic link (not followed)")
+
+
+def test_the_run_directory_the_user_named_may_be_a_link(link_results):
+    tmp, _, out = link_results
+    r = out["named_link"]
+    assert r["rc"] == 0, r["stderr"]
+    assert json.loads((tmp / "big" / "status.json").read_text())["status"] == "ok"
+    assert (tmp / "big" / "metrics.json").is_file() and (tmp / "outputs").is_symlink()
+
+
+# ---------------------------------------------------------------- 4. another program's directory as run directory
+# A directory that holds files no kbframe run made (no kbframe status.json) is refused with
+# one line naming it and those files; nothing in it is touched (kbframe.run.rundir.check_foreign).
+# A new, an empty and an earlier kbframe run's or sweep's directory work as before.
+
+FOREIGN = {  # id: (files, a sweep?)
+    "results_no_status": ({"trace.json": "mine", "metrics.json": "mine", "tensors.npz": "x"}, False),
+    "own_status_json": ({"status.json": '{"status": "done", "by": "my script"}', "trace.json": "mine"}, False),
+    "op_log_and_notes": ({"op_log.jsonl": "{}", "notes.txt": "n", "sub/data.bin": "d"}, False),
+    "hydra_and_metrics": ({".hydra/config.yaml": "a: 1", "metrics.json": "mine"}, False),
+    "sweep_job_results": ({"0/metrics.json": "mine", "data.csv": "a,b"}, True),
+    "sweep_plain_files": ({"results.csv": "a,b", "0/.hydra/overrides.yaml": "[]", "0/trace.json": "mine"}, True),
+}
+_LISTED = {"results_no_status": "metrics.json, tensors.npz, trace.json", "own_status_json": "status.json, trace.json",
+           "op_log_and_notes": "notes.txt, op_log.jsonl, sub", "hydra_and_metrics": "metrics.json",
+           "sweep_job_results": "0/metrics.json, data.csv", "sweep_plain_files": "0/trace.json, results.csv"}
+
+
+def _tree(d):
+    """Every file (its bytes) and folder (None) under ``d``."""
+    return {str(p.relative_to(d)): p.read_bytes() if p.is_file() else None for p in sorted(d.rglob("*"))}
+
+
+@pytest.fixture(scope="module")
+def foreign_results(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("foreign")
+    reqs, before = [], {}
+    for cid, (files, sweep) in FOREIGN.items():
+        for name, body in files.items():
+            (tmp / cid / name).parent.mkdir(parents=True, exist_ok=True)
+            (tmp / cid / name).write_text(body + "\n")
+        before[cid] = _tree(tmp / cid)
+        argv = (SWEEP + [f"hydra.sweep.dir={tmp / cid}"]) if sweep else ["+bench=decode_opt2", f"hydra.run.dir={tmp / cid}"]
+        reqs.append({"id": cid, "argv": [*argv, "bench.data=false", "run.progress=false"], "cwd": str(REPO)})
+    (tmp / "empty").mkdir()
+    for cid, argv in (("empty", ["+bench=decode_opt2", f"hydra.run.dir={tmp}/empty"]),
+                      ("new", ["+bench=decode_opt2", f"hydra.run.dir={tmp}/new/run"]),
+                      ("sweep_new", SWEEP + [f"hydra.sweep.dir={tmp}/sweep_new"])):
+        reqs.append({"id": cid, "argv": [*argv, "run.progress=false"], "cwd": str(REPO)})
+    out = run_many(reqs, jobs=2)
+    # again into the directories kbframe made: a rerun, a reused sweep directory
+    again = [{"id": "rerun", "argv": ["+bench=decode_opt2", f"hydra.run.dir={tmp}/empty", "bench.data=false",
+                                      "run.progress=false"], "cwd": str(REPO)},
+             {"id": "sweep_reuse", "argv": SWEEP + [f"hydra.sweep.dir={tmp}/sweep_new", "run.progress=false",
+                                                    "hydra.callbacks.sweep_report.reuse_dir=true"], "cwd": str(REPO)}]
+    out.update(run_many(again, jobs=2))
+    return tmp, before, out
+
+
+@pytest.mark.parametrize("cid", list(FOREIGN))
+def test_a_directory_of_another_program_is_refused_untouched(foreign_results, cid):
+    tmp, before, out = foreign_results
+    r, sweep = out[cid], FOREIGN[cid][1]
+    kind, key = ("sweep", "hydra.sweep.dir") if sweep else ("run", "hydra.run.dir")
+    assert r["rc"] == 1 and r["stdout"] == "", r["stderr"]
+    assert r["stderr"] == (f"kbframe: error: the {kind} directory '{tmp / cid}' holds files that are not a kbframe "
+                           f"{kind}'s ({_LISTED[cid]}): kbframe runs only in a new or empty directory or one an earlier "
+                           f"kbframe {kind} made, and never replaces or removes another program's files; choose "
+                           f"another {key}\n")
+    assert _tree(tmp / cid) == before[cid]  # nothing added, changed or removed
+
+
+@pytest.mark.parametrize("cid", ["empty", "new", "sweep_new", "rerun", "sweep_reuse"])
+def test_a_new_empty_or_kbframe_directory_still_works(foreign_results, cid):
+    tmp, _, out = foreign_results
+    r = out[cid]
+    assert r["rc"] == 0, r["stderr"]
+    d = tmp / {"rerun": "empty", "sweep_reuse": "sweep_new", "new": "new/run"}.get(cid, cid)
+    if cid.startswith("sweep"):
+        assert all(json.loads((d / j / "status.json").read_text())["status"] == "ok" for j in ("0", "1"))
+    else:
+        assert json.loads((d / "status.json").read_text())["status"] == "ok"
+    if cid == "rerun":  # the rerun without data removed the earlier run's tensors.npz, its own file
+        assert not (d / "tensors.npz").exists() and (d / "metrics.json").is_file()

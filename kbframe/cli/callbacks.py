@@ -91,7 +91,10 @@ class SweepReport(Callback):
         """Before Hydra writes the sweep's ``multirun.yaml``: check a design-space search
         whole (kbframe.cli.search_space.check_sweep), lock the sweep directory for the
         sweep, and refuse one that holds another sweep's jobs (its report would mix them
-        in) unless ``hydra.callbacks.sweep_report.reuse_dir=true`` (a grid sweep only)."""
+        in) unless ``hydra.callbacks.sweep_report.reuse_dir=true`` (a grid sweep only), one
+        with a symbolic link where the sweep writes a file (``multirun.yaml``) and one
+        holding files no kbframe run made (kbframe.run.rundir.check_foreign); a link
+        inside a job's folder fails that job (kbframe.cli.job_dirs)."""
         from ..report.sweep_jobs import _job_dirs
         from ..run import rundir
         sweep_dir = Path(str(config.hydra.sweep.dir))
@@ -111,6 +114,11 @@ class SweepReport(Callback):
             stop.note_sweep(str(sweep_dir))
         except Exception as e:  # another sweep holds it, or it cannot be opened
             _fail(str(e).replace("run directory", "sweep directory").replace("hydra.run.dir", "hydra.sweep.dir"))
+        try:  # a link where the sweep writes a file, another program's files (kbframe.run.rundir)
+            rundir.check_sweep_links(sweep_dir)
+            rundir.check_foreign(sweep_dir, sweep=True, key="hydra.sweep.dir")
+        except KbframeError as e:
+            _fail(str(e))
         # a multirun.yaml alone is a sweep Hydra refused before any job (a bad override):
         # no jobs to mix in, so the directory may be used again
         if not self.reuse_dir and _job_dirs(sweep_dir):

@@ -53,7 +53,8 @@ def _writable_dir(path: str, keep: bool = True) -> str | None:
     try:
         p.mkdir(parents=True, exist_ok=True)
         probe = p / f".kbframe-write-test-{os.getpid()}"
-        probe.write_bytes(b"")
+        with open(probe, "xb"):  # a new file, never through a link in its place
+            pass
         probe.unlink()
     except OSError as e:
         return e.strerror or str(e)
@@ -228,7 +229,8 @@ def _writable_prefix(val: str) -> str | None:
         return f"'{p}' is not a directory"
     probe = p / f".kbframe-write-test-{os.getpid()}"
     try:
-        probe.write_bytes(b"")
+        with open(probe, "xb"):  # a new file, never through a link in its place
+            pass
         probe.unlink()
     except OSError as e:
         return f"'{p}': {e.strerror or e}"

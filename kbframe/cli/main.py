@@ -17,7 +17,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from . import callbacks, checks, hydra_errors, hydra_guard, speed, stop
+from . import callbacks, checks, hydra_errors, hydra_guard, job_dirs, speed, stop
 
 from ..run import schema
 from ..run.bench import run_bench
@@ -28,6 +28,7 @@ from ..report.search import Search
 
 schema.register()
 hydra_guard.install()
+job_dirs.install()
 
 
 def _available_benches() -> list[str]:

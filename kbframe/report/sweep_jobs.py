@@ -112,9 +112,20 @@ def _job_dirs(sweep_dir: Path) -> list[Path]:
     dirs = []
     for ov in sweep_dir.rglob(".hydra/overrides.yaml"):
         d = ov.parent.parent
-        if d != sweep_dir and ".submitit" not in d.parts:
+        if d != sweep_dir and ".submitit" not in d.parts and not _through_link(sweep_dir, ov):
             dirs.append(d)
     return sorted(dirs)
+
+
+def _through_link(sweep_dir: Path, path: Path) -> bool:
+    """Whether ``path`` below ``sweep_dir`` is reached through a symbolic link (a job folder
+    or ``.hydra/`` no kbframe run made: not read; kbframe.run.rundir.check_links)."""
+    p = sweep_dir
+    for part in path.relative_to(sweep_dir).parts:
+        p = p / part
+        if p.is_symlink():
+            return True
+    return False
 
 
 def _load_yaml(path: Path):
@@ -264,6 +275,13 @@ def collect(sweep_dir: Path) -> list[Job]:
             (j for j in cands if id(j) not in used), None)
         if match is None:
             job = Job(num=num, overrides=list(ov), error="never ran (no job directory or status)")
+            d = sweep_dir / str(num)  # a job refused before Hydra wrote its .hydra/ (kbframe.cli.job_dirs)
+            st = None if d.is_symlink() else read_status(d)
+            if d.is_symlink():
+                job.status = "failed"
+                job.error = f"refused: its job directory '{d}' is a symbolic link (not followed)"
+            elif st is not None and st.get("num") == num and list(st.get("overrides") or []) == list(ov):
+                job.status, job.error, job.dir = str(st.get("status", "missing")), st.get("error"), d
             for o in ov:  # what the overrides say about the bench and R
                 k, v = _key(o), o.split("=", 1)[1]
                 if k in BENCH_KEYS:

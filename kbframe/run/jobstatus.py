@@ -22,7 +22,9 @@ SIGTERM            ``kbframe: terminated``; exit 143          same, exit 143
 
 The run directory is locked for the whole run (kbframe.run.rundir): a directory another
 run holds, or one where ``status.json`` cannot be written (a full disk), is refused with
-one line and not touched.
+one line and not touched; so is one refused before Hydra wrote into it (a symbolic link
+inside it, another program's files: kbframe.cli.job_dirs), except that a sweep job whose
+folder is a real kbframe one records that it failed.
 
 The sweep's callback (:mod:`kbframe.cli.callbacks`) reads every job's status at the end,
 lists the failed ones and makes the command exit non-zero.
@@ -202,7 +204,9 @@ class JobStatus:
         one that cannot be written, is not touched: the refusal is raised by
         :meth:`proceed`, first thing in the ``with`` block, and reported by ``__exit__``."""
         self._t0 = time.perf_counter()
-        self.refused = None
+        self.refused = rundir.take_refusal(self.out_dir)  # a link or foreign files (kbframe.cli.job_dirs)
+        if self.refused is not None:
+            return self
         try:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             self._lock = rundir.lock(self.out_dir)
@@ -249,6 +253,8 @@ class JobStatus:
         if exc is not None and exc is self.refused:  # nothing was written: report, touch nothing
             print(f"kbframe: error{where}: {exc}", file=sys.stderr)
             if self.multirun:
+                if getattr(exc, "recordable", False):  # a sweep job's own folder, reached through no link
+                    self._finish("failed", exc)
                 return True
             raise SystemExit(1)
         if et is None:

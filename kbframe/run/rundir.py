@@ -20,7 +20,12 @@ faults a review found:
   the next run that passes removes;
 * **stale temporaries** of a run that was killed: the next run, holding the lock, removes
   every file it recognises as a kbframe temporary (also the fixed names older kbframe
-  versions used).
+  versions used);
+* **a symbolic link inside the run or sweep directory** where a run would write: refused
+  (:func:`check_links`, before Hydra writes; the directory the user named may be a link);
+* **another program's directory**: one holding files that no kbframe run made (no
+  kbframe ``status.json``) is refused untouched (:func:`check_foreign`), so stale-file
+  removal and replacement only ever touch an earlier kbframe run's files.
 """
 from __future__ import annotations
 
@@ -30,7 +35,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ..errors import KbframeError, OutputError
-from ..files import TEMP_MARK, dir_lock, dir_locked, new_token, temp_path
+from ..files import STATUS_FILE, TEMP_MARK, dir_lock, dir_locked, new_token, temp_path
 
 #: files a run writes into its directory (each replaced only when the run passed)
 OUTPUT_FILES = ("metrics.json", "op_log.jsonl", "tensors.npz", "trace.json")
@@ -164,7 +169,8 @@ class RunDir:
                 raise OutputError(f"cannot write '{p}': something that is not a file is in its place")
         probe = temp_path(self.path / "write-test", self.token)
         try:
-            probe.write_bytes(b"")
+            with open(probe, "xb"):  # a new file, never through a link in its place
+                pass
             probe.unlink()
         except OSError as e:
             _try(os.unlink, probe)
@@ -249,3 +255,139 @@ def _try(fn, *args) -> None:
         fn(*args)
     except OSError:
         pass
+
+
+# ---------------------------------------------------------------- whose directory is it
+
+#: what Hydra writes in a run's ``hydra.output_subdir`` (``.hydra/``)
+HYDRA_FILES = ("config.yaml", "hydra.yaml", "overrides.yaml")
+#: what a sweep writes at its root (Hydra's sweeper, kbframe's report, Optuna's sweeper)
+SWEEP_FILES = ("multirun.yaml", "sweep.csv", "summary.md", "sweep.png", "pareto.png", "optimization_results.yaml")
+#: the outcomes a kbframe ``status.json`` records (kbframe.run.jobstatus)
+_STATUSES = ("running", "ok", "failed", "interrupted")
+
+
+class LinkRefused(OutputError):
+    """A folder or file a run would write inside its run or sweep directory is a symbolic
+    link (kbframe never makes one)."""
+
+    def __init__(self, path):
+        super().__init__(f"'{path}' is a symbolic link: kbframe writes nothing through a link inside a run or sweep "
+                         f"directory (only the directory hydra.run.dir or hydra.sweep.dir names may be one); remove "
+                         f"the link or choose another directory")
+        self.path = str(path)
+
+
+def check_links(root, out_dir, output_subdir=".hydra") -> None:
+    """Refuse a run into ``out_dir`` (``root`` is the directory the user named: the run's
+    own, or the sweep's) that would write through a symbolic link: a folder of ``out_dir``
+    below ``root`` (a sweep's job folder), ``output_subdir`` (Hydra's ``.hydra/``) and
+    the files Hydra and kbframe write there. ``root`` itself (and what is above it) may be
+    a link the user made (``outputs -> /big/disk``).
+
+    Raises:
+        LinkRefused: names the first link.
+    """
+    root, out = Path(root), Path(out_dir)
+    try:
+        parts = out.relative_to(root).parts
+    except ValueError:
+        parts = ()
+    p = root
+    for part in parts:
+        p = p / part
+        if p.is_symlink():
+            raise LinkRefused(p)
+        if not p.exists():
+            return  # nothing below exists: nothing to follow
+    names = [output_subdir, *(f"{output_subdir}/{n}" for n in HYDRA_FILES)] if output_subdir else []
+    names += [STATUS_FILE, *OUTPUT_FILES, *(n + DEBUG_SUFFIX for n in ("op_log.jsonl", "trace.json"))]
+    for n in names:
+        if (out / n).is_symlink():
+            raise LinkRefused(out / n)
+
+
+def check_sweep_links(sweep_dir) -> None:
+    """Refuse a sweep whose root holds a link where it writes a file (``multirun.yaml``,
+    the report's files). Raises LinkRefused."""
+    for n in SWEEP_FILES:
+        if (Path(sweep_dir) / n).is_symlink():
+            raise LinkRefused(Path(sweep_dir) / n)
+
+
+def is_kbframe_status(st) -> bool:
+    """Whether ``st`` (a parsed status.json) is one kbframe wrote: the mark of a kbframe run
+    directory (kbframe.run.jobstatus)."""
+    return isinstance(st, dict) and st.get("status") in _STATUSES and "started" in st
+
+
+def foreign_entries(path, sweep: bool = False, skip_links: bool | None = None) -> list[str]:
+    """What directory ``path`` holds that no kbframe run or sweep made, as paths relative to
+    it (sorted); empty for a missing or empty directory and for a kbframe run directory
+    (its ``status.json`` is kbframe's: every result file there is a kbframe run's).
+
+    Without a kbframe ``status.json`` only Hydra's ``.hydra/`` and kbframe temporaries are
+    a run's. A sweep directory (``sweep=True``) may hold, besides, the sweep's own files
+    (:data:`SWEEP_FILES`, ``.submitit/``) and job folders, each of which is judged as a
+    run directory (nested folders of a ``hydra.sweep.subdir`` too); a link in a sweep is
+    left to the job that would write through it (:func:`check_links`), and so is one in a
+    run directory with ``skip_links=True``."""
+    return _foreign(Path(path), top_sweep=sweep, in_sweep=sweep if skip_links is None else skip_links, prefix="")
+
+
+def _foreign(path: Path, top_sweep: bool, in_sweep: bool, prefix: str) -> list[str]:
+    from ..files import read_status
+    try:
+        entries = sorted(os.scandir(path), key=lambda e: e.name)
+    except OSError:
+        return []
+    if not top_sweep and is_kbframe_status(read_status(path)):
+        return []
+    out = []
+    for e in entries:
+        if is_temp(e.name):
+            continue
+        if e.is_symlink():
+            if not in_sweep:
+                out.append(prefix + e.name)
+            continue
+        if e.is_dir(follow_symlinks=False):
+            if e.name == (".submitit" if top_sweep else ".hydra"):
+                continue
+            if in_sweep:
+                out += _foreign(Path(e.path), False, True, prefix + e.name + "/")
+                continue
+        elif top_sweep and e.name in SWEEP_FILES:
+            continue
+        out.append(prefix + e.name)
+    return out
+
+
+def check_foreign(path, sweep: bool = False, key: str = "hydra.run.dir") -> None:
+    """Refuse to run in a directory that holds what is not kbframe's (:func:`foreign_entries`):
+    kbframe would replace or remove a user's ``metrics.json``, ``trace.json`` ...
+
+    Raises:
+        OutputError: names the directory and what in it is not kbframe's.
+    """
+    found = foreign_entries(path, sweep)
+    if not found:
+        return
+    kind = "sweep" if sweep else "run"
+    shown = ", ".join(found[:5]) + (f" and {len(found) - 5} more" if len(found) > 5 else "")
+    raise OutputError(f"the {kind} directory '{path}' holds files that are not a kbframe {kind}'s ({shown}): kbframe "
+                      f"runs only in a new or empty directory or one an earlier kbframe {kind} made, and never "
+                      f"replaces or removes another program's files; choose another {key}")
+
+
+_REFUSED: dict = {}  # run directory -> the refusal its job function is to report (kbframe.cli.job_dirs)
+
+
+def refuse(path, err: OutputError) -> None:
+    """Have the run into ``path`` refused with ``err`` (taken by kbframe.run.jobstatus)."""
+    _REFUSED[os.path.abspath(path)] = err
+
+
+def take_refusal(path) -> OutputError | None:
+    """The refusal :func:`refuse` set for ``path`` (once), else None."""
+    return _REFUSED.pop(os.path.abspath(path), None)
