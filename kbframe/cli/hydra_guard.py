@@ -229,7 +229,7 @@ def _check_paths(hydra: dict) -> None:
         if v is None:
             continue
         text = str(v)
-        rest = _SUBDIR_VARS.sub("x", text)
+        rest = _SUBDIR_VARS.sub("0", text)  # an allowed interpolation stands for a plain name
         if "${" in rest or rest.startswith(("/", "\\")) or ".." in PurePosixPath(rest.replace("\\", "/")).parts:
             what = "sweep" if "sweep" in key else "run"
             raise Refusal(key, f"'{text}' would write outside the {what} directory; give a relative path without "

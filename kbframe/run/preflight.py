@@ -78,8 +78,8 @@ def check_sanitizer_memory(cfg, fig: dict) -> None:
 
 #: host memory a fast-forwarded run keeps per op_log record of the full run, bytes: its
 #: records are made as arrays and formatted as one text (kbframe.run.fastforward), so it
-#: grows with the run. Measured 0.64 KB (peak RSS of decode_opt2, timing only, S_kv=10^6
-#: and 4·10^6: +527 MB for 843,750 records), rounded up
+#: grows with the run. Measured 0.64 KB (peak RSS of a timing-only decode_opt2 run at 10^6
+#: and 4·10^6 cached tokens: +527 MB for 843,750 records), rounded up
 FF_BYTES_PER_RECORD = 700
 
 
