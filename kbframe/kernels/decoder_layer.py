@@ -9,7 +9,9 @@ Face ``LlamaDecoderLayer``)::
     h = rmsnorm(x, ffn_norm);  x = x + (silu(h·w_gate) · (h·w_up))·w_down
 
 Rank r of P (``pes[r]``) holds KV heads ``r·H_kv/P ..`` and their query heads (its columns
-of wq, wk, wv packed as one QKV weight, its rows of wo), and FFN columns ``r·F/P ..`` (of
+of wq, wk, wv packed as one QKV weight, its rows of wo); with P a multiple of H_kv, a replica
+of KV head ``r·H_kv/P`` (its k, v columns and its own copy of the cache) and ``H_q/P`` of its
+query heads (:func:`kv_slots`). It holds FFN columns ``r·F/P ..`` (of
 w_gate, w_up; its rows of w_down); every rank computes the norms on the full x, and the
 partial sums of o·wo and of the down projection are all-reduced over IPCQ
 (:mod:`kbframe.kernels.collectives`) before the residual add. Attention per (sequence,
@@ -40,6 +42,14 @@ from .collectives import all_reduce
 FUSIONS = ("none", "fused")
 
 
+def kv_slots(H_kv: int, P: int) -> int:
+    """KV-cache slots of ``P`` tensor-parallel ranks: ``H_kv`` when ``P`` divides ``H_kv``
+    (each rank holds ``H_kv / P`` KV heads); ``P`` when ``P`` is a multiple of ``H_kv`` (each
+    rank holds a replica of one KV head, its cache included, and ``H_q / P`` of that head's
+    query heads, as vLLM replicates KV heads when tensor parallelism exceeds them)."""
+    return max(H_kv, P)
+
+
 def _rmsnorm(tl, x, gamma, eps_t):
     """RMSNorm of ``x (B, H)`` as six primitive MATH commands (``recipes/rmsnorm.yaml``'s steps)."""
     sq = tl.mul_bcast(x, x)
@@ -57,13 +67,14 @@ def decoder_layer(tl, *, rank: int, pes: list, B: int, H: int, H_q: int, H_kv: i
     ``positions (B, 1)``, ``wqkv (L·P·H, C)`` (rank r's block of layer l at rows
     ``(l·P + r)·H``, its columns ``[q heads | k heads | v heads]``, C = (H_q + 2·H_kv)·d / P),
     ``wo (L·H_q·d, H)``, ``w_gate_shards``/``w_up_shards (L·P·H, F/P)``, ``w_down (L·F, H)``,
-    ``k_rows``/``v_rows (L·B·H_kv·(S_kv + 1), d)`` (item (l, b, h) at rows
-    ``((l·B + b)·H_kv + h)·(S_kv + 1)``, its last row the new token's) and the output
-    ``out (B, H)``, stored by rank 0.
+    ``k_rows``/``v_rows (L·B·S·(S_kv + 1), d)`` with S = :func:`kv_slots` (slot s of (l, b) at rows
+    ``((l·B + b)·S + s)·(S_kv + 1)``, its last row the new token's; rank r holds slots
+    ``r·S/P ..``) and the output ``out (B, H)``, stored by rank 0.
     """
     P = len(pes)
-    hq, hkv, fp = H_q // P, H_kv // P, F // P
-    G = H_q // H_kv
+    slots = kv_slots(H_kv, P)  # KV heads, each replicated on P / H_kv ranks when P > H_kv
+    hq, hkv, fp = H_q // P, slots // P, F // P
+    G = hq // hkv  # this rank's query heads per KV head
     nh = hq + 2 * hkv  # head rows of a token in the QKV output
     C = nh * d
     fused = fusion == "fused"
@@ -109,7 +120,7 @@ def decoder_layer(tl, *, rank: int, pes: list, B: int, H: int, H_q: int, H_kv: i
             heads = tl.reshape(qkv, (B * nh, d))
             o = tl.empty((B, hq * d), "attn_out")
             o_heads = tl.reshape(o, (B * hq, d))
-            items = [(b, j, ((l * B + b) * H_kv + rank * hkv + j) * (S_kv + 1)) for b in range(B) for j in range(hkv)]
+            items = [(b, j, ((l * B + b) * slots + rank * hkv + j) * (S_kv + 1)) for b in range(B) for j in range(hkv)]
             with tl.phase("kv_append", layer=l, **kv_cost):
                 for b, j, r0 in items:
                     k_row = b * nh + hq + j

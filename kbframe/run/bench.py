@@ -299,8 +299,10 @@ def _plan(run: _Run) -> None:
     energy.check(cfg.energy, run.units)
     if run.ff != "off":
         run.ff_note = "data mode: every tile simulated"
-    if run.ff != "off" and not run.data:  # timing only: a periodic schedule is written, not simulated
+    if not run.data:  # timing only: a run far over its record budget is refused before any copy or dry run
         preflight.check_hbm(cfg, wl)
+        preflight.check_records_estimate(cfg, wl, run.kernel, run.recipes, run.units)
+    if run.ff != "off" and not run.data:  # timing only: a periodic schedule is written, not simulated
         out = fastforward.run(cfg, wl, run.kernel, run.recipes, run.check, run.units)  # writes nothing
         run.ff_note = out.note
         if out.sim is not None:

@@ -16,6 +16,7 @@ after minutes of simulation or with a MemoryError.
 """
 from __future__ import annotations
 
+import copy
 import math
 import os
 import zipfile
@@ -97,6 +98,53 @@ def check_forwarded_records(cfg, wl, records: int) -> None:
     have = physical_memory_bytes()
     if have is not None and need > have:
         raise ConfigError(f"{head}; this machine has {_gib(have)}; shrink the run")
+
+
+def check_records_estimate(cfg, wl, kernel, recipes: dict, units: dict | None = None) -> None:
+    """Refuse, in seconds, a timing-only run along a periodic axis whose op_log records are
+    far beyond ``run.max_records`` or this machine's memory, before its short copies or its
+    dry run, which both grow with the run (a model step: minutes). The records of one and
+    then two steps of the axis (dry runs) give the run's count, which is affine in the
+    steps: ``R(1) + (q − 1)·(R(2) − R(1))``. Skipped when ``q·R(1)``, which bounds it, is
+    within the budget; the exact checks follow (:func:`check_resources`,
+    :func:`check_forwarded_records`).
+
+    Raises:
+        ConfigError: the estimate exceeds ``run.max_records``, or the host memory the run
+        would keep for it (the sanitizer's or fast-forward's bytes per record).
+    """
+    axis = wl.periodic_axis()
+    budget = int(cfg.run.get("max_records", 0)) if "run" in cfg else 0
+    if axis is None or not budget:
+        return
+    key, step = axis
+    q, r = divmod(int(cfg.bench[key]), step)
+    if q < 8:
+        return
+    count = {}
+
+    def records(n: int) -> int:
+        bench = wl.cfg.copy()
+        bench[key] = n * step + r
+        w = type(wl)(bench, n_pes=wl.n_pes, hardware=wl.hardware)
+        w.validate()
+        count[n] = dry_run(cfg.hardware, w, kernel, recipes, bench.dtype, None, count_stages=True,
+                           units=copy.deepcopy(units) if units is not None else None).get("records", 0)
+        return count[n]
+    if not records(1) or q * count[1] <= budget:
+        return
+    est = count[1] + (q - 1) * (records(2) - count[1])
+    check = bool(cfg.run.check) if "run" in cfg else True
+    per = max(FF_BYTES_PER_RECORD, SANITIZER_BYTES_PER_RECORD if check else 0)
+    head = (f"{cfg.bench.name} at {_shape_text(wl)} would make about {est:,} op_log records ({count[1]:,} at one "
+            f"{key} step of {q:,}, {count[2] - count[1]:,} more a step)")
+    if est > budget:
+        raise ConfigError(f"{head}, over run.max_records={budget:,}; raise run.max_records or shrink the run")
+    have = physical_memory_bytes()
+    if have is not None and est * per > have:
+        raise ConfigError(f"{head}, about {_gib(est * per)} of host memory ({per} B each"
+                          f"{' with run.check=true' if check else ''}); this machine has {_gib(have)}; shrink the run"
+                          f"{' or use run.check=false' if check else ''}")
 
 
 def npz_headers(path) -> dict:

@@ -21,7 +21,10 @@ S_kv, d)`` (keys already rotated), ``positions (B,)`` (integers), 0-d ``rope_the
 HBM holds them in the layout tensor parallelism reads (each rank's part contiguous):
 ``wqkv`` (rank r's q, k and v columns side by side), ``w_gate_shards``/``w_up_shards``
 (rank r's columns), ``wo`` and ``w_down`` as they are (rank r's rows), and ``k_rows``/
-``v_rows``: every (layer, sequence, KV head)'s cache with one more row for the new token.
+``v_rows``: every (layer, sequence, KV slot)'s cache with one more row for the new token. A
+slot is a KV head; with ``bench.tp`` a multiple of H_kv, each rank has its own replica of one
+KV head, its cache included (:func:`kbframe.kernels.decoder_layer.kv_slots`), so the caches
+take tp / H_kv times the memory, as they do on GPUs that replicate KV heads.
 """
 from __future__ import annotations
 
@@ -33,13 +36,15 @@ import numpy as np
 from ..errors import ConfigError, InputsError
 from ..kernels.attention import PARTIALS
 from ..kernels.collectives import ALGORITHMS
-from ..kernels.decoder_layer import FUSIONS
+from ..kernels.decoder_layer import FUSIONS, kv_slots
 from .base import Workload
 from .model import ModelConfig, preset_note
 
 #: the inputs, as an inputs file and tensors.npz hold them
 FILE_ARRAYS = ("x", "attn_norm", "wq", "wk", "wv", "wo", "ffn_norm", "w_gate", "w_up", "w_down",
                "k_cache", "v_cache", "positions", "rope_theta", "eps")
+#: where the ranks go (DecoderLayer.pes)
+PLACEMENTS = ("packed", "spread")
 #: positions must be exact in the float32 the positions tensor is stored in
 MAX_POSITION = 2 ** 24
 
@@ -50,7 +55,8 @@ class DecoderLayerConfig(ModelConfig):
 
     S_kv: int = 4096  # tokens already in each sequence's KV cache
     batch: int = 1  # sequences B
-    tp: int = 1  # tensor-parallel PEs (PEs 0 .. tp−1)
+    tp: int = 1  # tensor-parallel PEs
+    placement: str = "packed"  # packed: rank r on PE r; spread: the ranks dealt over the cubes, rank r on cube r mod cubes
     fusion: str = "fused"  # fused (recipes: rmsnorm, rope, swiglu, residual epilogues) or none (every op a command)
     allreduce: str = "ring"  # ring | tree | direct
     inner: str = "opt2"  # the attention inner loop: opt2 or opt3
@@ -87,12 +93,55 @@ class DecoderLayer(Workload):
         if c.tp > self.n_pes:
             raise ConfigError(f"bench.tp={c.tp} is more than the {self.n_pes} PE(s) of the topology "
                               f"(hardware.n_pes; one PE per rank, e.g. hardware=cube)")
-        if c.H_kv % c.tp or c.F % c.tp:
+        if (c.H_kv % c.tp and (c.tp % c.H_kv or c.H_q % c.tp)) or c.F % c.tp:
             raise ConfigError(f"bench.tp={c.tp} must divide bench.H_kv={c.H_kv} and bench.F={c.F} "
-                              f"(KV heads and FFN columns are split evenly over the PEs)")
-        for key, known in (("fusion", FUSIONS), ("allreduce", ALGORITHMS), ("inner", tuple(PARTIALS))):
+                              f"(KV heads and FFN columns are split evenly over the PEs), or be a multiple of "
+                              f"bench.H_kv that divides bench.H_q={c.H_q} (each PE a replica of one KV head)")
+        for key, known in (("fusion", FUSIONS), ("allreduce", ALGORITHMS), ("inner", tuple(PARTIALS)),
+                           ("placement", PLACEMENTS)):
             if c[key] not in known:
                 raise ConfigError(f"bench.{key} must be one of {', '.join(known)}, got '{c[key]}'")
+        self._check_hbm_per_cube()
+
+    def _check_hbm_per_cube(self) -> None:
+        """Each cube's HBM holds the shards of the ranks on its PEs (and the small tensors
+        every rank reads): ``hardware.hbm_bytes`` is the topology's, shared evenly by its
+        cubes. ConfigError names the bytes a cube needs and has."""
+        hw = self.hardware
+        if hw is None or hw.get("hbm_bytes") is None:
+            return
+        c = self.cfg
+        cubes, _ = self._cubes()
+        ranks = np.bincount([pe // self._per_cube() for pe in self.pes()], minlength=cubes)
+        if ranks.min() > 0 and ranks.max() == ranks.min():
+            return  # every cube holds as many ranks' shards: the topology's HBM check covers it
+        isz = np.dtype(c.dtype).itemsize
+        need = sum(math.prod(s) for s in self.tensors().values()) * isz * int(ranks.max()) // int(c.tp)
+        have = int(hw.hbm_bytes) // cubes
+        if need > have:
+            raise ConfigError(f"bench.tp={c.tp} (bench.placement={c.placement}) puts {int(ranks.max())} ranks' "
+                              f"shards, {need} B ({need / 2 ** 30:.3g} GiB), in one cube's HBM of {have} B "
+                              f"({have / 2 ** 30:.3g} GiB: hardware.hbm_bytes over {cubes} cubes); spread the "
+                              f"ranks over the cubes (bench.placement=spread) or use more of them (bench.tp)")
+
+    def _per_cube(self) -> int:
+        hw = self.hardware
+        return int(hw.get("pes_per_cube") or self.n_pes) if hw is not None else int(self.n_pes)
+
+    def _cubes(self) -> tuple[int, int]:
+        """``(cubes, PEs per cube)`` of the topology."""
+        per = self._per_cube()
+        return max(1, int(self.n_pes) // per), per
+
+    def pes(self) -> list[int]:
+        """Rank r's PE: ``r`` (``packed``), or cube ``r mod cubes``'s PE ``r div cubes``
+        (``spread``: the ranks dealt over the cubes, so that each cube's HBM holds as many
+        ranks' weights and caches)."""
+        c = self.cfg
+        if c.placement == "packed":
+            return list(range(int(c.tp)))
+        cubes, per = self._cubes()
+        return [(r % cubes) * per + r // cubes for r in range(int(c.tp))]
 
     # ---- shapes ----------------------------------------------------------------------
     @property
@@ -111,8 +160,9 @@ class DecoderLayer(Workload):
     def tensors(self) -> dict:
         c = self.cfg
         L, B, H, P = c.layers, c.batch, c.H, c.tp
-        cols = (c.H_q + 2 * c.H_kv) * c.d // P
-        rows = L * B * c.H_kv * (c.S_kv + 1)
+        slots = kv_slots(c.H_kv, P)
+        cols = (c.H_q // P + 2 * (slots // P)) * c.d
+        rows = L * B * slots * (c.S_kv + 1)
         return {"x": (B, H), "attn_norm": (L, H), "ffn_norm": (L, H), "positions": (B, 1),
                 "wqkv": (L * P * H, cols), "wo": (L * c.H_q * c.d, H), "w_gate_shards": (L * P * H, c.F // P),
                 "w_up_shards": (L * P * H, c.F // P), "w_down": (L * c.F, H),
@@ -189,20 +239,23 @@ class DecoderLayer(Workload):
         """``inp`` plus the HBM tensors made from it (the module doc's layout)."""
         c = self.cfg
         L, B, H, P, d = c.layers, c.batch, c.H, c.tp, c.d
-        hq, hkv, fp = c.H_q // P, c.H_kv // P, c.F // P
+        slots = kv_slots(c.H_kv, P)
+        rep = slots // c.H_kv  # replicas of each KV head (1 unless tp > H_kv)
+        hq, hkv, fp = c.H_q // P, slots // P, c.F // P
         qkv = np.empty((L, P, H, (hq + 2 * hkv) * d), dtype=inp["wq"].dtype)
         gate = np.empty((L, P, H, fp), dtype=inp["w_gate"].dtype)
         up = np.empty_like(gate)
         for r in range(P):
+            heads = [(r * hkv + j) // rep for j in range(hkv)]  # the KV heads of rank r's slots
+            kv_cols = np.concatenate([np.arange(h * d, (h + 1) * d) for h in heads])
             qkv[:, r] = np.concatenate([inp["wq"][:, :, r * hq * d:(r + 1) * hq * d],
-                                        inp["wk"][:, :, r * hkv * d:(r + 1) * hkv * d],
-                                        inp["wv"][:, :, r * hkv * d:(r + 1) * hkv * d]], axis=2)
+                                        inp["wk"][:, :, kv_cols], inp["wv"][:, :, kv_cols]], axis=2)
             gate[:, r] = inp["w_gate"][:, :, r * fp:(r + 1) * fp]
             up[:, r] = inp["w_up"][:, :, r * fp:(r + 1) * fp]
         hbm = {"wqkv": qkv, "w_gate_shards": gate, "w_up_shards": up}
         for side in ("k", "v"):  # the HBM tensors take these in row-major order (positions as (B, 1))
-            rows = np.zeros((L, B, c.H_kv, c.S_kv + 1, d), dtype=inp[f"{side}_cache"].dtype)
-            rows[:, :, :, :c.S_kv] = inp[f"{side}_cache"]
+            rows = np.zeros((L, B, slots, c.S_kv + 1, d), dtype=inp[f"{side}_cache"].dtype)
+            rows[:, :, :, :c.S_kv] = np.repeat(inp[f"{side}_cache"], rep, axis=2)
             hbm[f"{side}_rows"] = rows
         return {**inp, **hbm}
 
@@ -210,14 +263,14 @@ class DecoderLayer(Workload):
     def programs(self, kernel, make_tl, inputs: dict | None) -> dict:
         kw = self.kernel_kwargs(inputs)
         progs = {}
-        for r in range(int(self.cfg.tp)):
-            tl = make_tl(r)
-            progs[r] = (lambda tl=tl, kw={**kw, "rank": r}: kernel(tl, **kw))
+        for r, pe in enumerate(self.pes()):
+            tl = make_tl(pe)
+            progs[pe] = (lambda tl=tl, kw={**kw, "rank": r}: kernel(tl, **kw))
         return progs
 
     def kernel_kwargs(self, inputs: dict | None) -> dict:
         c = self.cfg
-        return dict(rank=0, pes=list(range(int(c.tp))), B=int(c.batch), H=c.H, H_q=c.H_q, H_kv=c.H_kv, d=c.d,
+        return dict(rank=0, pes=self.pes(), B=int(c.batch), H=c.H, H_q=c.H_q, H_kv=c.H_kv, d=c.d,
                     F=c.F, S_kv=int(c.S_kv), layers=int(c.layers), eps=float(c.eps), rope_theta=float(c.rope_theta),
                     tile=int(c.tile), inner=c.inner, fusion=c.fusion, allreduce=c.allreduce,
                     scale=1.0 / math.sqrt(c.d))
@@ -238,16 +291,19 @@ class DecoderLayer(Workload):
     def shape(self) -> dict:
         c = self.cfg
         return {"model": c.model, "B": int(c.batch), "H": c.H, "H_q": c.H_q, "H_kv": c.H_kv, "G": self.G, "d": c.d,
-                "F": c.F, "S_kv": int(c.S_kv), "layers": int(c.layers), "tp": int(c.tp), "fusion": c.fusion,
+                "F": c.F, "S_kv": int(c.S_kv), "layers": int(c.layers), "tp": int(c.tp),
+                **({"placement": c.placement} if c.placement != "packed" else {}), "fusion": c.fusion,
                 "allreduce": c.allreduce, "inner": c.inner, "tile": int(c.tile)}
 
     def read_outputs(self, read) -> dict:
-        """``out`` from HBM, and each layer's appended key and value from the caches' last rows."""
+        """``out`` from HBM, and each layer's appended key and value from the caches' last rows
+        (of each KV head's first replica)."""
         c = self.cfg
+        slots = kv_slots(c.H_kv, int(c.tp))
         got = {"out": read("out")}
         for side in ("k", "v"):
-            rows = read(f"{side}_rows").reshape(c.layers, c.batch, c.H_kv, c.S_kv + 1, c.d)
-            got[f"{side}_new"] = rows[:, :, :, c.S_kv]
+            rows = read(f"{side}_rows").reshape(c.layers, c.batch, slots, c.S_kv + 1, c.d)
+            got[f"{side}_new"] = rows[:, :, ::slots // c.H_kv, c.S_kv]
         return got
 
     # ---- numbers ---------------------------------------------------------------------

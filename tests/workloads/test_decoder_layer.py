@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from conftest import REPO, load_out, read_oplog, run
+from kbframe.errors import ConfigError
 from kbframe.run.metrics import summary
 from kbframe.workloads.decoder_layer import FILE_ARRAYS, reference_layers
 
@@ -89,6 +90,11 @@ CASES = [  # (hardware, overrides): every tp, fusion, all-reduce, G ∈ {1, 2, 4
               "bench.allreduce=tree", "bench.inner=opt3")),  # G = 8
     ("cube_mesh", ("bench.tp=16", "bench.H_q=32", "bench.H_kv=16", "bench.d=8", "bench.F=64",
                    "bench.allreduce=ring", "bench.S_kv=17")),  # across cubes
+    ("cube", ("bench.tp=4", "bench.H_q=8", "bench.H_kv=2", "bench.F=64", "bench.allreduce=tree",
+              "bench.batch=2", "bench.layers=2", "bench.S_kv=70")),  # tp > H_kv: 2 replicas of each KV head
+    ("cube_mesh", ("bench.tp=32", "bench.H_q=32", "bench.H_kv=8", "bench.d=8", "bench.F=64",
+                   "bench.allreduce=ring", "bench.fusion=none", "bench.S_kv=9")),  # 4 replicas, one query head a PE
+    # (each replica attends over its own copy of the cache with the key it appended: out covers them all)
 ]
 
 
@@ -265,3 +271,20 @@ def test_a_step_of_many_layers_fast_forwards_exactly(tmp_path):
     assert len(m["phases"]["layers_ns"]) == 60 and m["step"]["layers"] == 60
     for name in ("op_log.jsonl", "trace.json"):
         assert (tmp_path / "ff" / name).read_bytes() == (tmp_path / "full" / name).read_bytes(), name
+
+
+def test_a_step_over_its_record_budget_is_refused_with_its_exact_count(tmp_path):
+    """The estimate from one and two layers' dry runs is the step's count (the layers make
+    the same records): one record under the budget refuses it, naming the count the full
+    dry run gives; at the budget it runs."""
+    args = ("hardware=cube", "bench.tp=2", *SMALL, "bench.layers=9", "run.trace=false", "run.fast_forward=off")
+    with pytest.raises(ConfigError, match=r"would be simulated record by record: ([\d,]+) op_log") as full:
+        run(tmp_path / "dry", *args, "run.max_records=1", "bench.layers=1", bench="decoder_layer")
+    one = int(full.value.args[0].split("record by record: ")[1].split(" ")[0].replace(",", ""))
+    run(tmp_path / "ok", *args, bench="decoder_layer")
+    with open(tmp_path / "ok" / "op_log.jsonl") as f:
+        n = sum(1 for _ in f)
+    with pytest.raises(ConfigError, match=rf"would make about {n:,} op_log records \({one:,} at one layers step "
+                                          rf"of 9, [\d,]+ more a step\), over run.max_records={n - 1:,}"):
+        run(tmp_path / "over", *args, f"run.max_records={n - 1}", bench="decoder_layer")
+    run(tmp_path / "at", *args, f"run.max_records={n}", bench="decoder_layer")
