@@ -2,7 +2,8 @@
 
 Runs decode_opt2 and decode_opt3 (TILE=64, G=8, d=128) at S_kv ∈ {4096, 131072, 1048576}
 with data mode off and on, and decode_heads for Llama-3-70B (8 KV heads on the 8 PEs of one
-cube) at S_kv = 131072 timing only, each case in a fresh subprocess (so peak RSS is per case). The
+cube) at S_kv = 131072 and one Llama-3-70B decoder layer (tp 8 on a cube) at S_kv = 32768,
+timing only, each case in a fresh subprocess (so peak RSS is per case). The
 subprocess runs the CLI (``python -m kbframe ... run.check=false``, the same ``main``) and
 then, in the same process, times a bare SimPy 4-stage pipeline of processes connected by
 ``simpy.Store`` over the same number of stages (one stage = one token through one
@@ -15,9 +16,10 @@ bare pipeline over the same stages (``whole/bare``), events per second, peak RSS
 (of the CLI run, before the bare pipeline); per kernel and mode the scaling ratio
 t(131072)/t(32768) of sim wall (when both are measured). Writes ``outputs/bench/sim_speed.json``.
 
-    python benchmarks/sim_speed.py             # all 13 cases (issues 6, 12 and 16)
+    python benchmarks/sim_speed.py             # all 14 cases
     python benchmarks/sim_speed.py --quick     # opt3 at 4096 and 32768, data off and on
     python benchmarks/sim_speed.py --kernels heads --s-kv 131072 --no-data   # the decode_heads case alone
+    python benchmarks/sim_speed.py --kernels layer --no-data --repeat 1      # the decoder layer alone
 """
 from __future__ import annotations
 
@@ -106,17 +108,21 @@ def worker(report: str, overrides: list[str]) -> int:
 
 #: decode_heads of Llama-3-70B: its 8 KV heads, one per PE of one cube
 HEADS = ["+bench=decode_heads", "+model=llama3_70b", "hardware=cube"]
+#: one decoder layer of Llama-3-70B over the 8 PEs of one cube (tensor parallel)
+LAYER = ["+bench=decoder_layer", "+model=llama3_70b", "hardware=cube", "bench.tp=8", "bench.layers=1"]
+#: cases run at one context length, timing only: their kernel, S_kv
+FIXED = {"heads": 131072, "layer": 32768}
 
 
 def case_overrides(kernel: str, s_kv: int, data: bool) -> list[str]:
     """The kbframe overrides of a case: ``kernel`` is opt2 / opt3 (decode_opt2/3, G=8 d=128
     TILE=64) or heads (:data:`HEADS`)."""
-    bench = HEADS if kernel == "heads" else [f"+bench=decode_{kernel}", "bench.G=8", "bench.d=128"]
+    bench = {"heads": HEADS, "layer": LAYER}.get(kernel) or [f"+bench=decode_{kernel}", "bench.G=8", "bench.d=128"]
     return [*bench, f"bench.S_kv={s_kv}", f"bench.data={str(data).lower()}", "bench.tile=64"]
 
 
 def label(kernel: str) -> str:
-    return "decode_heads" if kernel == "heads" else f"decode_{kernel}"
+    return {"heads": "decode_heads", "layer": "decoder_layer"}.get(kernel, f"decode_{kernel}")
 
 
 def run_case(kernel: str, s_kv: int, data: bool, extra: list[str], tree: Path = ROOT) -> dict:
@@ -155,9 +161,10 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=3,
                     help="runs per case, each in a fresh process; the fastest (by sim wall) is kept "
                          "(default 3: this is a shared 2-core machine)")
-    ap.add_argument("--kernels", default="opt2,opt3,heads",
-                    help="comma list of opt2, opt3 (data off and on at every --s-kv) and heads "
-                         "(decode_heads, Llama-3-70B on 8 PEs, timing only, S_kv 131072 when listed)")
+    ap.add_argument("--kernels", default="opt2,opt3,heads,layer",
+                    help="comma list of opt2, opt3 (data off and on at every --s-kv), heads "
+                         "(decode_heads, Llama-3-70B on 8 PEs, timing only, S_kv 131072 when listed) and "
+                         "layer (one Llama-3-70B decoder layer, tp 8 on a cube, timing only, S_kv 32768)")
     ap.add_argument("--no-data", action="store_true", help="timing-only cases only")
     ap.add_argument("--s-kv", default="4096,131072,1048576", help="comma list of S_kv")
     ap.add_argument("--tree", type=Path, default=ROOT,
@@ -171,9 +178,11 @@ def main() -> int:
     # round-robin repeats: a busy spell on this shared machine then slows one run of
     # several cases, not every run of one case (the fastest run of each case is kept)
     datas = (False,) if args.no_data else (False, True)
-    cases = [(kernel, s_kv, data) for kernel in kernels if kernel != "heads" for data in datas for s_kv in s_kvs]
+    cases = [(kernel, s_kv, data) for kernel in kernels if kernel not in FIXED for data in datas for s_kv in s_kvs]
     if "heads" in kernels and 131072 in s_kvs:  # Llama-3-70B's heads: timing only, the longest context
         cases.append(("heads", 131072, False))
+    if "layer" in kernels:  # one Llama-3-70B layer on a cube at 32K: timing only
+        cases.append(("layer", FIXED["layer"], False))
     runs: dict = {c: [] for c in cases}
     n_rep = max(1, args.repeat)
     # the tree's bytecode once, as `make` does: under PYTHONDONTWRITEBYTECODE every run
