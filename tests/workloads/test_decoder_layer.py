@@ -273,6 +273,22 @@ def test_a_step_of_many_layers_fast_forwards_exactly(tmp_path):
         assert (tmp_path / "ff" / name).read_bytes() == (tmp_path / "full" / name).read_bytes(), name
 
 
+@pytest.mark.parametrize("topology", [("hardware=default", "bench.tp=1"),
+                                      ("hardware=cube", "bench.tp=8", "bench.fusion=none"),
+                                      ("hardware=cube_mesh", "bench.tp=8", "bench.placement=spread",
+                                       "bench.fusion=none")], ids=["tp1", "tp8", "tp8-2x2-cubes"])
+def test_a_step_fast_forwards_exactly_on_one_pe_eight_and_across_cubes(tmp_path, topology):
+    """One PE, a cube's 8 PEs, and 8 PEs dealt over 2×2 cubes (all-reduces across the
+    die-to-die links): 60 layers of a small model are written from copies of 3 to 6 layers
+    and run.fast_forward=verify finds them identical to the full simulation."""
+    m = run(tmp_path, *topology, "bench.H=32", "bench.H_q=8", "bench.H_kv=8", "bench.d=16", "bench.F=64",
+            "bench.S_kv=40", "bench.layers=60", "bench.data=false", "run.fast_forward=verify", "run.check=false",
+            "run.trace=false", bench="decoder_layer")
+    assert m["fast_forward"]["applied"], m["fast_forward"]["note"]
+    assert m["fast_forward"]["note"].startswith("fast-forwarded 54 of 57 periods of 1 layers step(s)")
+    assert "verified" in m["fast_forward"]["note"] and m["step"]["layers"] == 60
+
+
 def test_a_step_over_its_record_budget_is_refused_with_its_exact_count(tmp_path):
     """The estimate from one and two layers' dry runs is the step's count (the layers make
     the same records): one record under the budget refuses it, naming the count the full
