@@ -114,6 +114,8 @@ def _base(tp):
 
 def problem(kind, spec: Spec, value, typed: bool) -> str | None:
     """What is wrong with ``value`` ('must be ...', without the key), or None."""
+    if value is None:  # an optional key left unset
+        return None
     if spec.choices is not None:
         names = spec.names()
         text = str(value.value if isinstance(value, Enum) else value)
@@ -127,7 +129,7 @@ def problem(kind, spec: Spec, value, typed: bool) -> str | None:
         if boolean:  # a YAML boolean, as a str field holds it
             return f"must be {allowed}, got {boolean} (a boolean; write the key={names[0]} or ={names[1]})"
         return f"must be {allowed}, got '{text}'"
-    if kind not in (int, float) or value is None:
+    if kind not in (int, float):
         return None
     rng = spec.range_text()
     number = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)

@@ -234,7 +234,8 @@ def _prepare(cfg, out_dir: Path, explicit) -> _Run:
         path = to_absolute_path(b.inputs.path)  # relative to where kbframe was started
         arrays = read_inputs_file(path, wl)
         apply_file_shape(cfg, arrays.pop("__shape__"), set(explicit), path)
-        wl.validate()  # the workload's own checks, on the file's shapes
+        params.check(b, type(wl).Config, "bench.", error=ConfigError)  # the file's shapes, as declared
+        wl.validate()  # and the workload's own checks
         _save_resolved_config(cfg, out_dir)
         inp = wl.accept_file(arrays, path)
         unused = [f"bench.{k}" for k in wl.generated_only_keys]

@@ -25,7 +25,6 @@ from typing import Optional
 import numpy as np
 from omegaconf import MISSING
 
-from ..errors import ConfigError
 from ..params import Choice, param
 
 
@@ -105,14 +104,9 @@ class Workload:
 
     # ---- checks ----------------------------------------------------------------------
     def validate(self) -> None:
-        """Raise ConfigError naming ``bench.<key>`` for a value out of range."""
-
-    @staticmethod
-    def at_least(cfg, *keys, low: int = 1) -> None:
-        """ConfigError unless every ``bench.<key>`` is an integer ≥ ``low``."""
-        for key in keys:
-            if cfg[key] < low:
-                raise ConfigError(f"bench.{key} must be ≥ {low}, got {cfg[key]}")
+        """Raise ConfigError naming ``bench.<key>`` for what the :attr:`Config`'s declarations
+        (kbframe.params: ranges, choices, checked before) cannot say: keys that must agree
+        with each other or with the topology."""
 
     # ---- tensors and inputs -------------------------------------------------------------
     def tensors(self) -> dict:
