@@ -73,14 +73,17 @@ class Spec:
 
 def param(default=dataclasses.MISSING, *, doc: str, unit: str = "", lo=None, hi=None, lo_open: bool = False,
           hi_open: bool = False, choices: type | None = None, listed: tuple | None = None,
-          time_base: bool = False):
+          time_base: bool = False, factory=dataclasses.MISSING):
     """A dataclass field declaring a parameter: its default, ``doc`` (one line), ``unit``
     (``ns``, ``GB/s``, ``bytes`` ...), a range ``lo``/``hi`` (inclusive unless ``lo_open``/
     ``hi_open``), ``choices`` (a :class:`Choice` enum; ``listed``: the ones an error message
-    names, default all) and ``time_base`` (a duration in ns below the time base's end)."""
+    names, default all), ``time_base`` (a duration in ns below the time base's end) and
+    ``factory`` (a default made per instance, as ``dataclasses.field(default_factory=)``)."""
     spec = Spec(doc, unit, lo, hi, lo_open, hi_open, choices, tuple(listed) if listed else None, time_base)
     if time_base and lo is None:
         spec = dataclasses.replace(spec, lo=0)
+    if factory is not dataclasses.MISSING:
+        return dataclasses.field(default_factory=factory, metadata={"param": spec})
     return dataclasses.field(default=default, metadata={"param": spec})
 
 

@@ -68,8 +68,6 @@ class PeScheduler(PeUnit):
     """PE_SCHEDULER of one PE; its parameters: :class:`SchedulerParams` (kbframe.hw.unit.PeUnit)."""
 
     Params = SchedulerParams
-    #: admission policies (module doc)
-    POLICIES = tuple(p.value for p in Policy)
 
     roles = ("admission",)
     label = "PE_SCHEDULER"

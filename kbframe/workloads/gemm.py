@@ -30,7 +30,7 @@ default) is the one-PE GEMM above, unchanged.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
 import numpy as np
@@ -57,7 +57,8 @@ class GemmConfig(BenchConfig):
     N: int = param(512, lo=1, doc="columns of B and of the output")
     block_m: int = param(128, unit="rows", lo=1, doc="output rows per composite")
     staging: str = param("ref_ref", doc="ref_ref | load_ref | load_load")
-    epilogue: List[Dict[str, Any]] = field(default_factory=list)  # [{op: relu}, {op: scale, factor: 0.5}]
+    epilogue: List[Dict[str, Any]] = param(factory=list, doc="ops applied to C, in order: [{op: relu}, {op: scale, "
+                                                             "factor: 0.5}]")
     pes: Any = param(1, doc="PEs of the first cube the GEMM uses: a whole number, or 'all'")
     split: str = param("n", doc="n | mn | k: how the work is spread over the PEs (module doc)")
     assign: str = param("round_robin", doc="split mn: round_robin | blocked")
