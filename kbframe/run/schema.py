@@ -3,7 +3,7 @@ these, so a wrong type, an unknown key (also one added with ``+``) or a missing 
 value fails at composition, naming the key, before any simulation starts."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Dict
 
 from hydra.core.config_store import ConfigStore
@@ -11,6 +11,7 @@ from omegaconf import MISSING
 
 from ..params import Choice, param
 from ..sim.engine import MAX_PES
+from ..workloads.base import BenchConfig
 
 
 class HbmMode(Choice):
@@ -60,11 +61,11 @@ class HardwareConfig:
     pes_per_cube: int = param(8, lo=1, doc="PEs sharing one cube's HBM and NoC")
     cubes_x: int = param(1, lo=1, doc="cubes per row of the mesh (PE i is in cube i // pes_per_cube, row by row)")
     cubes_y: int = param(1, lo=1, doc="rows of cubes")
-    cube_fabric: str = param("mesh", choices=CubeFabric, doc="mesh: die-to-die links, XY routing; switch: any two "
+    cube_fabric: CubeFabric = param(CubeFabric.mesh, choices=CubeFabric, doc="mesh: die-to-die links, XY routing; switch: any two "
                                                              "cubes one crossing apart")
-    hbm_mode: str = param("partitioned", choices=HbmMode, doc="partitioned: each PE owns its channels; shared: "
+    hbm_mode: HbmMode = param(HbmMode.partitioned, choices=HbmMode, doc="partitioned: each PE owns its channels; shared: "
                                                               "a cube's PEs contend")
-    hbm_arbitration: str = param("submission", choices=HbmArbitration,
+    hbm_arbitration: HbmArbitration = param(HbmArbitration.submission, choices=HbmArbitration,
                                  doc="shared HBM: served in submission or arrival order (kbframe.hw.hbm)")
     cube_hbm_gbps: float = param(1638.4, unit="GB/s", lo=0, lo_open=True,
                                  doc="a cube's HBM bandwidth in shared mode (64 channels × 32 GB/s × 0.8)")
@@ -108,11 +109,24 @@ class RunConfig:
     check: bool = param(True, doc="run the simulation sanitizer after each run")
     progress: bool = param(True, doc="tqdm progress bar on a terminal")
     trace: bool = param(True, doc="write trace.json (python -m kbframe.report.trace RUN_DIR makes it later)")
-    fast_forward: str = param("on", choices=FastForward,
+    fast_forward: FastForward = param(FastForward.on, choices=FastForward,
                               doc="off | on | verify: a periodic timing-only schedule is written, not simulated")
     max_records: int = param(20_000_000, lo=0, doc="op_log records a run may make (checked before it "
                                                     "simulates; 0: no limit)")
     power_track: bool = param(False, doc="trace.json gets a power counter track per PE (kbframe.report.trace)")
+
+
+def declaration(key: str):
+    """The :class:`kbframe.params.Spec` declaring a dotted config key (``hardware.hbm_mode``,
+    ``bench.v_staging``: BenchConfig's, else the first workload Config declaring it), or None."""
+    section, _, name = key.rpartition(".")
+    classes = {"run": [RunConfig], "calibration": [CalibrationConfig], "hardware": [HardwareConfig],
+               "bench": [BenchConfig, *(c.Config for c in workload_classes().values())]}.get(section, [])
+    for cls in classes:
+        for f in fields(cls):
+            if f.name == name and "param" in f.metadata:
+                return f.metadata["param"]
+    return None
 
 
 def workload_classes() -> dict:

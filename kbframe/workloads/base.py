@@ -58,9 +58,9 @@ class BenchConfig:
     _target_: str = MISSING  # the workload class (a kbframe.workloads class)
     name: str = MISSING
     kernel: str = param(MISSING, doc="dotted path of a kernel function in kbframe.kernels")
-    dtype: str = param("float16", choices=Dtype, listed=_NAMED, doc="timing dtype: bytes moved and TCM footprint")
+    dtype: Dtype = param(Dtype.float16, choices=Dtype, listed=_NAMED, doc="timing dtype: bytes moved and TCM footprint")
     data: bool = param(True, doc="data mode: compute real numbers and check them against a float64 reference")
-    data_dtype: str = param("float32", choices=Dtype, listed=_NAMED, doc="storage dtype of the numbers in data "
+    data_dtype: Dtype = param(Dtype.float32, choices=Dtype, listed=_NAMED, doc="storage dtype of the numbers in data "
                                                                           "mode (not bfloat16)")
     seed: int = param(0, lo=0, doc="seed of the generated inputs")
     pe: int = param(0, doc="the PE the kernel runs on (single-PE workloads; < hardware.n_pes)")

@@ -43,7 +43,7 @@ class GqaDecodeConfig(BenchConfig):
     s_buffers: Optional[int] = param(None, doc="S buffers (≥ 2; the ADR's opt2: 2)")
     k_prefetch: Optional[int] = param(None, doc="tiles #1 (Q·Kᵀ) is issued ahead of #2 (< s_buffers; ADR: 1)")
     v_buffers: Optional[int] = param(None, doc="V buffers when V is prefetched (≥ 2, > k_prefetch)")
-    v_staging: Optional[str] = param(None, choices=VStaging, doc="composite (ADR D4/D6.2: V streamed inside #2) or "
+    v_staging: Optional[VStaging] = param(None, choices=VStaging, doc="composite (ADR D4/D6.2: V streamed inside #2) or "
                                                                  "prefetch (tl.load ahead)")
 
 
