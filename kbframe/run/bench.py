@@ -222,9 +222,11 @@ class _Run:
 
 
 def _prepare(cfg, out_dir: Path, explicit) -> _Run:
-    """The checked config, its recipes and kernel, the run options, and an inputs file's
+    """The checked config, one PE's units (built once: their parameters checked), its recipes
+    and kernel, the run options, and an inputs file's
     arrays (its shapes set into the config, ``.hydra/config.yaml`` rewritten)."""
     wl = validate(cfg)
+    units = build_units(cfg.hardware)  # one PE's units, each checking its parameters (kbframe.hw.unit.PeUnit)
     b = cfg.bench
     recipes = load_recipes(cfg.get("recipes"))
     run_cfg = cfg.run if "run" in cfg else {}
@@ -245,7 +247,7 @@ def _prepare(cfg, out_dir: Path, explicit) -> _Run:
                             kwargs=tuple(wl.kernel_kwargs(inp)))
     return _Run(cfg, wl, recipes, kernel, inp, unused, bool(b.data), check=bool(run_cfg.get("check", True)),
                 show=bool(run_cfg.get("progress", False)), trace=bool(run_cfg.get("trace", True)), ff=ff,
-                path=path)
+                units=units, path=path)
 
 
 def _draw_inputs(run: _Run) -> None:
@@ -266,10 +268,9 @@ def _draw_inputs(run: _Run) -> None:
 
 
 def _plan(run: _Run) -> None:
-    """The units built once; a timing-only run fast-forwarded if it can be (its records
+    """The energy tables checked against the units; a timing-only run fast-forwarded if it can be (its records
     made, nothing written), else the pre-flight dry run (resources, TCM, HBM)."""
     cfg, wl = run.cfg, run.wl
-    run.units = build_units(cfg.hardware)
     energy.check(cfg.energy, run.units)
     if run.ff != "off":
         run.ff_note = "data mode: every tile simulated"
