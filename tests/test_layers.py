@@ -1,7 +1,7 @@
 """Folder rules of the package (DESIGN.md, layers): imports flow one way, down the layers.
 
 Order, top to bottom: cli → run → (report, workloads) → kernels → tl → sim → hw → ir →
-foundation (errors, timebase, files). A module may import its own folder and any folder
+foundation (errors, timebase, files, params). A module may import its own folder and any folder
 below it; ``report/`` reads files and metrics only, so it imports no simulation layer.
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ ALLOWED = {
     "run": {"workloads", "kernels", "report", "tl", "sim", "hw", "ir"},
     "cli": {"run", "report", "workloads", "tl", "sim", "hw", "ir"},
 }
-FOUNDATION = {"errors", "timebase", "files", "internals"}
+FOUNDATION = {"errors", "timebase", "files", "internals", "params"}
 
 
 def _imports(path: Path) -> set[str]:

@@ -18,14 +18,33 @@ import io
 import re
 import sys
 
+from ..params import problem
 from ..run import rundir
+from ..run.schema import declaration
 from ..run.rundir import RunDirBusy
 from . import stop
 from .checks import precheck, run_dir_arg
 
 
+_CHOICE = re.compile(r"^(?:Error merging override (?P<key>[\w.]+)=.*?; |(?P<path>[\w.]+): )?"
+                     r"Invalid value '(?P<value>.*)', expected one of \[.*\]$")
+
+
+def choice_error(msg: str) -> str:
+    """OmegaConf's refusal of a value for a choice (an Enum-typed schema field) as the key's
+    declared message (kbframe.params: ``hardware.hbm_mode must be partitioned or shared, got
+    'x'``); any other message as it is."""
+    m = _CHOICE.match(msg)
+    key = m and (m["key"] or m["path"])
+    spec = declaration(key) if key else None
+    if spec is None or spec.choices is None:
+        return msg
+    return f"{key} {problem(spec.choices, spec, m['value'], typed=True)}".replace("the key=", f"{key}=")
+
+
 def one_line(text: str) -> str:
-    """Fold Hydra's multi-line error text into one line (key first, options listed)."""
+    """Fold Hydra's multi-line error text into one line (key first, options listed; a
+    refused choice as its declared message, :func:`choice_error`)."""
     lines = [ln.strip() for ln in text.splitlines()]
     key, options, parts, in_options = None, [], [], False
     for ln in lines:
@@ -49,7 +68,7 @@ def one_line(text: str) -> str:
         msg = f"{key}: {msg}"
     if options:
         msg += f" (available: {', '.join(options)})"
-    return msg
+    return choice_error(msg)
 
 
 _YAML_EXC = re.compile(r"^(yaml(?:\.\w+)*\.\w*Error): (.*)$")

@@ -18,9 +18,10 @@ The :class:`Fabric` (one per engine) holds the links.
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass
 
 from ..timebase import bytes_to_ps, ns_to_ps
-from .params import at_least_one, duration_ns, positive
+from ..params import duration, param
 from .unit import Stage, Unit
 
 
@@ -92,19 +93,22 @@ class Fabric:
         return ln
 
 
-class IpcqSend(Unit):
-    """The sending side of a PE's IPCQ.
+@dataclass
+class IpcqParams:
+    """The sending side's parameters (a route's sum of latencies must fit the time base too:
+    kbframe.sim.engine.check_time_base)."""
 
-    Args:
-        intra_latency_ns: latency of a message within a cube (NoC), ns.
-        intra_gbps: bandwidth of a link within a cube, GB/s.
-        d2d_latency_ns: latency added per cube crossed (die-to-die), ns.
-        d2d_gbps: bandwidth of a link that crosses cubes, GB/s.
-        credits: messages a link holds before the sender blocks (queue depth, ≥ 1).
-    Raises:
-        ValueError: a non-positive bandwidth or credit count, or a latency that is negative or
-            beyond the time base (a route's sum of them: kbframe.sim.engine.check_time_base).
-    """
+    intra_latency_ns: float = duration(16.0, doc="latency of a message within a cube (NoC)")
+    intra_gbps: float = param(256.0, doc="bandwidth of a link within a cube", unit="GB/s", lo=0, lo_open=True)
+    d2d_latency_ns: float = duration(16.0, doc="latency added per cube crossed (die-to-die)")
+    d2d_gbps: float = param(128.0, doc="bandwidth of a link that crosses cubes", unit="GB/s", lo=0, lo_open=True)
+    credits: int = param(4, doc="messages a link holds before the sender blocks (queue depth)", lo=1)
+
+
+class IpcqSend(Unit):
+    """The sending side of a PE's IPCQ; its parameters: :class:`IpcqParams` (kbframe.hw.unit.PeUnit)."""
+
+    Params = IpcqParams
 
     roles = ("ipcq_send",)
     label = "IPCQ send"
@@ -125,17 +129,8 @@ class IpcqSend(Unit):
         """A message is read from the sender's TCM."""
         return work.bytes, 0
 
-    def __init__(self, intra_latency_ns: float = 16.0, intra_gbps: float = 256.0, d2d_latency_ns: float = 16.0,
-                 d2d_gbps: float = 128.0, credits: int = 4, description: str = "", roles=None, label=None):
-        super().__init__(description, roles, label)
-        duration_ns("intra_latency_ns", intra_latency_ns)
-        duration_ns("d2d_latency_ns", d2d_latency_ns)
-        positive("intra_gbps", intra_gbps)
-        positive("d2d_gbps", d2d_gbps)
-        at_least_one("credits", credits)
-        self.intra_latency_ns, self.intra_gbps = float(intra_latency_ns), float(intra_gbps)
-        self.d2d_latency_ns, self.d2d_gbps = float(d2d_latency_ns), float(d2d_gbps)
-        self.credits = int(credits)
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
         self._blocked: deque = deque()  # sends waiting for a credit, in FIFO order
 
     def duration_ps(self, stage: Stage) -> int:
@@ -191,9 +186,6 @@ class IpcqRecv(Unit):
     def tcm_traffic(self, work) -> tuple:
         """A message lands in the receiver's TCM."""
         return 0, work.bytes
-
-    def __init__(self, description: str = "", roles=None, label=None):
-        super().__init__(description, roles, label)
 
     def duration_ps(self, stage: Stage) -> int:
         return 0

@@ -11,23 +11,30 @@ from __future__ import annotations
 from ..errors import ValidationError
 from ..ir.protocol import Dispatch, requests
 from ..timebase import cycles_to_ps, ns_to_ps
-from .params import at_least_one, duration_ns, non_negative, positive
+from dataclasses import dataclass
+
+from ..params import duration, param
 from .unit import PeUnit
 
 
-class PeCpu(PeUnit):
-    """PE_CPU of one PE.
+@dataclass
+class CpuParams:
+    """PE_CPU's parameters (ADR-0064 Rev2 cost model)."""
 
-    Args:
-        fixed_cycles: FIXED, cycles per command (ADR-0064 D1; default 40).
-        r_cycles_per_byte: R, cycles per logical byte (default 0.0625 = 16 B/cycle).
-        composite_cap_bytes: largest composite's logical bytes (ADR-0064 D7; 1024).
-        clock_ghz: PE_CPU clock, GHz.
-        launch_ns: the kernel's launch cost, ns: PE_CPU starts the kernel this long after
-            the run's start (a GPU's kernel launch, DESIGN.md decision 14; default 0: at once).
-    Raises:
-        ValueError: a negative cost term or launch, non-positive cap or clock.
-    """
+    fixed_cycles: float = param(doc="FIXED: PE_CPU cycles per command (ADR-0064 D1; calibration.FIXED)",
+                                unit="cycles", lo=0)
+    r_cycles_per_byte: float = param(doc="R: cycles per logical byte (calibration.R)", unit="cycles/byte", lo=0)
+    composite_cap_bytes: int = param(doc="largest composite's logical bytes (ADR-0064 D7; calibration.cap_bytes)",
+                                     unit="bytes", lo=1)
+    clock_ghz: float = param(doc="PE_CPU clock", unit="GHz", lo=0, lo_open=True)
+    launch_ns: float = duration(0.0, doc="the kernel's launch cost: PE_CPU starts the kernel this long after the "
+                                         "run's start (a GPU's kernel launch, DESIGN.md decision 14)")
+
+
+class PeCpu(PeUnit):
+    """PE_CPU of one PE; its parameters: :class:`CpuParams` (kbframe.hw.unit.PeUnit)."""
+
+    Params = CpuParams
 
     roles = ("dispatch",)
     label = "PE_CPU"
@@ -38,19 +45,9 @@ class PeCpu(PeUnit):
         ADR-0064 cost model): PE_CPU's energy scales with the dispatch cost."""
         return [("cycles", "pj_per_cycle", self.cycles)]
 
-    def __init__(self, fixed_cycles: float, r_cycles_per_byte: float, composite_cap_bytes: int,
-                 clock_ghz: float, launch_ns: float = 0.0, description: str = "", roles=None, label=None):
-        super().__init__(description, roles, label)
-        non_negative("fixed_cycles", fixed_cycles)
-        non_negative("r_cycles_per_byte", r_cycles_per_byte)
-        at_least_one("composite_cap_bytes", composite_cap_bytes)
-        positive("clock_ghz", clock_ghz)
-        self.fixed_cycles = float(fixed_cycles)
-        self.r_cycles_per_byte = float(r_cycles_per_byte)
-        self.composite_cap_bytes = int(composite_cap_bytes)
-        self.clock_ghz = float(clock_ghz)
-        duration_ns("launch_ns", launch_ns)
-        self.launch_ps = ns_to_ps(launch_ns)
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        self.launch_ps = ns_to_ps(self.launch_ns)
         self.pe = None
         self.n_commands = 0
         self.cycles = 0.0

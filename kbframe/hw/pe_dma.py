@@ -14,22 +14,26 @@ same channel as the analytic one, with the port served in the order transfers ar
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass
 
 from ..timebase import bytes_to_ps, ns_to_ps
-from .params import at_least_one, duration_ns, positive
+from ..params import duration, param
 from .unit import Stage, Unit
 
 
-class DmaChannel(Unit):
-    """One DMA channel.
+@dataclass
+class DmaParams:
+    """A DMA channel's parameters."""
 
-    Args:
-        bandwidth_gbps: HBM bandwidth of this channel, GB/s (= bytes/ns).
-        setup_latency_ns: fixed latency per transfer, ns; overlaps across transfers.
-        max_outstanding: transfers whose setup may be in flight at once (≥ 1).
-    Raises:
-        ValueError: a non-positive bandwidth or outstanding count, or negative latency.
-    """
+    bandwidth_gbps: float = param(doc="HBM bandwidth of this channel (= bytes/ns)", unit="GB/s", lo=0, lo_open=True)
+    setup_latency_ns: float = duration(doc="fixed latency per transfer; overlaps across transfers in flight")
+    max_outstanding: int = param(4, doc="transfers whose setup may be in flight at once", lo=1)
+
+
+class DmaChannel(Unit):
+    """One DMA channel; its parameters: :class:`DmaParams` (kbframe.hw.unit.PeUnit)."""
+
+    Params = DmaParams
 
     label = "DMA"  # a channel's role (dma_read or dma_write) comes from its config entry
     energy_keys = ("hbm_pj_per_bit", "setup_pj_per_transfer")
@@ -43,15 +47,9 @@ class DmaChannel(Unit):
         """A read channel lands its bytes in TCM; a write channel reads them from it."""
         return (0, work.bytes) if "dma_read" in self.roles else (work.bytes, 0)
 
-    def __init__(self, bandwidth_gbps: float, setup_latency_ns: float, max_outstanding: int = 4,
-                 description: str = "", roles=None, label=None):
-        super().__init__(description, roles, label)
-        positive("bandwidth_gbps", bandwidth_gbps)
-        duration_ns("setup_latency_ns", setup_latency_ns)
-        at_least_one("max_outstanding", max_outstanding)
-        self.bandwidth_gbps = float(bandwidth_gbps)
-        self.setup_ps = ns_to_ps(setup_latency_ns)
-        self.max_outstanding = int(max_outstanding)
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        self.setup_ps = ns_to_ps(self.setup_latency_ns)
         self.channels = self.max_outstanding
         self._ends: deque = deque(maxlen=self.max_outstanding)
         self._transfer_cache: dict = {}  # nbytes -> ps (a kernel moves a few tile sizes)

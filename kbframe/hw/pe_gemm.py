@@ -3,22 +3,29 @@ at peak (``2·m·n·k / peak``) and the time to read its operands from TCM, plus
 pipeline latency. The model never looks at the op kind (ADR-0065 D7)."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ..timebase import bytes_to_ps, flops_to_ps, ns_to_ps
-from .params import at_least_one, duration_ns, positive
+from ..params import duration, param
 from .unit import Stage, Unit
 
 
-class GemmUnit(Unit):
-    """Matrix unit.
+@dataclass
+class GemmParams:
+    """The matrix unit's parameters."""
 
-    Args:
-        peak_tflops: peak throughput, TFLOP/s (= 1000 flop/ns).
-        operand_read_gbps: TCM read bandwidth feeding the operands, GB/s.
-        pipeline_latency_ns: fixed fill/drain latency per stage, ns.
-        tile_m / tile_n / tile_k: tile shape of the GEMM tile loop (elements).
-    Raises:
-        ValueError: a non-positive rate or tile size.
-    """
+    peak_tflops: float = param(doc="peak throughput (= 1000 flop/ns)", unit="TFLOP/s", lo=0, lo_open=True)
+    operand_read_gbps: float = param(doc="TCM read bandwidth feeding the operands", unit="GB/s", lo=0, lo_open=True)
+    pipeline_latency_ns: float = duration(0.0, doc="fixed fill/drain latency per stage")
+    tile_m: int = param(128, doc="tile shape of the GEMM tile loop, rows", unit="elements", lo=1)
+    tile_n: int = param(128, doc="tile shape of the GEMM tile loop, columns", unit="elements", lo=1)
+    tile_k: int = param(128, doc="tile shape of the GEMM tile loop, reduction", unit="elements", lo=1)
+
+
+class GemmUnit(Unit):
+    """Matrix unit; its parameters: :class:`GemmParams` (kbframe.hw.unit.PeUnit)."""
+
+    Params = GemmParams
 
     roles = ("gemm",)
     label = "GEMM"
@@ -34,19 +41,9 @@ class GemmUnit(Unit):
         approximation)."""
         return work.bytes, 0
 
-    def __init__(self, peak_tflops: float, operand_read_gbps: float, pipeline_latency_ns: float = 0.0,
-                 tile_m: int = 128, tile_n: int = 128, tile_k: int = 128, description: str = "",
-                 roles=None, label=None):
-        super().__init__(description, roles, label)
-        positive("peak_tflops", peak_tflops)
-        positive("operand_read_gbps", operand_read_gbps)
-        duration_ns("pipeline_latency_ns", pipeline_latency_ns)
-        for key, val in (("tile_m", tile_m), ("tile_n", tile_n), ("tile_k", tile_k)):
-            at_least_one(key, val)
-        self.peak_tflops = float(peak_tflops)
-        self.operand_read_gbps = float(operand_read_gbps)
-        self.pipeline_ps = ns_to_ps(pipeline_latency_ns)
-        self.tile_m, self.tile_n, self.tile_k = int(tile_m), int(tile_n), int(tile_k)
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        self.pipeline_ps = ns_to_ps(self.pipeline_latency_ns)
         self._cache: dict = {}  # (flops, nbytes) -> ps: a kernel repeats a few GEMM shapes
 
     def duration_ps(self, stage: Stage) -> int:

@@ -7,10 +7,20 @@ exponential costs more than an add. :data:`ENERGY_CLASS` gives each MATH micro-o
 kbframe.ir.micro_ops its class, and each class is a key of ``energy.math``."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ..errors import ConfigError
 from ..timebase import cycles_to_ps
-from .params import at_least_one, positive
+from ..params import param
 from .unit import Stage, Unit
+
+
+@dataclass
+class MathParams:
+    """The vector unit's parameters."""
+
+    vector_width: int = param(doc="elements processed per cycle", unit="elements", lo=1)
+    clock_ghz: float = param(doc="clock of the unit", unit="GHz", lo=0, lo_open=True)
 
 
 #: the energy class of each MATH micro-op (``energy.math.<class>_pj_per_op``): ``add`` (adds,
@@ -27,14 +37,9 @@ ENERGY_CLASS = {
 
 
 class MathUnit(Unit):
-    """Vector unit.
+    """Vector unit; its parameters: :class:`MathParams` (kbframe.hw.unit.PeUnit)."""
 
-    Args:
-        vector_width: elements processed per cycle.
-        clock_ghz: clock of the unit, GHz.
-    Raises:
-        ValueError: non-positive width or clock.
-    """
+    Params = MathParams
 
     roles = ("math",)
     label = "MATH"
@@ -53,12 +58,8 @@ class MathUnit(Unit):
         op that updates in place) and its results written (elements × the dtype's size)."""
         return work.bytes, sum(n for _, n in work.kinds.values()) * work.itemsize
 
-    def __init__(self, vector_width: int, clock_ghz: float, description: str = "", roles=None, label=None):
-        super().__init__(description, roles, label)
-        at_least_one("vector_width", vector_width)
-        positive("clock_ghz", clock_ghz)
-        self.vector_width = int(vector_width)
-        self.clock_ghz = float(clock_ghz)
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
         self._cache: dict = {}
 
     def cycles(self, n_elements: int) -> int:

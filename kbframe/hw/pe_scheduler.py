@@ -22,10 +22,11 @@ This module imports nothing recipe-related (ADR-0065 D6.5).
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass
 
 from ..ir.commands import hazard_ranges
 from ..ir.handles import Completion
-from .params import at_least_one, one_of
+from ..params import Choice, param
 from .tiling import PlanCache, plan_stages
 from .unit import PeUnit
 
@@ -47,18 +48,26 @@ class _InFlight:
         self.why, self.ref = why, ref  # what its admission waited for (kbframe.sim.waits)
 
 
+class Policy(Choice):
+    """Admission policies (module doc)."""
+
+    strict_fifo = "strict_fifo"  # every later command waits behind a blocked one (ADR-0065 D6.3)
+    rw_aware = "rw_aware"  # hazard-free commands overtake a blocked one (ADR-0065 A4)
+
+
+@dataclass
+class SchedulerParams:
+    """PE_SCHEDULER's parameters."""
+
+    max_queued_commands: int = param(64, doc="commands that may wait for admission; PE_CPU blocks beyond", lo=1)
+    policy: str = param("strict_fifo", choices=Policy, doc="strict_fifo (ADR-0065 D6.3) or rw_aware (A4: "
+                                                           "hazard-free commands overtake a blocked one)")
+
+
 class PeScheduler(PeUnit):
-    """PE_SCHEDULER of one PE.
+    """PE_SCHEDULER of one PE; its parameters: :class:`SchedulerParams` (kbframe.hw.unit.PeUnit)."""
 
-    Args:
-        max_queued_commands: commands that may wait for admission; PE_CPU blocks beyond.
-        policy: ``strict_fifo`` or ``rw_aware`` (module doc; :data:`POLICIES`).
-    Raises:
-        ValueError: ``max_queued_commands`` < 1, or an unknown ``policy``.
-    """
-
-    #: admission policies (module doc)
-    POLICIES = ("strict_fifo", "rw_aware")
+    Params = SchedulerParams
 
     roles = ("admission",)
     label = "PE_SCHEDULER"
@@ -68,15 +77,12 @@ class PeScheduler(PeUnit):
         """One admission per command (its hazard check and stage plan)."""
         return [("admissions", "pj_per_admission", work.count)]
 
-    def __init__(self, max_queued_commands: int = 64, policy: str = "strict_fifo", description: str = "",
-                 roles=None, label=None):
-        super().__init__(description, roles, label)
-        at_least_one("max_queued_commands", max_queued_commands)
-        self.policy = one_of("policy", policy, self.POLICIES)
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
         self._rw_aware = self.policy == "rw_aware"
         self._ranges: dict = {}  # rw_aware: cmd id -> [reads, writes, touched, what held it, cmd] while queued
         self._scanning, self._rescan = False, None
-        self.max_queued = int(max_queued_commands)
+        self.max_queued = self.max_queued_commands
         self.queue: deque = deque()
         self.inflight: dict[int, _InFlight] = {}
         self.blocked_on = None

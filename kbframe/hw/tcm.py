@@ -7,21 +7,28 @@ alloc and free times) so the sanitizer can check that live allocations never ove
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ..errors import TcmOverflowError
-from .params import at_least_one, positive
+from ..params import param
 from .unit import PeUnit
 
 
-class Tcm(PeUnit):
-    """TCM of one PE.
+@dataclass
+class TcmParams:
+    """The TCM's parameters."""
 
-    Args:
-        capacity_bytes: size, bytes.
-        read_gbps / write_gbps: port bandwidths, GB/s (the GEMM's operand feed uses read).
-        alignment_bytes: allocation alignment.
-    Raises:
-        ValueError: non-positive capacity, bandwidth or alignment.
-    """
+    capacity_bytes: int = param(doc="size (hardware.tcm_bytes)", unit="bytes", lo=1)
+    read_gbps: float = param(doc="read port bandwidth (the GEMM's operand feed uses it)", unit="GB/s", lo=0,
+                             lo_open=True)
+    write_gbps: float = param(doc="write port bandwidth", unit="GB/s", lo=0, lo_open=True)
+    alignment_bytes: int = param(64, doc="allocation alignment", unit="bytes", lo=1)
+
+
+class Tcm(PeUnit):
+    """TCM of one PE; its parameters: :class:`TcmParams` (kbframe.hw.unit.PeUnit)."""
+
+    Params = TcmParams
 
     roles = ("tcm",)
     label = "TCM"
@@ -34,17 +41,8 @@ class Tcm(PeUnit):
         return [("read_bytes", "read_pj_per_byte", work.tcm_read_bytes),
                 ("write_bytes", "write_pj_per_byte", work.tcm_write_bytes)]
 
-    def __init__(self, capacity_bytes: int, read_gbps: float, write_gbps: float,
-                 alignment_bytes: int = 64, description: str = "", roles=None, label=None):
-        super().__init__(description, roles, label)
-        at_least_one("capacity_bytes", capacity_bytes)
-        positive("read_gbps", read_gbps)
-        positive("write_gbps", write_gbps)
-        at_least_one("alignment_bytes", alignment_bytes)
-        self.capacity_bytes = int(capacity_bytes)
-        self.read_gbps = float(read_gbps)
-        self.write_gbps = float(write_gbps)
-        self.alignment_bytes = int(alignment_bytes)
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
         self.pe_index = 0
         self.top = 0
         self.high_water = 0

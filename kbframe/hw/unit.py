@@ -23,6 +23,10 @@ time order, so this is exactly a FIFO server with one event per stage.
 """
 from __future__ import annotations
 
+import dataclasses
+
+from ..params import check
+
 
 class Stage:
     """One unit of work for one unit: an op kind, its sizes, and a numeric effect.
@@ -72,15 +76,26 @@ class Stage:
 class PeUnit:
     """Anything a PE is built from. A subclass names its default ``roles`` and ``label``;
     a config entry may override both (e.g. one DMA channel class serving ``dma_read`` or
-    ``dma_write``).
+    ``dma_write``). Its parameters are declared once, in :attr:`Params` (a dataclass of
+    kbframe.params fields: unit, range, description): the constructor takes them (by
+    position in declaration order, or by name), checks them with kbframe.params.check
+    and sets each as an attribute of the unit; a subclass's ``__init__`` only derives
+    what it needs from them.
 
     Args:
+        *params / **params: the values of :attr:`Params`' fields.
         description: one line on what the unit models (shown in docs and errors).
         roles: the roles this unit serves (default: the class's).
         label: its name in summaries and traces (default: the class's).
     Raises:
+        TypeError: a parameter the unit does not declare, or a required one missing.
+        kbframe.params.ParamError: a value outside its declaration (the message starts
+            with the parameter's name).
         ValueError: ``roles`` not a list of names.
     """
+
+    #: the unit's parameters (a dataclass of kbframe.params fields); None: it takes none
+    Params = None
 
     #: roles served (see the module doc)
     roles: tuple = ()
@@ -106,7 +121,30 @@ class PeUnit:
         """``(read_bytes, write_bytes)`` of the PE's TCM that this unit's stages make."""
         return 0, 0
 
-    def __init__(self, description: str = "", roles=None, label: str | None = None):
+    def __init__(self, *args, **kw):
+        names = [f.name for f in dataclasses.fields(self.Params)] if self.Params else []
+        given, where = {}, f"{type(self).__name__}.__init__()"
+        for key, value in zip([*names, "description", "roles", "label"], args):
+            given[key] = value
+        if len(args) > len(names) + 3:
+            raise TypeError(f"{where} takes {len(names) + 3} positional arguments but {len(args)} were given")
+        for key, value in kw.items():
+            if key not in names and key not in ("description", "roles", "label"):
+                raise TypeError(f"{where} got an unexpected keyword argument '{key}'")
+            if key in given:
+                raise TypeError(f"{where} got multiple values for argument '{key}'")
+            given[key] = value
+        if self.Params:
+            fields = dataclasses.fields(self.Params)
+            missing = [f.name for f in fields if f.name not in given and f.default is dataclasses.MISSING]
+            if missing:
+                raise TypeError(f"{where} missing required argument(s): {', '.join(missing)}")
+            values = {f.name: given.get(f.name, f.default) for f in fields}
+            for key, value in check(values, self.Params, "", typed=False).items():
+                setattr(self, key, value)
+        self._init_common(given.get("description", ""), given.get("roles"), given.get("label"))
+
+    def _init_common(self, description: str, roles, label) -> None:
         self.description = description
         if roles is not None:
             if isinstance(roles, str) or not all(isinstance(r, str) and r for r in roles):
@@ -123,8 +161,8 @@ class Unit(PeUnit):
     #: number of stages that may overlap on this unit (the sanitizer checks it).
     channels = 1
 
-    def __init__(self, description: str = "", roles=None, label: str | None = None):
-        super().__init__(description, roles, label)
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
         self.pe = None
         self.env = None
         self.free_ps = 0

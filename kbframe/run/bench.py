@@ -8,7 +8,6 @@ earlier run's files together, all or none (kbframe.run.rundir).
 from __future__ import annotations
 
 import copy
-import math
 import zipfile
 from contextlib import nullcontext
 from dataclasses import dataclass, fields
@@ -20,6 +19,7 @@ from hydra.utils import to_absolute_path
 from omegaconf import OmegaConf, open_dict
 from threadpoolctl import threadpool_limits
 
+from .. import params
 from ..errors import ConfigError, InputsError, NumericsError, OutputError, raise_interrupt_behind
 from ..files import atomic_write, write_json
 from ..report import critical_path
@@ -76,40 +76,17 @@ def validate(cfg) -> Workload:
     missing = sorted(OmegaConf.missing_keys(cfg))
     if missing:
         raise ConfigError(f"missing required value(s): {', '.join(missing)}")
-    for key in ("dtype", "data_dtype"):
-        if b[key] not in ("float16", "float32", "float64", "bfloat16"):
-            raise ConfigError(f"bench.{key} must be float16, float32 or float64, got '{b[key]}'")
+    for where, cls in (("hardware", HardwareConfig), ("calibration", CalibrationConfig), ("run", RunConfig),
+                       ("bench", wl_cls.Config)):  # each key against its declaration (kbframe.params)
+        if where in cfg:
+            params.check(cfg[where], cls, f"{where}.", error=ConfigError)
     if b.data_dtype == "bfloat16":
         raise ConfigError("bench.data_dtype=bfloat16 is not supported by numpy; use float16 or float32")
-    if cfg.hardware.n_pes < 1:
-        raise ConfigError(f"hardware.n_pes must be ≥ 1, got {cfg.hardware.n_pes}")
-    hw = cfg.hardware
-    if hw.hbm_mode not in ("partitioned", "shared"):
-        raise ConfigError(f"hardware.hbm_mode must be partitioned or shared, got '{hw.hbm_mode}'")
-    if hw.hbm_arbitration not in ("submission", "arrival"):
-        raise ConfigError(f"hardware.hbm_arbitration must be submission or arrival, got '{hw.hbm_arbitration}'")
-    if hw.cube_fabric not in ("mesh", "switch"):
-        raise ConfigError(f"hardware.cube_fabric must be mesh or switch, got '{hw.cube_fabric}'")
-    for key in ("pes_per_cube", "cubes_x", "cubes_y"):
-        if hw[key] < 1:
-            raise ConfigError(f"hardware.{key} must be ≥ 1, got {hw[key]}")
-    check_topology(hw)  # every PE the topology declares is in the run, and no more
-    if not (math.isfinite(hw.cube_hbm_gbps) and hw.cube_hbm_gbps > 0):
-        raise ConfigError(f"hardware.cube_hbm_gbps must be a finite number > 0, got {hw.cube_hbm_gbps}")
+    check_topology(cfg.hardware)  # every PE the topology declares is in the run, and no more
     if not 0 <= b.pe < cfg.hardware.n_pes:
         raise ConfigError(f"bench.pe={b.pe} but hardware.n_pes={cfg.hardware.n_pes}")
     if b.inputs.get("path") is not None and not str(b.inputs.path).strip():
         raise ConfigError("bench.inputs.path is empty; give an .npz file, or null for generated inputs")
-    if b.seed < 0:
-        raise ConfigError(f"bench.seed must be ≥ 0, got {b.seed}")
-    for key in ("clock_ghz", "hbm_gbps", "hbm_bytes", "tcm_bytes"):
-        if not (math.isfinite(cfg.hardware[key]) and cfg.hardware[key] > 0):
-            raise ConfigError(f"hardware.{key} must be a finite number > 0, got {cfg.hardware[key]}")
-    for key in ("FIXED", "R"):
-        if cfg.calibration[key] < 0 or not math.isfinite(cfg.calibration[key]):
-            raise ConfigError(f"calibration.{key} must be a finite number ≥ 0, got {cfg.calibration[key]}")
-    if cfg.calibration.cap_bytes < 1:
-        raise ConfigError(f"calibration.cap_bytes must be ≥ 1, got {cfg.calibration.cap_bytes}")
     wl = wl_cls(b, n_pes=int(cfg.hardware.n_pes), hardware=cfg.hardware)
     wl.validate()
     return wl
@@ -245,23 +222,22 @@ class _Run:
 
 
 def _prepare(cfg, out_dir: Path, explicit) -> _Run:
-    """The checked config, its recipes and kernel, the run options, and an inputs file's
+    """The checked config, one PE's units (built once: their parameters checked), its recipes
+    and kernel, the run options, and an inputs file's
     arrays (its shapes set into the config, ``.hydra/config.yaml`` rewritten)."""
     wl = validate(cfg)
+    units = build_units(cfg.hardware)  # one PE's units, each checking its parameters (kbframe.hw.unit.PeUnit)
     b = cfg.bench
     recipes = load_recipes(cfg.get("recipes"))
     run_cfg = cfg.run if "run" in cfg else {}
-    ff = str(run_cfg.get("fast_forward", "off"))
-    if ff not in ("off", "on", "verify"):
-        boolean = {"False": "false", "True": "true"}.get(ff)  # the schema's str of a YAML boolean
-        raise ConfigError("run.fast_forward must be off, on or verify, got "
-                          + (f"{boolean} (a boolean; write run.fast_forward=off or =on)" if boolean else f"'{ff}'"))
+    ff = str(run_cfg.get("fast_forward", "off"))  # checked by validate (kbframe.params)
     inp, unused, path = None, [], None
     if b.inputs.path:
         path = to_absolute_path(b.inputs.path)  # relative to where kbframe was started
         arrays = read_inputs_file(path, wl)
         apply_file_shape(cfg, arrays.pop("__shape__"), set(explicit), path)
-        wl.validate()  # the workload's own checks, on the file's shapes
+        params.check(b, type(wl).Config, "bench.", error=ConfigError)  # the file's shapes, as declared
+        wl.validate()  # and the workload's own checks
         _save_resolved_config(cfg, out_dir)
         inp = wl.accept_file(arrays, path)
         unused = [f"bench.{k}" for k in wl.generated_only_keys]
@@ -271,7 +247,7 @@ def _prepare(cfg, out_dir: Path, explicit) -> _Run:
                             kwargs=tuple(wl.kernel_kwargs(inp)))
     return _Run(cfg, wl, recipes, kernel, inp, unused, bool(b.data), check=bool(run_cfg.get("check", True)),
                 show=bool(run_cfg.get("progress", False)), trace=bool(run_cfg.get("trace", True)), ff=ff,
-                path=path)
+                units=units, path=path)
 
 
 def _draw_inputs(run: _Run) -> None:
@@ -292,10 +268,9 @@ def _draw_inputs(run: _Run) -> None:
 
 
 def _plan(run: _Run) -> None:
-    """The units built once; a timing-only run fast-forwarded if it can be (its records
+    """The energy tables checked against the units; a timing-only run fast-forwarded if it can be (its records
     made, nothing written), else the pre-flight dry run (resources, TCM, HBM)."""
     cfg, wl = run.cfg, run.wl
-    run.units = build_units(cfg.hardware)
     energy.check(cfg.energy, run.units)
     if run.ff != "off":
         run.ff_note = "data mode: every tile simulated"

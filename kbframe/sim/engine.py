@@ -20,7 +20,7 @@ from ..errors import ConfigError, DeadlockError, TimeBaseError
 from ..ir.handles import TensorHandle, itemsize
 from ..hw.hbm import HbmPort
 from ..hw.ipcq import Fabric, IpcqSend
-from ..hw.params import ParamError
+from ..params import ParamError
 from ..hw.pe import PE
 from ..hw.unit import Stage
 from ..timebase import LIMIT_TEXT, MAX_PS, bytes_to_ps, cycles_to_ps, ns_to_ps, ps_to_ns
@@ -66,7 +66,7 @@ def build_units(hw) -> dict:
 
     Raises:
         ConfigError: a refused target, or a unit whose parameters its class rejects
-            (names ``hardware.units.<name>.<parameter>`` when kbframe.hw.params checked it,
+            (names ``hardware.units.<name>.<parameter>`` when kbframe.params checked it,
             else ``hardware.units.<name>``, and the reason).
     """
     classes = _check_targets(hw)
@@ -116,7 +116,7 @@ def check_time_base(pe, hw) -> None:
     Each is timed by the unit's own rule (``duration_ps``), so any unit type is covered,
     except what takes its time from a link or a port: a TCM-full IPCQ message on each kind
     of link the topology has, and a TCM-full DMA transfer through a cube's shared HBM port.
-    Each fixed latency is checked by its unit (kbframe.hw.params.duration_ns); an IPCQ
+    Each fixed latency is checked by its unit (its declaration, kbframe.params.duration); an IPCQ
     message's, the sum over its route, here for the longest route the topology has.
 
     Raises:
@@ -135,7 +135,7 @@ def check_time_base(pe, hw) -> None:
                 bandwidths.append((f"hardware.units.{name}.intra_gbps", unit.intra_gbps, "message"))
             if cubes_x * cubes_y > 1:
                 bandwidths.append((f"hardware.units.{name}.d2d_gbps", unit.d2d_gbps, "message"))
-                # each latency fits (kbframe.hw.params.duration_ns); the longest route's sum must too
+                # each latency fits (its declaration, kbframe.params.duration); the longest route's sum must too
                 hops = 1 if hw.get("cube_fabric", "mesh") == "switch" else cubes_x - 1 + cubes_y - 1
                 try:
                     ns_to_ps(unit.intra_latency_ns + hops * unit.d2d_latency_ns)

@@ -13,6 +13,7 @@ import numpy as np
 from omegaconf import OmegaConf
 
 from ..errors import ConfigError, InputsError, NumericsError
+from ..params import param
 from ..kernels.attention import PARTIALS
 from .base import InputsConfig
 from .model import ModelConfig, preset_note
@@ -25,7 +26,7 @@ CHUNK_ROWS = 8192
 class DecodeInputsConfig(InputsConfig):
     """``peak``: standard deviation of the generated scores ``q·kᵀ·scale``."""
 
-    peak: float = 1.0
+    peak: float = param(1.0, lo=0, doc="standard deviation of the generated scores q·kᵀ·scale")
 
 
 def softmax_scale(cfg_scale, inputs: dict | None, d: int) -> float:
@@ -124,11 +125,12 @@ class HeadsConfig(ModelConfig):
     A model preset (``+model=NAME``, ``conf/model/``) sets ``model``, ``H_q``, ``H_kv`` and
     ``d`` (and the layer's dimensions, which these workloads do not read)."""
 
-    S_kv: Any = 4096  # keys per sequence: an int (every sequence), or a list (one per sequence: the batch)
-    batch: int = 1  # sequences, when S_kv is an int
-    tile: int = 64  # keys per KV tile (TILE)
-    inner: str = "opt2"  # the inner loop: opt2 (2 composites per tile) or opt3 (~13 primitives per tile)
-    scale: Optional[float] = None  # softmax scale; None → 1/sqrt(d)
+    S_kv: Any = param(4096, unit="keys", doc="keys per sequence: an int (every sequence), or a list (one per "
+                                             "sequence: the batch)")
+    batch: int = param(1, lo=1, doc="sequences, when S_kv is an int")
+    tile: int = param(64, unit="keys", lo=1, doc="keys per KV tile (TILE)")
+    inner: str = param("opt2", doc="the inner loop: opt2 (2 composites per tile) or opt3 (~13 primitives per tile)")
+    scale: Optional[float] = param(None, lo=0, lo_open=True, doc="softmax scale; None → 1/sqrt(d)")
     inputs: DecodeInputsConfig = field(default_factory=DecodeInputsConfig)
 
 
@@ -187,15 +189,13 @@ class HeadsBatch:
 
     # ---- checks ----------------------------------------------------------------------
     def validate_heads(self) -> None:
-        """Ranges and choices of the :class:`HeadsConfig` keys.
+        """What the :class:`HeadsConfig` declarations (kbframe.params) cannot say: heads that
+        divide, the lengths, the inner loop.
 
         Raises:
             ConfigError: names the key (and the model preset, for heads that do not divide).
         """
         c = self.cfg
-        for key in ("H_q", "H_kv", "d", "tile", "batch"):
-            if c[key] < 1:
-                raise ConfigError(f"bench.{key} must be ≥ 1, got {c[key]}")
         if c.H_q % c.H_kv:
             who = preset_note(c)
             raise ConfigError(f"{who}query heads bench.H_q={c.H_q} are not a multiple of KV heads "
@@ -213,10 +213,6 @@ class HeadsBatch:
             raise ConfigError(f"bench.S_kv: every sequence is empty ({_plain(s)}); at least one needs a key")
         if c.inner not in PARTIALS:
             raise ConfigError(f"bench.inner must be one of {', '.join(PARTIALS)}, got '{c.inner}'")
-        if c.scale is not None and not (math.isfinite(c.scale) and c.scale > 0):
-            raise ConfigError(f"bench.scale must be a finite number > 0, got {c.scale}")
-        if not (math.isfinite(c.inputs.peak) and c.inputs.peak >= 0):
-            raise ConfigError(f"bench.inputs.peak must be a finite number ≥ 0, got {c.inputs.peak}")
 
     # ---- tensors and inputs ----------------------------------------------------------
     def tensors(self) -> dict:

@@ -25,7 +25,21 @@ from typing import Optional
 import numpy as np
 from omegaconf import MISSING
 
-from ..errors import ConfigError
+from ..params import Choice, param
+
+
+class Dtype(Choice):
+    """A float format: ``bench.dtype`` (timing: bytes moved, TCM footprint, the GEMM's MAC
+    energy) and ``bench.data_dtype`` (the numbers in data mode; numpy has no bfloat16)."""
+
+    float16 = "float16"
+    float32 = "float32"
+    float64 = "float64"
+    bfloat16 = "bfloat16"
+
+
+#: the dtypes an error message names (docs/errors.md's text; bfloat16 is accepted as a timing dtype)
+_NAMED = ("float16", "float32", "float64")
 
 
 @dataclass
@@ -33,7 +47,8 @@ class InputsConfig:
     """Where inputs come from: ``path`` to an .npz with the workload's input arrays, else
     generated from ``bench.seed``."""
 
-    path: Optional[str] = None
+    path: Optional[str] = param(None, doc="an .npz with the workload's input arrays (null: generated from "
+                                          "bench.seed)")
 
 
 @dataclass
@@ -42,12 +57,13 @@ class BenchConfig:
 
     _target_: str = MISSING  # the workload class (a kbframe.workloads class)
     name: str = MISSING
-    kernel: str = MISSING  # dotted path of a kernel function in kbframe.kernels
-    dtype: str = "float16"  # timing dtype: bytes moved and TCM footprint
-    data: bool = True  # data mode: compute real numbers and check them
-    data_dtype: str = "float32"  # storage dtype of the numbers in data mode
-    seed: int = 0
-    pe: int = 0  # the PE the kernel runs on (single-PE workloads)
+    kernel: str = param(MISSING, doc="dotted path of a kernel function in kbframe.kernels")
+    dtype: Dtype = param(Dtype.float16, choices=Dtype, listed=_NAMED, doc="timing dtype: bytes moved and TCM footprint")
+    data: bool = param(True, doc="data mode: compute real numbers and check them against a float64 reference")
+    data_dtype: Dtype = param(Dtype.float32, choices=Dtype, listed=_NAMED, doc="storage dtype of the numbers in data "
+                                                                          "mode (not bfloat16)")
+    seed: int = param(0, lo=0, doc="seed of the generated inputs")
+    pe: int = param(0, doc="the PE the kernel runs on (single-PE workloads; < hardware.n_pes)")
     inputs: InputsConfig = field(default_factory=InputsConfig)
 
 
@@ -88,14 +104,9 @@ class Workload:
 
     # ---- checks ----------------------------------------------------------------------
     def validate(self) -> None:
-        """Raise ConfigError naming ``bench.<key>`` for a value out of range."""
-
-    @staticmethod
-    def at_least(cfg, *keys, low: int = 1) -> None:
-        """ConfigError unless every ``bench.<key>`` is an integer ≥ ``low``."""
-        for key in keys:
-            if cfg[key] < low:
-                raise ConfigError(f"bench.{key} must be ≥ {low}, got {cfg[key]}")
+        """Raise ConfigError naming ``bench.<key>`` for what the :attr:`Config`'s declarations
+        (kbframe.params: ranges, choices, checked before) cannot say: keys that must agree
+        with each other or with the topology."""
 
     # ---- tensors and inputs -------------------------------------------------------------
     def tensors(self) -> dict:

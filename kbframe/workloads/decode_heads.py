@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import ConfigError
+from ..params import param
 from .attention import HeadsBatch, HeadsConfig
 from .base import Workload
 
@@ -27,7 +28,7 @@ MAPPINGS = ("blocked", "round_robin")
 class DecodeHeadsConfig(HeadsConfig):
     """The batch, plus how its items map onto the PEs."""
 
-    mapping: str = "blocked"  # blocked | round_robin
+    mapping: str = param("blocked", doc="blocked | round_robin")
 
 
 class DecodeHeads(HeadsBatch, Workload):

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ..errors import ConfigError
+from ..params import param
 from ..kernels.collectives import TOPOLOGIES, merge_plan
 from .attention import HeadsBatch, HeadsConfig
 from .base import Workload
@@ -26,11 +27,11 @@ from .base import Workload
 class DecodeSplitkConfig(HeadsConfig):
     """The batch (one KV head of G = 8 by default), split over PEs by key ranges."""
 
-    H_q: int = 8
-    H_kv: int = 1
-    splits: Optional[int] = None  # PEs per (sequence, KV head); None → hardware.n_pes // items
-    chunk: Optional[int] = None  # keys per split; None → an even split
-    merge: str = "tree"  # tree | chain | gather
+    H_q: int = param(8, lo=1, doc="query heads")
+    H_kv: int = param(1, lo=1, doc="KV heads")
+    splits: Optional[int] = param(None, doc="PEs per (sequence, KV head); None → hardware.n_pes // items")
+    chunk: Optional[int] = param(None, doc="keys per split; None → an even split")
+    merge: str = param("tree", doc="tree | chain | gather")
 
 
 class DecodeSplitk(HeadsBatch, Workload):

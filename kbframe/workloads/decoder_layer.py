@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import ConfigError, InputsError
+from ..params import param
 from ..kernels.attention import PARTIALS
 from ..kernels.collectives import ALGORITHMS
 from ..kernels.decoder_layer import FUSIONS, kv_slots
@@ -53,14 +54,16 @@ MAX_POSITION = 2 ** 24
 class DecoderLayerConfig(ModelConfig):
     """The model's dimensions (a preset sets them), the batch, the parallelism and the kernel's choices."""
 
-    S_kv: int = 4096  # tokens already in each sequence's KV cache
-    batch: int = 1  # sequences B
-    tp: int = 1  # tensor-parallel PEs
-    placement: str = "packed"  # packed: rank r on PE r; spread: the ranks dealt over the cubes, rank r on cube r mod cubes
-    fusion: str = "fused"  # fused (recipes: rmsnorm, rope, swiglu, residual epilogues) or none (every op a command)
-    allreduce: str = "ring"  # ring | tree | direct
-    inner: str = "opt2"  # the attention inner loop: opt2 or opt3
-    tile: int = 64  # keys per KV tile
+    S_kv: int = param(4096, unit="keys", lo=0, doc="tokens already in each sequence's KV cache")
+    batch: int = param(1, lo=1, doc="sequences B")
+    tp: int = param(1, lo=1, doc="tensor-parallel PEs (divides H_kv, or a multiple of it dividing H_q; divides F)")
+    placement: str = param("packed", doc="packed: rank r on PE r; spread: the ranks dealt over the cubes, rank r on "
+                                         "cube r mod cubes")
+    fusion: str = param("fused", doc="fused (recipes: rmsnorm, rope, swiglu, residual epilogues) or none (every op "
+                                     "a command)")
+    allreduce: str = param("ring", doc="ring | tree | direct")
+    inner: str = param("opt2", doc="the attention inner loop: opt2 or opt3")
+    tile: int = param(64, unit="keys", lo=1, doc="keys per KV tile")
 
 
 class DecoderLayer(Workload):
@@ -80,16 +83,11 @@ class DecoderLayer(Workload):
         if c.arch != "llama":
             raise ConfigError(f"{preset_note(c)}bench.arch='{c.arch}' is not a layer decoder_layer runs "
                               f"(it runs arch llama: RMSNorm, RoPE, GQA, SwiGLU)")
-        self.at_least(c, "H", "H_q", "H_kv", "d", "F", "layers", "batch", "tile", "tp")
-        self.at_least(c, "S_kv", low=0)
         if c.H_q % c.H_kv:
             raise ConfigError(f"{preset_note(c)}query heads bench.H_q={c.H_q} are not a multiple of KV heads "
                               f"bench.H_kv={c.H_kv} (GQA needs H_q = G·H_kv)")
         if c.d % 2:
             raise ConfigError(f"bench.d={c.d} must be even (RoPE rotates the two halves of each head)")
-        for key in ("rope_theta", "eps"):
-            if not (math.isfinite(c[key]) and c[key] > 0):
-                raise ConfigError(f"bench.{key} must be a finite number > 0, got {c[key]}")
         if c.tp > self.n_pes:
             raise ConfigError(f"bench.tp={c.tp} is more than the {self.n_pes} PE(s) of the topology "
                               f"(hardware.n_pes; one PE per rank, e.g. hardware=cube)")

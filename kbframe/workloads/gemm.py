@@ -30,12 +30,13 @@ default) is the one-PE GEMM above, unchanged.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
 import numpy as np
 
 from ..errors import ConfigError, InputsError, NumericsError
+from ..params import param
 from ..ir import micro_ops
 from ..ir.handles import itemsize
 from ..kernels.collectives import merge_plan
@@ -51,17 +52,18 @@ EPILOGUES = ("bias", "relu", "gelu", "sigmoid", "scale", "clamp", "dequant", "ad
 class GemmConfig(BenchConfig):
     """GEMM shape, staging variant and epilogue."""
 
-    M: int = 512
-    K: int = 512
-    N: int = 512
-    block_m: int = 128  # output rows per composite
-    staging: str = "ref_ref"  # ref_ref | load_ref | load_load
-    epilogue: List[Dict[str, Any]] = field(default_factory=list)  # [{op: relu}, {op: scale, factor: 0.5}]
-    pes: Any = 1  # PEs of the first cube the GEMM uses: a whole number, or "all"
-    split: str = "n"  # n | mn | k: how the work is spread over the PEs (module doc)
-    assign: str = "round_robin"  # split mn: round_robin | blocked
-    tile_m: Optional[int] = None  # split mn: output tile rows (None: hardware.units.gemm.tile_m)
-    tile_n: Optional[int] = None  # split mn: output tile columns (None: hardware.units.gemm.tile_n)
+    M: int = param(512, lo=1, doc="rows of A and of the output")
+    K: int = param(512, lo=1, doc="columns of A, rows of B")
+    N: int = param(512, lo=1, doc="columns of B and of the output")
+    block_m: int = param(128, unit="rows", lo=1, doc="output rows per composite")
+    staging: str = param("ref_ref", doc="ref_ref | load_ref | load_load")
+    epilogue: List[Dict[str, Any]] = param(factory=list, doc="ops applied to C, in order: [{op: relu}, {op: scale, "
+                                                             "factor: 0.5}]")
+    pes: Any = param(1, doc="PEs of the first cube the GEMM uses: a whole number, or 'all'")
+    split: str = param("n", doc="n | mn | k: how the work is spread over the PEs (module doc)")
+    assign: str = param("round_robin", doc="split mn: round_robin | blocked")
+    tile_m: Optional[int] = param(None, doc="split mn: output tile rows (None: hardware.units.gemm.tile_m)")
+    tile_n: Optional[int] = param(None, doc="split mn: output tile columns (None: hardware.units.gemm.tile_n)")
 
 
 SPLITS = ("n", "mn", "k")
@@ -78,7 +80,6 @@ class Gemm(Workload):
     # ---- checks ----------------------------------------------------------------------
     def validate(self) -> None:
         c = self.cfg
-        self.at_least(c, "M", "K", "N", "block_m")
         if c.staging not in STAGINGS:
             raise ConfigError(f"bench.staging must be one of {', '.join(STAGINGS)}, got '{c.staging}'")
         for i, e in enumerate(c.epilogue):

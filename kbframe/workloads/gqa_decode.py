@@ -8,35 +8,43 @@ The unit of progress is the KV tile (``tile`` keys); the reference is float64
 from __future__ import annotations
 
 import inspect
-import math
 from dataclasses import dataclass, field
 from typing import Optional
 
 import numpy as np
 
 from ..errors import ConfigError, InputsError
+from ..params import Choice, param
 from .attention import DecodeInputsConfig, check_scores, draw_qkv, read_scale, reference, softmax_scale
 from .base import BenchConfig, Workload
 
 __all__ = ["GqaDecode", "GqaDecodeConfig", "reference"]
 
 
+class VStaging(Choice):
+    """How decode opt2 stages V (kbframe.kernels.gqa_decode.gqa_decode_opt2)."""
+
+    composite = "composite"  # streamed inside composite #2 (ADR D4/D6.2)
+    prefetch = "prefetch"  # tl.load ahead into V buffers
+
+
 @dataclass
 class GqaDecodeConfig(BenchConfig):
     """GQA decode shape and the softmax scale."""
 
-    G: int = 8  # query heads per KV head
-    d: int = 128  # head dim
-    S_kv: int = 4096  # keys
-    tile: int = 64  # keys per KV tile (TILE)
-    scale: Optional[float] = None  # softmax scale; None → 1/sqrt(d)
+    G: int = param(8, lo=1, doc="query heads per KV head")
+    d: int = param(128, lo=1, doc="head dim")
+    S_kv: int = param(4096, unit="keys", lo=1, doc="keys")
+    tile: int = param(64, unit="keys", lo=1, doc="keys per KV tile (TILE)")
+    scale: Optional[float] = param(None, lo=0, lo_open=True, doc="softmax scale; None → 1/sqrt(d)")
     inputs: DecodeInputsConfig = field(default_factory=DecodeInputsConfig)
     # opt2's design space (kbframe.kernels.gqa_decode.gqa_decode_opt2 documents
     # the ADR rule each keeps or relaxes); null: the kernel takes no such parameter
-    s_buffers: Optional[int] = None  # S buffers (≥ 2; the ADR's opt2: 2)
-    k_prefetch: Optional[int] = None  # tiles #1 (Q·Kᵀ) is issued ahead of #2 (< s_buffers; ADR: 1)
-    v_buffers: Optional[int] = None  # V buffers when V is prefetched (≥ 2, > k_prefetch)
-    v_staging: Optional[str] = None  # composite (ADR D4/D6.2: V streamed inside #2) or prefetch (tl.load ahead)
+    s_buffers: Optional[int] = param(None, doc="S buffers (≥ 2; the ADR's opt2: 2)")
+    k_prefetch: Optional[int] = param(None, doc="tiles #1 (Q·Kᵀ) is issued ahead of #2 (< s_buffers; ADR: 1)")
+    v_buffers: Optional[int] = param(None, doc="V buffers when V is prefetched (≥ 2, > k_prefetch)")
+    v_staging: Optional[VStaging] = param(None, choices=VStaging, doc="composite (ADR D4/D6.2: V streamed inside #2) or "
+                                                                 "prefetch (tl.load ahead)")
 
 
 #: opt2's design keys and the kernel's defaults (ADR-0065's opt2)
@@ -54,12 +62,7 @@ class GqaDecode(Workload):
 
     def validate(self) -> None:
         c = self.cfg
-        self.at_least(c, "G", "d", "S_kv", "tile")
-        if c.scale is not None and not (math.isfinite(c.scale) and c.scale > 0):
-            raise ConfigError(f"bench.scale must be a finite number > 0, got {c.scale}")
-        if not (math.isfinite(c.inputs.peak) and c.inputs.peak >= 0):
-            raise ConfigError(f"bench.inputs.peak must be a finite number ≥ 0, got {c.inputs.peak}")
-        self._validate_design()
+        self._validate_design()  # ranges and choices: the Config's declarations (kbframe.params)
 
     def _validate_design(self) -> None:
         """The opt2 design keys (:data:`DESIGN_DEFAULTS`), when any is set: ranges, and a
@@ -68,8 +71,6 @@ class GqaDecode(Workload):
         if all(c[k] is None for k in DESIGN_DEFAULTS):
             return
         e = {k: (c[k] if c[k] is not None else v) for k, v in DESIGN_DEFAULTS.items()}
-        if e["v_staging"] not in ("composite", "prefetch"):
-            raise ConfigError(f"bench.v_staging must be composite or prefetch, got '{e['v_staging']}'")
         for key in ("s_buffers", "v_buffers"):
             if e[key] < 2:
                 raise ConfigError(f"bench.{key} must be ≥ 2 (one buffer is written while another is read), "

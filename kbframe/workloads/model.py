@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from ..params import param
 from .base import BenchConfig
 
 
@@ -14,16 +15,17 @@ from .base import BenchConfig
 class ModelConfig(BenchConfig):
     """A model's dimensions (the preset's comment quotes the published config)."""
 
-    model: Optional[str] = None  # the model preset that set them (named in errors), or None
-    arch: str = "llama"  # the layer's family: llama (RMSNorm, RoPE, GQA, SwiGLU) or another the preset names
-    H: int = 8192  # hidden size
-    H_q: int = 64  # query heads
-    H_kv: int = 8  # KV heads; each serves G = H_q / H_kv query heads
-    d: int = 128  # head dim
-    F: int = 28672  # FFN width (intermediate_size)
-    layers: int = 80  # decoder layers of the model
-    rope_theta: float = 500000.0  # RoPE base
-    eps: float = 1e-5  # RMSNorm epsilon
+    model: Optional[str] = param(None, doc="the model preset that set them (named in errors), or None")
+    arch: str = param("llama", doc="the layer's family: llama (RMSNorm, RoPE, GQA, SwiGLU) or another the preset "
+                                   "names")
+    H: int = param(8192, lo=1, doc="hidden size")
+    H_q: int = param(64, lo=1, doc="query heads")
+    H_kv: int = param(8, lo=1, doc="KV heads; each serves G = H_q / H_kv query heads")
+    d: int = param(128, lo=1, doc="head dim")
+    F: int = param(28672, lo=1, doc="FFN width (intermediate_size)")
+    layers: int = param(80, lo=1, doc="decoder layers of the model")
+    rope_theta: float = param(500000.0, lo=0, lo_open=True, doc="RoPE base")
+    eps: float = param(1e-5, lo=0, lo_open=True, doc="RMSNorm epsilon")
 
 
 def preset_note(cfg) -> str:

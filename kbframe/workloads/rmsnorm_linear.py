@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import ConfigError, InputsError
+from ..errors import InputsError
+from ..params import param
 from .base import BenchConfig, Workload
 
 
@@ -20,11 +21,11 @@ from .base import BenchConfig, Workload
 class RmsnormLinearConfig(BenchConfig):
     """Tokens, hidden size, output features, token block and the RMSNorm epsilon."""
 
-    T: int = 8  # tokens
-    H: int = 4096  # hidden size (Llama-3-8B)
-    N: int = 4096  # output features (Llama-3-8B q projection)
-    block_t: int = 128  # tokens per composite
-    eps: float = 1e-5  # RMSNorm epsilon (Llama-3-8B rms_norm_eps)
+    T: int = param(8, unit="tokens", lo=1, doc="tokens")
+    H: int = param(4096, lo=1, doc="hidden size (Llama-3-8B)")
+    N: int = param(4096, lo=1, doc="output features (Llama-3-8B q projection)")
+    block_t: int = param(128, unit="tokens", lo=1, doc="tokens per composite")
+    eps: float = param(1e-5, lo=0, lo_open=True, doc="RMSNorm epsilon (Llama-3-8B rms_norm_eps)")
 
 
 class RmsnormLinear(Workload):
@@ -33,12 +34,6 @@ class RmsnormLinear(Workload):
     Config = RmsnormLinearConfig
     unit = "token block"
     outputs = ("y",)
-
-    def validate(self) -> None:
-        c = self.cfg
-        self.at_least(c, "T", "H", "N", "block_t")
-        if not (math.isfinite(c.eps) and c.eps > 0):
-            raise ConfigError(f"bench.eps must be a finite number > 0, got {c.eps}")
 
     def tensors(self) -> dict:
         c = self.cfg
