@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import copy
 import time
-from array import array
 from dataclasses import dataclass
 
 import numpy as np
@@ -53,9 +52,7 @@ from omegaconf import open_dict
 
 from ..errors import KbframeError
 from ..sim.engine import build_units
-from ..sim.oplog import RowSink, _row, format_rows
 from ..sim import sanitizer
-from ..sim.waits import _FIELDS
 from ..timebase import MAX_PS
 from . import preflight
 from .periodic import NotPeriodic, Runs, Settling, global_refs, precheck, records_of, streams_of, totals
@@ -92,55 +89,33 @@ class Outcome:
     records: tuple | None = None  # (table, codes, nums), as Runs.records gives them
 
     def write_oplog(self, path) -> None:
-        """The full run's ``op_log.jsonl`` text, written to ``path`` (its time counts in
-        ``sim.wall_s``, as a simulation's streamed op_log does)."""
+        """The full run's ``op_log.jsonl`` text, written to ``path`` from its record table
+        (its time counts in ``sim.wall_s``, as a simulation's streamed op_log does)."""
         t = time.perf_counter()
-        _write_oplog(path, *self.records)
+        self.sim.oplog.write(path)
         self.sim.engine.wall_s += time.perf_counter() - t
 
 
-def _write_oplog(path, table: list, codes: np.ndarray, nums: np.ndarray) -> None:
-    """The op_log text of these records, as :class:`~kbframe.sim.oplog.OpLog` writes it."""
-    heads = np.array([f'{{"pe": {pe}, "unit": "{unit}", "op_kind": "{kind}", "cmd": '
-                      for pe, unit, kind, *_ in table], dtype=object)
-    col = nums[:, :5].T.tolist()
-    head, nbytes = heads[codes].tolist(), np.array([n[3] for n in table], dtype=np.int64)[codes].tolist()
-    peer = np.array([n[4] for n in table], dtype=np.int64)[codes]
-    if not (peer >= 0).any():
-        text = format_rows(zip(head, col[0], col[1], col[2], col[3], nbytes, col[4]))
-    else:  # an IPCQ record also names the other PE (OpLog.stage)
-        rows, out = [], []
-        for h, cmd, tile, t0, t1, nb, td, pr in zip(head, *col[:4], nbytes, col[4], peer.tolist()):
-            if pr >= 0:
-                out.append(format_rows(rows))
-                rows = []
-                out.append(_row(h, cmd, tile, t0, t1, nb, -1)[:-2] + f', "peer": {pr}}}\n')
-            else:
-                rows.append((h, cmd, tile, t0, t1, nb, td))
-        out.append(format_rows(rows))
-        text = "".join(out)
-    with open(path, "w", buffering=1 << 20) as f:
-        f.write(text)
+def _table_rows(table: list, codes: np.ndarray, nums: np.ndarray) -> np.ndarray:
+    """The record table's rows (kbframe.records.FIELDS) of these records (Runs.records)."""
+    column = lambda j: np.array([n[j] for n in table], dtype=np.int64)[codes]  # noqa: E731
+    rows = np.empty((len(codes), 10), dtype=np.int64)
+    rows[:, 0] = column(5)    # name code
+    rows[:, 1:6] = nums[:, :5]  # cmd, tile, t0, t1, td
+    rows[:, 6] = column(3)    # bytes
+    rows[:, 7] = column(4)    # peer
+    rows[:, 8] = column(6)    # why
+    rows[:, 9] = nums[:, 5]   # ref
+    return rows
 
 
 def _apply(sim: Simulation, tot: dict, table: list, codes: np.ndarray, nums: np.ndarray) -> None:
     """Make ``sim`` (the longest short copy) stand for the full run."""
     e, o = sim.engine, sim.oplog
     sim.latency_ps = tot["latency_ps"]
-    o.n_records, o.hbm_bytes = tot["n_records"], tot["hbm_bytes"]
-    for key, t in o._totals.items():
-        for f in ("count", "bytes", "busy_ps", "flops"):
-            setattr(t, f, tot[("oplog", key, f)])
-        for kind in t.kinds:
-            t.kinds[kind] = [tot[("kind", key, kind, "count")], tot[("kind", key, kind, "elements")]]
+    o.restore_totals(tot)
+    o.replace_records(_table_rows(table, codes, nums))
     column = lambda j: np.array([n[j] for n in table], dtype=np.int64)[codes]  # noqa: E731
-    data = np.empty((len(codes), _FIELDS), dtype=np.int64)
-    data[:, 0] = column(5)
-    data[:, 1:5] = nums[:, 5:9]
-    data[:, 5] = column(6)
-    data[:, 6] = nums[:, 9]
-    o.waits.data = array(o.waits.data.typecode, data.ravel().tobytes())
-    o._wdata = o.waits.data
     is_cpu = np.array([n[1] == "cpu" for n in table], dtype=bool)[codes]  # dispatches: bytes = logical bytes
     pe_of, nbytes = column(0), column(3)
     for pe in e.pes.built():
@@ -160,9 +135,9 @@ def _apply(sim: Simulation, tot: dict, table: list, codes: np.ndarray, nums: np.
             sim.sanitizer[f] = tot[("sanitizer", f)]
 
 
-def _check(engine, sink: RowSink) -> dict:
-    """The sanitizer's check of a short copy kept in ``sink``."""
-    return sanitizer.check(engine, sanitizer.parse_oplog(sink.text()))
+def _check(engine, table) -> dict:
+    """The sanitizer's check of a short copy's records."""
+    return sanitizer.check(engine, sanitizer.parse_oplog(table.text()))
 
 
 class _Copies:
@@ -188,12 +163,12 @@ class _Copies:
                 self.bench[self.key] = n * self.step + self.r
             w = type(self.wl)(self.bench, n_pes=self.wl.n_pes, hardware=self.wl.hardware)
             w.validate()
-            sink = RowSink()  # only compared here: the records stay unformatted
-            sim = simulate(self.cfg, w, self.kernel, self.recipes, None, sink, self.check, False,
+            # only compared here: nothing written, the records stay in the table
+            sim = simulate(self.cfg, w, self.kernel, self.recipes, None, None, self.check, False,
                            copy.deepcopy(self.units), check_later=self.check)
-            if self.check:  # the sanitizer reads the op_log's text: formatted and parsed when taken
-                self.checks[n] = (sim.engine, sink)
-            recs = records_of(sink.rows, sim.oplog.waits, sim.oplog.head_names())
+            if self.check:  # checked when taken
+                self.checks[n] = (sim.engine, sim.oplog.table)
+            recs = records_of(sim.oplog.table)
             self.done[n] = (sim, recs, streams_of(recs))
         return self.done[n]
 
@@ -395,7 +370,7 @@ def verify(cfg, wl, kernel, recipes, oplog_path, check: bool, temp, ff: Simulati
     if bad:
         raise SanitizerError(f"fast-forward: total {bad[0]} is {tg.get(bad[0])}, the full simulation's "
                              f"{tf[bad[0]]}", "fast_forward")
-    if full.oplog.waits.data != ff.oplog.waits.data:
+    if full.oplog.table.data != ff.oplog.table.data:
         raise SanitizerError("fast-forward: the wait records differ from the full simulation's", "fast_forward")
     for pe in full.engine.pes.built():
         if pe.cpu.cycles != ff.engine.pes[pe.index].cpu.cycles:

@@ -1,0 +1,141 @@
+"""The run's record table: every op_log record, with what it waited for, as ten integers.
+
+One table per simulation (``OpLog.table``). The op_log writer formats ``op_log.jsonl``
+from it (:meth:`RecordTable.text`: the only op_log formatter), and the sanitizer, the
+critical path, the trace and fast-forward read its columns (:meth:`RecordTable.cols`);
+:meth:`RecordTable.parse` reads an ``op_log.jsonl`` back into a table (``why`` and
+``ref`` -1: the file does not hold them).
+
+Fields of a record (:data:`FIELDS`), all integers, times in ps, -1: none:
+
+``name``   code of the record's ``(pe, unit, op_kind)`` in :attr:`RecordTable.names`
+``cmd``    PE-local command id
+``tile``   tile index in the command's loop (-1: none)
+``t0``     start; ``t1`` end; ``td`` start of a DMA transfer's data phase
+``bytes``  bytes moved or read (a dispatch: the command's logical bytes; a command: 0)
+``peer``   the other PE of an IPCQ send or receive
+``why``    what it waited for: a code of :data:`kbframe.sim.waits.KINDS` (dispatches and
+           commands), -1 or -2 for a stage (kbframe.sim.waits)
+``ref``    what ``why`` names (a record index or a command id)
+
+A foundation module (no simulation layer): the report layer reads the table too.
+"""
+from __future__ import annotations
+
+import json
+from array import array
+from pathlib import Path
+
+import numpy as np
+
+FIELDS = ("name", "cmd", "tile", "t0", "t1", "td", "bytes", "peer", "why", "ref")
+N = len(FIELDS)
+
+#: ``_FRAC[r]``: how Python prints the fraction of ``r / 1000`` (``".5"``, ``".001"``, ``".0"``).
+_FRAC = tuple(repr(r / 1000)[1:] for r in range(1000))
+#: Below this many ps (1000 s), ``ps // 1000`` and ``_FRAC[ps % 1000]`` spell exactly
+#: ``repr(ps / 1000)``: a float's spacing there is far finer than 1 ps, so its shortest repr
+#: is the exact decimal. Formatting floats was the op_log's largest cost.
+_EXACT_PS = 10 ** 15
+
+
+def ns_text(ps) -> str:
+    """A time in integer ps as the op_log prints it in ns: the text of ``ps / 1000``."""
+    if ps.__class__ is int and 0 <= ps < _EXACT_PS:
+        return f"{ps // 1000}{_FRAC[ps % 1000]}"
+    return repr(ps / 1000)
+
+
+def _line(head: str, cmd, tile, t0, t1, td, nbytes, peer) -> str:
+    """One op_log line, any times (the general path of :meth:`RecordTable.text`): a record
+    naming a ``peer`` (IPCQ) has no ``t_data_ns``."""
+    line = f'{head}{cmd}, "tile": {tile}, "t_start_ns": {ns_text(t0)}, "t_end_ns": {ns_text(t1)}, "bytes": {nbytes}'
+    if peer >= 0:
+        return f'{line}, "peer": {peer}}}\n'
+    return f'{line}, "t_data_ns": {ns_text(td)}}}\n' if td >= 0 else line + "}\n"
+
+
+class RecordTable:
+    """Records of ten integers each (:data:`FIELDS`) in :attr:`data`, an ``array('q')``
+    the simulation appends to inline (``data.extend`` of ten values: once per record,
+    the hot path); :attr:`names` the ``(pe, unit, op_kind)`` of each name code."""
+
+    def __init__(self):
+        self.data = array("q")
+        self.names: list = []
+        self._codes: dict = {}
+        self._heads: list = []  # per name code: its op_log line's fixed leading text
+
+    def code(self, pe: int, unit: str, op_kind: str) -> int:
+        """The code of a record name ``(pe, unit, op_kind)``; callers cache it."""
+        key = (pe, unit, op_kind)
+        c = self._codes.get(key)
+        if c is None:
+            c = self._codes[key] = len(self.names)
+            self.names.append(key)
+        return c
+
+    def __len__(self) -> int:
+        return len(self.data) // N
+
+    def append(self, *record) -> None:
+        """Add one record (:data:`FIELDS`, in order); the simulation extends :attr:`data`
+        itself."""
+        self.data.extend(record)
+
+    def extend(self, rows: np.ndarray) -> None:
+        """Add records from an ``(n, 10)`` integer array."""
+        self.data.frombytes(np.ascontiguousarray(rows, dtype=np.int64).tobytes())
+
+    def array(self, lo: int = 0, hi: int | None = None) -> np.ndarray:
+        """Records ``[lo, hi)`` as an ``(n, 10)`` int64 array (a copy)."""
+        hi = len(self) if hi is None else hi
+        return np.array(self.data[lo * N:hi * N], dtype=np.int64).reshape(-1, N)
+
+    def cols(self, lo: int = 0, hi: int | None = None) -> dict:
+        """Records ``[lo, hi)`` as ``{field: int64 array}`` (a copy: the table may grow)."""
+        a = self.array(lo, hi)
+        return {f: a[:, j] for j, f in enumerate(FIELDS)}
+
+    def name_col(self, j: int) -> list:
+        """Field ``j`` of :attr:`names` (0 pe, 1 unit, 2 op_kind), by code."""
+        return [n[j] for n in self.names]
+
+    def _head_list(self) -> list:
+        heads = self._heads
+        for pe, unit, kind in self.names[len(heads):]:
+            heads.append(f'{{"pe": {pe}, "unit": "{unit}", "op_kind": "{kind}", "cmd": ')
+        return heads
+
+    def text(self, lo: int = 0, hi: int | None = None) -> str:
+        """The op_log text of records ``[lo, hi)``: the op_log's only formatter."""
+        hi = len(self) if hi is None else hi
+        heads, frac, top = self._head_list(), _FRAC, _EXACT_PS
+        it = iter(self.data[lo * N:hi * N].tolist())
+        # below _EXACT_PS the ns text is ps // 1000 and _FRAC[ps % 1000] (ns_text, inlined:
+        # formatting is the op_log's main cost); other times and IPCQ records take _line
+        return "".join([
+            f'{heads[name]}{cmd}, "tile": {tile}, "t_start_ns": {t0 // 1000}{frac[t0 % 1000]}, '
+            f'"t_end_ns": {t1 // 1000}{frac[t1 % 1000]}, "bytes": {nbytes}' +
+            ("}\n" if td < 0 else f', "t_data_ns": {td // 1000}{frac[td % 1000]}}}\n')
+            if peer < 0 and 0 <= t0 < top and 0 <= t1 < top and td < top
+            else _line(heads[name], cmd, tile, t0, t1, td, nbytes, peer)
+            for name, cmd, tile, t0, t1, td, nbytes, peer, _, _ in zip(it, it, it, it, it, it, it, it, it, it)])
+
+    @classmethod
+    def parse(cls, source) -> "RecordTable":
+        """The table of an ``op_log.jsonl`` (a path, a text stream or its text); ``why`` and
+        ``ref`` are -1. Times are rounded to whole ps."""
+        if isinstance(source, Path):
+            source = source.read_text()
+        elif hasattr(source, "getvalue"):
+            source = source.getvalue()
+        elif hasattr(source, "read"):
+            source = source.read()
+        lines = [line for line in source.split("\n") if line.strip()]
+        t = cls()
+        for r in (json.loads("[" + ",".join(lines) + "]") if lines else []):
+            t.append(t.code(r["pe"], r["unit"], r["op_kind"]), r["cmd"], r["tile"], round(r["t_start_ns"] * 1000),
+                     round(r["t_end_ns"] * 1000), round(r["t_data_ns"] * 1000) if "t_data_ns" in r else -1,
+                     r["bytes"], r.get("peer", -1), -1, -1)
+        return t
