@@ -133,8 +133,14 @@ class RecordTable:
         elif hasattr(source, "read"):
             source = source.read()
         lines = [line for line in source.split("\n") if line.strip()]
+        return cls.of_dicts(json.loads("[" + ",".join(lines) + "]") if lines else [])
+
+    @classmethod
+    def of_dicts(cls, records) -> "RecordTable":
+        """The table of op_log records given as dicts (``why`` and ``ref`` -1); times are
+        rounded to whole ps."""
         t = cls()
-        for r in (json.loads("[" + ",".join(lines) + "]") if lines else []):
+        for r in records:
             t.append(t.code(r["pe"], r["unit"], r["op_kind"]), r["cmd"], r["tile"], round(r["t_start_ns"] * 1000),
                      round(r["t_end_ns"] * 1000), round(r["t_data_ns"] * 1000) if "t_data_ns" in r else -1,
                      r["bytes"], r.get("peer", -1), -1, -1)

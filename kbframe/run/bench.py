@@ -331,7 +331,7 @@ def _check(run: _Run) -> None:
     short copies were checked, and its counts extrapolated)."""
     if run.forwarded is not None:
         return
-    run.sanitizer = sanitizer.check(run.sim.engine, run.oplog_path) if run.check else {"rules_checked": 0}
+    run.sanitizer = sanitizer.check(run.sim.engine, run.sim.oplog.table) if run.check else {"rules_checked": 0}
 
 
 def _report(run: _Run, rd: RunDir) -> dict:

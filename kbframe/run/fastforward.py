@@ -137,7 +137,7 @@ def _apply(sim: Simulation, tot: dict, table: list, codes: np.ndarray, nums: np.
 
 def _check(engine, table) -> dict:
     """The sanitizer's check of a short copy's records."""
-    return sanitizer.check(engine, sanitizer.parse_oplog(table.text()))
+    return sanitizer.check(engine, table)
 
 
 class _Copies:
