@@ -123,25 +123,48 @@ class RecordTable:
             for name, cmd, tile, t0, t1, td, nbytes, peer, _, _ in zip(it, it, it, it, it, it, it, it, it, it)])
 
     @classmethod
-    def parse(cls, source) -> "RecordTable":
-        """The table of an ``op_log.jsonl`` (a path, a text stream or its text); ``why`` and
-        ``ref`` are -1. Times are rounded to whole ps."""
+    def parse(cls, source, name: str | None = None) -> "RecordTable":
+        """The table of an ``op_log.jsonl`` in any JSON layout (a path, a text stream or its
+        text); ``why`` and ``ref`` are -1, times rounded to whole ps, a missing ``tile`` -1
+        and ``bytes`` 0. Raises OSError (a path that cannot be read) or ValueError naming
+        the first malformed line, ``NAME:LINE: malformed op_log record (error)`` (``name``:
+        the path's, else ``op_log``)."""
         if isinstance(source, Path):
+            name = name or str(source)
             source = source.read_text()
         elif hasattr(source, "getvalue"):
             source = source.getvalue()
         elif hasattr(source, "read"):
             source = source.read()
-        lines = [line for line in source.split("\n") if line.strip()]
-        return cls.of_dicts(json.loads("[" + ",".join(lines) + "]") if lines else [])
+        lines = source.split("\n")
+        body = [line for line in lines if line.strip()]
+        try:  # one JSON parse of the whole text: half the time of one a line
+            return cls.of_dicts(json.loads("[" + ",".join(body) + "]") if body else [])
+        except (ValueError, KeyError, TypeError, OverflowError):
+            pass
+        t = cls()  # a malformed line: found line by line, for its number
+        for lineno, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                t._add(json.loads(line))
+            except (ValueError, KeyError, TypeError, OverflowError) as e:
+                raise ValueError(f"{name or 'op_log'}:{lineno}: malformed op_log record ({e!r})") from None
+        return t
 
     @classmethod
     def of_dicts(cls, records) -> "RecordTable":
-        """The table of op_log records given as dicts (``why`` and ``ref`` -1); times are
-        rounded to whole ps."""
+        """The table of op_log records given as dicts (as :meth:`parse` reads them)."""
         t = cls()
         for r in records:
-            t.append(t.code(r["pe"], r["unit"], r["op_kind"]), r["cmd"], r["tile"], round(r["t_start_ns"] * 1000),
-                     round(r["t_end_ns"] * 1000), round(r["t_data_ns"] * 1000) if "t_data_ns" in r else -1,
-                     r["bytes"], r.get("peer", -1), -1, -1)
+            t._add(r)
         return t
+
+    def _add(self, r: dict) -> None:
+        """Append one op_log record read as a dict (its keys read in this order: an error
+        names the first bad one)."""
+        pe, unit, cmd = int(r["pe"]), r["unit"], int(r["cmd"])
+        t0, t1 = round(r["t_start_ns"] * 1000), round(r["t_end_ns"] * 1000)
+        kind, nbytes, tile = r["op_kind"], int(r.get("bytes", 0)), int(r.get("tile", -1))
+        td = round(r["t_data_ns"] * 1000) if "t_data_ns" in r else -1
+        self.data.extend((self.code(pe, unit, kind), cmd, tile, t0, t1, td, nbytes, int(r.get("peer", -1)), -1, -1))

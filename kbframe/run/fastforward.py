@@ -81,12 +81,11 @@ SETTLING_BUDGET = 0.3
 @dataclass
 class Outcome:
     """A fast-forwarded run: the simulation object standing for the full run (its engine,
-    op_log totals and wait records extrapolated), its records (what :meth:`write_oplog`
-    writes) and what was done. ``sim`` None: simulate in full."""
+    op_log totals and record table extrapolated: what :meth:`write_oplog` writes) and
+    what was done. ``sim`` None: simulate in full."""
 
     sim: Simulation | None
     note: str
-    records: tuple | None = None  # (table, codes, nums), as Runs.records gives them
 
     def write_oplog(self, path) -> None:
         """The full run's ``op_log.jsonl`` text, written to ``path`` from its record table
@@ -340,8 +339,7 @@ def _run(copies: _Copies, q: int, key: str, t_start: float, min_steps: int = MIN
             sim.phases = _phases(runs, n_a, p, k_full)
             sim.engine.wall_s = time.perf_counter() - t_start
             return Outcome(sim, f"fast-forwarded {k_full - 3} of {k_full} periods of {p} {key} step(s) "
-                                f"({len(codes) - len(runs.recs[3])} of {len(codes)} records by shifting)",
-                           (table, codes, nums))
+                                f"({len(codes) - len(runs.recs[3])} of {len(codes)} records by shifting)")
         if not settling:
             return Outcome(None, f"simulated in full: {why or 'too few periods to skip'}")
         n_min *= GROWTH
