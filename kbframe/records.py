@@ -83,6 +83,16 @@ class RecordTable:
         itself."""
         self.data.extend(record)
 
+    @classmethod
+    def of_rows(cls, names: list, rows: np.ndarray) -> "RecordTable":
+        """A table of records ``rows`` (an ``(n, 10)`` integer array) whose name codes index
+        ``names``."""
+        t = cls()
+        for key in names:
+            t.code(*key)
+        t.extend(rows)
+        return t
+
     def extend(self, rows: np.ndarray) -> None:
         """Add records from an ``(n, 10)`` integer array."""
         self.data.frombytes(np.ascontiguousarray(rows, dtype=np.int64).tobytes())

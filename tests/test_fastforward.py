@@ -6,7 +6,7 @@ import pytest
 
 from conftest import compose_cfg, run
 from kbframe.errors import SanitizerError
-from kbframe.run import fastforward
+from kbframe.run import fastforward, periodic
 from kbframe.run.bench import run_bench, validate
 from kbframe.run.metrics import summary
 from kbframe.sim.targets import resolve_kernel
@@ -94,13 +94,13 @@ def test_a_schedule_with_contention_falls_back_and_says_so(tmp_path):
 
 def test_verify_catches_a_wrong_shift(tmp_path, monkeypatch):
     """A record shifted 1 ps too far when written: verify names the op_log line."""
-    real = fastforward._table_rows
+    real = periodic._table_rows
 
-    def wrong(table, codes, nums):
-        rows = real(table, codes, nums)
+    def wrong(names, codes, nums):
+        rows = real(names, codes, nums)
         rows[len(rows) // 2, 4] += 1  # one record's end (kbframe.records.FIELDS), mid-run
         return rows
-    monkeypatch.setattr(fastforward, "_table_rows", wrong)
+    monkeypatch.setattr(periodic, "_table_rows", wrong)
     cfg = compose_cfg("bench.S_kv=8192", "bench.data=false", "run.fast_forward=verify", "run.progress=false",
                       bench="decode_opt3")
     with pytest.raises(SanitizerError, match=r"^fast-forward: op_log line \d+ differs from the full simulation's: "):

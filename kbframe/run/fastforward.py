@@ -52,10 +52,11 @@ from omegaconf import open_dict
 
 from ..errors import KbframeError
 from ..sim.engine import build_units
+from ..records import RecordTable
 from ..sim import sanitizer
 from ..timebase import MAX_PS
 from . import preflight
-from .periodic import NotPeriodic, Runs, Settling, global_refs, precheck, records_of, streams_of, totals
+from .periodic import NotPeriodic, Runs, Settling, precheck, records_of, streams_of, totals
 from .simulate import Simulation, simulate
 
 #: steps the first short copies keep before the periods they vary (warm-up reached by
@@ -95,40 +96,21 @@ class Outcome:
         self.sim.engine.wall_s += time.perf_counter() - t
 
 
-def _table_rows(table: list, codes: np.ndarray, nums: np.ndarray) -> np.ndarray:
-    """The record table's rows (kbframe.records.FIELDS) of these records (Runs.records)."""
-    column = lambda j: np.array([n[j] for n in table], dtype=np.int64)[codes]  # noqa: E731
-    rows = np.empty((len(codes), 10), dtype=np.int64)
-    rows[:, 0] = column(5)    # name code
-    rows[:, 1:6] = nums[:, :5]  # cmd, tile, t0, t1, td
-    rows[:, 6] = column(3)    # bytes
-    rows[:, 7] = column(4)    # peer
-    rows[:, 8] = column(6)    # why
-    rows[:, 9] = nums[:, 5]   # ref
-    return rows
-
-
-def _apply(sim: Simulation, tot: dict, table: list, codes: np.ndarray, nums: np.ndarray) -> None:
-    """Make ``sim`` (the longest short copy) stand for the full run."""
+def _apply(sim: Simulation, tot: dict, table: RecordTable) -> None:
+    """Make ``sim`` (the longest short copy) stand for the full run: its records ``table``
+    and totals ``tot``, set through the op_log, PE_CPU and links."""
     e, o = sim.engine, sim.oplog
     sim.latency_ps = tot["latency_ps"]
     o.restore_totals(tot)
-    o.replace_records(_table_rows(table, codes, nums))
-    column = lambda j: np.array([n[j] for n in table], dtype=np.int64)[codes]  # noqa: E731
-    is_cpu = np.array([n[1] == "cpu" for n in table], dtype=bool)[codes]  # dispatches: bytes = logical bytes
-    pe_of, nbytes = column(0), column(3)
+    o.replace_records(table)
+    c = table.cols()
+    pe_of = np.array(table.name_col(0), dtype=np.int64)[c["name"]]
+    is_cpu = np.array([u == "cpu" for u in table.name_col(1)], dtype=bool)[c["name"]]  # bytes: logical bytes
     for pe in e.pes.built():
-        cpu = pe.cpu
-        cpu.n_commands = tot[("cpu", pe.index, "n_commands")]
-        cpu.busy_ps = tot[("cpu", pe.index, "busy_ps")]
-        sizes = nbytes[is_cpu & (pe_of == pe.index)]
-        cost = {nb: cpu.cycles_for(nb) for nb in np.unique(sizes).tolist()}
-        # summed in dispatch order, as PE_CPU does: cumsum adds one after another (the same float)
-        cpu.cycles = float(np.cumsum(np.array([cost[nb] for nb in sizes.tolist()], dtype=np.float64))[-1]) \
-            if len(sizes) else 0.0
+        pe.cpu.restore(tot[("cpu", pe.index, "n_commands")], tot[("cpu", pe.index, "busy_ps")],
+                       c["bytes"][is_cpu & (pe_of == pe.index)].tolist())
     for key, ln in e.fabric.links.items():
-        for f in ("sent", "received", "bytes", "busy_ps"):
-            setattr(ln, f, tot[("link", key, f)])
+        ln.restore_counters(**{f: tot[("link", key, f)] for f in ln.COUNTERS})
     for f in ("commands", "stages", "accesses"):
         if ("sanitizer", f) in tot:
             sim.sanitizer[f] = tot[("sanitizer", f)]
@@ -315,9 +297,8 @@ def _run(copies: _Copies, q: int, key: str, t_start: float, min_steps: int = MIN
             late = [n for n in tot if n == "latency_ps" or (isinstance(n, tuple) and n[-1] == "busy_ps")]
             beyond, not_periodic = any(tot[n] >= MAX_PS for n in late), None
             if not beyond:
-                table, codes, nums = runs.records(k_full)
                 try:
-                    nums = global_refs(table, codes, nums)
+                    table = runs.table(k_full)
                 except NotPeriodic as e:
                     not_periodic = e
             try:  # every copy checked: this candidate's, then those of the candidates ruled out
@@ -335,11 +316,11 @@ def _run(copies: _Copies, q: int, key: str, t_start: float, min_steps: int = MIN
             except KbframeError as e:
                 return Outcome(None, f"simulated in full: a short copy failed ({e})")
             sim = runs.sims[3]
-            _apply(sim, tot, table, codes, nums)
+            _apply(sim, tot, table)
             sim.phases = _phases(runs, n_a, p, k_full)
             sim.engine.wall_s = time.perf_counter() - t_start
             return Outcome(sim, f"fast-forwarded {k_full - 3} of {k_full} periods of {p} {key} step(s) "
-                                f"({len(codes) - len(runs.recs[3])} of {len(codes)} records by shifting)")
+                                f"({len(table) - len(runs.recs[3])} of {len(table)} records by shifting)")
         if not settling:
             return Outcome(None, f"simulated in full: {why or 'too few periods to skip'}")
         n_min *= GROWTH

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..records import RecordTable
 from .simulate import Simulation
 
 #: a record's integers that shift from period to period: command, tile, start, end, data
@@ -57,6 +58,20 @@ def records_of(table) -> list[tuple]:
     return list(zip(names, nums))
 
 
+def _table_rows(names: list, codes: np.ndarray, nums: np.ndarray) -> np.ndarray:
+    """The record table's rows (kbframe.records.FIELDS) of records ``(names, codes, nums)``
+    (:meth:`Runs.records`, references made global)."""
+    column = lambda j: np.array([n[j] for n in names], dtype=np.int64)[codes]  # noqa: E731
+    rows = np.empty((len(codes), 10), dtype=np.int64)
+    rows[:, 0] = column(5)      # name code
+    rows[:, 1:6] = nums[:, :5]  # cmd, tile, t0, t1, td
+    rows[:, 6] = column(3)      # bytes
+    rows[:, 7] = column(4)      # peer
+    rows[:, 8] = column(6)      # why
+    rows[:, 9] = nums[:, _REF]  # ref
+    return rows
+
+
 def global_refs(table: list, codes: np.ndarray, nums: np.ndarray) -> np.ndarray:
     """The reference column back from stream-local to record indices (what the table holds).
     Raises NotPeriodic if a reference leaves its stream (then the copies misled us)."""
@@ -85,7 +100,7 @@ def totals(sim: Simulation) -> dict:
         t[("cpu", pe.index, "busy_ps")] = pe.cpu.busy_ps
         t[("tcm", pe.index)] = pe.tcm.high_water
     for key, ln in e.fabric.links.items():
-        for f in ("sent", "received", "bytes", "busy_ps"):
+        for f in ln.COUNTERS:
             t[("link", key, f)] = getattr(ln, f)
         t[("link", key, "max_outstanding")] = ln.max_outstanding
     for f in ("commands", "stages", "accesses"):
@@ -219,6 +234,14 @@ class Runs:
         order = np.lexsort((rank, nums[:, 3]))  # by end time, then as in the second copy
         order = _completions_after_their_stage(table, codes, nums, order)
         return table, codes[order], nums[order]
+
+    def table(self, k: int) -> RecordTable:
+        """:meth:`records` as the full run's record table (kbframe.records), its names those
+        of the copies' tables and its references record indices. Raises NotPeriodic if a
+        stage's reference leaves its stream."""
+        names, codes, nums = self.records(k)
+        rows = _table_rows(names, codes, global_refs(names, codes, nums))
+        return RecordTable.of_rows(self.sims[-1].oplog.table.names, rows)
 
     def total(self, k: int) -> dict:
         ta, tb = self.totals[0], self.totals[1]

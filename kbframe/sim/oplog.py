@@ -144,12 +144,16 @@ class OpLog:
             for kind in t.kinds:
                 t.kinds[kind] = [tot[("kind", key, kind, "count")], tot[("kind", key, kind, "elements")]]
 
-    def replace_records(self, rows: np.ndarray) -> None:
-        """Make ``rows`` (an ``(n, 10)`` integer array, kbframe.records.FIELDS, names coded
-        as in :attr:`table`) the log's records: a run whose records were made, not
-        simulated (kbframe.run.fastforward). Its totals are set with :meth:`restore_totals`."""
+    def replace_records(self, table: RecordTable) -> None:
+        """Make the records of ``table`` (its names those of :attr:`table`, perhaps more) the
+        log's records: a run whose records were made, not simulated (kbframe.run.fastforward).
+        Its totals are set with :meth:`restore_totals`."""
+        if table.names[:len(self.table.names)] != self.table.names:
+            raise ValueError("replace_records: the table names its records otherwise")
+        for key in table.names[len(self.table.names):]:
+            self.table.code(*key)
         del self._data[:]
-        self.table.extend(rows)
+        self._data.extend(table.data)
         self.n_records = len(self.table)
 
     def write(self, path) -> None:
