@@ -121,8 +121,9 @@ def test_scratch_scope_frees_tcm(tmp_path):
     assert tops == [2048, 3072, 2048]
 
 
-@pytest.mark.parametrize("times", [(0, 41_500, -1), (999_999, 1_000_001, 1_000_000), (12_345_678_901, 12_345_679_000, -1),
-                                   (10 ** 15, 10 ** 15 + 1, -1), (41_500, 157_001, 42_000)])
+@pytest.mark.parametrize("times", [(0, 41_500, -1), (999_999, 1_000_001, 1_000_000),
+                                   (12_345_678_901, 12_345_679_000, -1), (10 ** 15, 10 ** 15 + 1, -1),
+                                   (41_500, 157_001, 42_000)])
 def test_op_log_time_text_is_the_ns_float(times):
     """op_log ns fields read back as exactly ps / 1000 (and print as Python prints it), in
     the formatter's integer fast path and in its general path (huge times)."""

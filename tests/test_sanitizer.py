@@ -524,7 +524,8 @@ def _a_dispatch_deleted(records):
 
 @pytest.mark.parametrize("edit, message", [
     (_data_phases_overlap, r"^sanitizer: rule unit_capacity violated: PE0 dma_read: 2 DMA data phases at "
-                           r"once at 118.5 ns, limit 1 \(command 1 tile -1 118.5 ns–128.5 ns; command 5 tile 0 118.5 ns–365.625 ns\)$"),
+                           r"once at 118.5 ns, limit 1 \(command 1 tile -1 118.5 ns–128.5 ns; "
+                           r"command 5 tile 0 118.5 ns–365.625 ns\)$"),
     (_dispatches_overlap, r"^sanitizer: rule cpu_dispatch_serial violated: PE0 PE_CPU dispatched command 2 "
                           r"from 40.5 ns while command 1 was still dispatching \(0 ns–41.5 ns\)$"),
     (_a_dispatch_deleted, r"^sanitizer: rule commands_once violated: PE0 command 4 completed but was never "

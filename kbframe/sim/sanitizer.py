@@ -1,7 +1,8 @@
 """The simulation sanitizer (``run.check=true``): after a run, check that the schedule the
 simulator produced is one real hardware could have run, from the run's record table
-(kbframe.records: what ``op_log.jsonl`` is written from) and the engine state. A violation raises :class:`~kbframe.errors.SanitizerError` naming the rule,
-the commands and the simulated times.
+(kbframe.records: what ``op_log.jsonl`` is written from) and the engine state. A violation
+raises :class:`~kbframe.errors.SanitizerError` naming the rule, the commands and the
+simulated times.
 
 Rules (checked in this order; ``RULES`` lists their names):
 
