@@ -163,6 +163,21 @@ def test_op_log_batch_mixing_fast_and_general_times(tmp_path):
     assert lines[3].endswith('"t_start_ns": -1.5, "t_end_ns": 4.0, "bytes": 64}')
 
 
+def test_op_log_streamed_in_batches_is_the_table_text(tmp_path, monkeypatch):
+    """A run streamed in batches of 3 records writes exactly its record table's text, and
+    RecordTable.parse reads that back to the same records (why and ref aside)."""
+    monkeypatch.setattr(OpLog.__init__, "__defaults__", (None, 3))  # OpLog(path): batches of 3
+    sim = Sim(tmp_path, {"a": np.ones((8, 64)), "b": np.ones((8, 64))})
+    assert sim.oplog._batch == 3
+    sim.run(lambda tl: tl.store(tl.ref("b"), tl.add(tl.load(tl.ref("a")), tl.load(tl.ref("b")))))
+    table = sim.oplog.table
+    text = sim.log_path.read_text()
+    assert len(table) == sim.oplog.n_records > 6 and text == table.text()
+    back = RecordTable.parse(sim.log_path)
+    assert back.names == table.names
+    assert (back.array()[:, :8] == table.array()[:, :8]).all() and (back.array()[:, 8:] == -1).all()
+
+
 def test_run_leaves_the_collector_as_it_found_it(tmp_path):
     """No full (generation 2) collections during the simulation, young ones as usual;
     the caller's thresholds are back afterwards, also when the kernel raises."""
