@@ -322,7 +322,7 @@ def _simulate(run: _Run, rd: RunDir) -> None:
     run.forwarded.write_oplog(run.oplog_path)
     run.sanitizer = run.sim.sanitizer
     if run.ff == "verify":
-        fastforward.verify(run.cfg, run.wl, run.kernel, run.recipes, run.oplog_path, run.check, rd.temp, run.sim)
+        fastforward.verify(run.cfg, run.wl, run.kernel, run.recipes, run.check, run.sim)
         run.ff_note += "; verified against the full simulation"
 
 
