@@ -23,13 +23,16 @@ A foundation module (no simulation layer): the report layer reads the table too.
 from __future__ import annotations
 
 import json
-from array import array
 from pathlib import Path
+from struct import Struct
 
 import numpy as np
 
 FIELDS = ("name", "cmd", "tile", "t0", "t1", "td", "bytes", "peer", "why", "ref")
 N = len(FIELDS)
+#: one record: ten native int64 (what numpy reads back as int64)
+ROW = Struct(f"{N}q")
+_B = ROW.size
 
 #: ``_FRAC[r]``: how Python prints the fraction of ``r / 1000`` (``".5"``, ``".001"``, ``".0"``).
 _FRAC = tuple(repr(r / 1000)[1:] for r in range(1000))
@@ -56,12 +59,14 @@ def _line(head: str, cmd, tile, t0, t1, td, nbytes, peer) -> str:
 
 
 class RecordTable:
-    """Records of ten integers each (:data:`FIELDS`) in :attr:`data`, an ``array('q')``
-    the simulation appends to inline (``data.extend`` of ten values: once per record,
-    the hot path); :attr:`names` the ``(pe, unit, op_kind)`` of each name code."""
+    """Records of ten integers each (:data:`FIELDS`) in :attr:`buf`, a ``bytearray`` of
+    native int64 the simulation grows inline (``buf += ROW.pack(...)``: once per record,
+    the hot path; packing ten ints costs less than extending an ``array('q')`` by them);
+    :attr:`names` the ``(pe, unit, op_kind)`` of each name code. Readers get copies
+    (:meth:`array`, :meth:`cols`): a numpy view of :attr:`buf` would block its growth."""
 
     def __init__(self):
-        self.data = array("q")
+        self.buf = bytearray()
         self.names: list = []
         self._codes: dict = {}
         self._heads: list = []  # per name code: its op_log line's fixed leading text
@@ -76,12 +81,12 @@ class RecordTable:
         return c
 
     def __len__(self) -> int:
-        return len(self.data) // N
+        return len(self.buf) // _B
 
     def append(self, *record) -> None:
-        """Add one record (:data:`FIELDS`, in order); the simulation extends :attr:`data`
+        """Add one record (:data:`FIELDS`, in order); the simulation grows :attr:`buf`
         itself."""
-        self.data.extend(record)
+        self.buf += ROW.pack(*record)
 
     @classmethod
     def of_rows(cls, names: list, rows: np.ndarray) -> "RecordTable":
@@ -95,12 +100,12 @@ class RecordTable:
 
     def extend(self, rows: np.ndarray) -> None:
         """Add records from an ``(n, 10)`` integer array."""
-        self.data.frombytes(np.ascontiguousarray(rows, dtype=np.int64).tobytes())
+        self.buf += np.ascontiguousarray(rows, dtype=np.int64).reshape(-1, N).tobytes()
 
     def array(self, lo: int = 0, hi: int | None = None) -> np.ndarray:
         """Records ``[lo, hi)`` as an ``(n, 10)`` int64 array (a copy)."""
         hi = len(self) if hi is None else hi
-        return np.array(self.data[lo * N:hi * N], dtype=np.int64).reshape(-1, N)
+        return np.frombuffer(self.buf[lo * _B:hi * _B], dtype=np.int64).reshape(-1, N)  # a slice: a copy
 
     def cols(self, lo: int = 0, hi: int | None = None) -> dict:
         """Records ``[lo, hi)`` as ``{field: int64 array}`` (a copy: the table may grow)."""
@@ -121,7 +126,6 @@ class RecordTable:
         """The op_log text of records ``[lo, hi)``: the op_log's only formatter."""
         hi = len(self) if hi is None else hi
         heads, frac, top = self._head_list(), _FRAC, _EXACT_PS
-        it = iter(self.data[lo * N:hi * N].tolist())
         # below _EXACT_PS the ns text is ps // 1000 and _FRAC[ps % 1000] (ns_text, inlined:
         # formatting is the op_log's main cost); other times and IPCQ records take _line
         return "".join([
@@ -130,7 +134,7 @@ class RecordTable:
             ("}\n" if td < 0 else f', "t_data_ns": {td // 1000}{frac[td % 1000]}}}\n')
             if peer < 0 and 0 <= t0 < top and 0 <= t1 < top and td < top
             else _line(heads[name], cmd, tile, t0, t1, td, nbytes, peer)
-            for name, cmd, tile, t0, t1, td, nbytes, peer, _, _ in zip(it, it, it, it, it, it, it, it, it, it)])
+            for name, cmd, tile, t0, t1, td, nbytes, peer, _, _ in ROW.iter_unpack(self.buf[lo * _B:hi * _B])])
 
     @classmethod
     def parse(cls, source, name: str | None = None) -> "RecordTable":
@@ -177,4 +181,4 @@ class RecordTable:
         t0, t1 = round(r["t_start_ns"] * 1000), round(r["t_end_ns"] * 1000)
         kind, nbytes, tile = r["op_kind"], int(r.get("bytes", 0)), int(r.get("tile", -1))
         td = round(r["t_data_ns"] * 1000) if "t_data_ns" in r else -1
-        self.data.extend((self.code(pe, unit, kind), cmd, tile, t0, t1, td, nbytes, int(r.get("peer", -1)), -1, -1))
+        self.buf += ROW.pack(self.code(pe, unit, kind), cmd, tile, t0, t1, td, nbytes, int(r.get("peer", -1)), -1, -1)

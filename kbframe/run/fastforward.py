@@ -345,7 +345,7 @@ def verify(cfg, wl, kernel, recipes, check: bool, ff: Simulation) -> None:
     if bad:
         raise SanitizerError(f"fast-forward: total {bad[0]} is {tg.get(bad[0])}, the full simulation's "
                              f"{tf[bad[0]]}", "fast_forward")
-    if full.oplog.table.data != ff.oplog.table.data:
+    if full.oplog.table.buf != ff.oplog.table.buf:
         raise SanitizerError("fast-forward: the wait records differ from the full simulation's", "fast_forward")
     for pe in full.engine.pes.built():
         if pe.cpu.cycles != ff.engine.pes[pe.index].cpu.cycles:

@@ -20,7 +20,7 @@ from collections import defaultdict
 import numpy as np
 
 from ..ir.commands import command_kind
-from ..records import RecordTable
+from ..records import ROW, RecordTable
 from .waits import _LINK_STAGE, _RAW_STAGE, WAIT_CODE, WaitLog
 
 #: records before the first write to a file (then this many more each time)
@@ -66,7 +66,8 @@ class OpLog:
         #: every record, with what it waited for; appended to inline (once per record: the
         #: hot path)
         self.table = RecordTable()
-        self._data = self.table.data
+        self._buf = self.table.buf
+        self._pack = ROW.pack
         #: what each record waited for, worked out from the table (the critical path's input)
         self.waits = WaitLog(self.table)
 
@@ -152,8 +153,8 @@ class OpLog:
             raise ValueError("replace_records: the table names its records otherwise")
         for key in table.names[len(self.table.names):]:
             self.table.code(*key)
-        del self._data[:]
-        self._data.extend(table.data)
+        del self._buf[:]
+        self._buf += table.buf
         self.n_records = len(self.table)
 
     def write(self, path) -> None:
@@ -196,10 +197,11 @@ class OpLog:
         if code is None:
             code = t.codes[st.op_kind] = self.table.code(pe, unit.name, st.op_kind)
         ready = st.ready_by
+        buf = self._buf  # grown in place
         if ready < -1:  # a receive readied by its message: the send's record (kbframe.hw.ipcq)
-            self._data.extend((code, st.cmd.id, st.tile, t0, t1, t_data, nbytes, st.peer, _LINK_STAGE, -2 - ready))
+            buf += self._pack(code, st.cmd.id, st.tile, t0, t1, t_data, nbytes, st.peer, _LINK_STAGE, -2 - ready)
         else:
-            self._data.extend((code, st.cmd.id, st.tile, t0, t1, t_data, nbytes, st.peer, _RAW_STAGE, ready))
+            buf += self._pack(code, st.cmd.id, st.tile, t0, t1, t_data, nbytes, st.peer, _RAW_STAGE, ready)
         if idx == self._flush_at:
             self._flush()
 
@@ -215,7 +217,8 @@ class OpLog:
         code = t.codes.get(kind)
         if code is None:
             code = t.codes[kind] = self.table.code(pe, "cpu", kind)
-        self._data.extend((code, cmd.id, -1, t0, t1, -1, nbytes, -1, WAIT_CODE[why], ref))
+        buf = self._buf  # grown in place
+        buf += self._pack(code, cmd.id, -1, t0, t1, -1, nbytes, -1, WAIT_CODE[why], ref)
         idx = self.n_records
         self.n_records = idx + 1
         if idx == self._flush_at:
@@ -230,7 +233,8 @@ class OpLog:
         code = t.codes.get(kind)
         if code is None:
             code = t.codes[kind] = self.table.code(pe, "scheduler", kind)
-        self._data.extend((code, cmd.id, -1, t_admit, t_done, -1, 0, -1, WAIT_CODE[why], ref))
+        buf = self._buf  # grown in place
+        buf += self._pack(code, cmd.id, -1, t_admit, t_done, -1, 0, -1, WAIT_CODE[why], ref)
         idx = self.n_records
         self.n_records = idx + 1
         if idx == self._flush_at:
