@@ -64,7 +64,7 @@ def tracks_from_metrics(metrics: dict) -> dict:
 
 
 #: records the trace reads from the table at a time (:func:`write_trace`)
-RECORD_CHUNK = 1 << 16
+RECORD_CHUNK = 1 << 13
 #: flow ids are ``pe * FLOW_ID_STRIDE + cmd``
 FLOW_ID_STRIDE = 1_000_000_000
 #: ids of the send → receive flows start here (below 2⁵³: viewers read ids as doubles)
