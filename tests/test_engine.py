@@ -12,6 +12,7 @@ from kbframe.sim.engine import Engine
 from kbframe.errors import DeadlockError, TcmOverflowError
 from kbframe.ir.handles import Completion
 from kbframe.sim.numerics import Numerics
+from kbframe.records import RecordTable
 from kbframe.sim.oplog import OpLog
 from kbframe.tl.context import TL
 
@@ -120,39 +121,61 @@ def test_scratch_scope_frees_tcm(tmp_path):
     assert tops == [2048, 3072, 2048]
 
 
-@pytest.mark.parametrize("times", [(0, 41_500, -1), (999_999, 1_000_001, 1_000_000), (12_345_678_901, 12_345_679_000, -1),
-                                   (10 ** 15, 10 ** 15 + 1, -1), (41_500.0, 157_000.5, 42_000)])
-def test_op_log_time_text_is_the_ns_float(tmp_path, times):
+@pytest.mark.parametrize("times", [(0, 41_500, -1), (999_999, 1_000_001, 1_000_000),
+                                   (12_345_678_901, 12_345_679_000, -1), (10 ** 15, 10 ** 15 + 1, -1),
+                                   (41_500, 157_001, 42_000)])
+def test_op_log_time_text_is_the_ns_float(times):
     """op_log ns fields read back as exactly ps / 1000 (and print as Python prints it), in
-    the batch formatter's integer fast path and in its general path (huge or float times)."""
+    the formatter's integer fast path and in its general path (huge times)."""
     t0, t1, t_data = times
-    log = OpLog(tmp_path / "op_log.jsonl", batch=2)
-    entry = log._entry(0, "dma_read")
-    log._record(0, "dma_read", entry, "dma_read", 7, 3, t0, t1, 2048, t_data)
-    log._record(0, "dma_read", entry, "dma_read", 8, -1, 0, 1, 64, -1)
-    log.close()
-    lines = (tmp_path / "op_log.jsonl").read_text().splitlines()
+    table = RecordTable()
+    c = table.code(0, "dma_read", "dma_read")
+    table.append(c, 7, 3, t0, t1, t_data, 2048, -1, -1, -1)
+    table.append(c, 8, -1, 0, 1, -1, 64, -1, -1, -1)
+    lines = table.text().splitlines()
     rec = json.loads(lines[0])
     assert (rec["t_start_ns"], rec["t_end_ns"]) == (t0 / 1000, t1 / 1000)
     assert f'"t_start_ns": {t0 / 1000!r}, "t_end_ns": {t1 / 1000!r}, "bytes": 2048' in lines[0]
     assert rec.get("t_data_ns") == (t_data / 1000 if t_data >= 0 else None)
     assert lines[1] == ('{"pe": 0, "unit": "dma_read", "op_kind": "dma_read", "cmd": 8, "tile": -1, '
                         '"t_start_ns": 0.0, "t_end_ns": 0.001, "bytes": 64}')
+    back = RecordTable.parse(table.text())
+    assert back.names == table.names and back.text() == table.text()
 
 
-def test_op_log_batch_mixing_integer_float_and_negative_times(tmp_path):
-    """Every record of one batch gets its own text: a float end or data time that is not
-    the batch's latest, and a negative start, are printed as ps / 1000 like the rest."""
-    rows = [(0, 2000, -1), (1500.0, 1700, -1), (0, 3000, 2500.5), (-1500, 4000, -1), (4000, 5000, 4500)]
-    log = OpLog(tmp_path / "op_log.jsonl", batch=len(rows))
-    entry = log._entry(0, "dma_read")
+def test_op_log_batch_mixing_fast_and_general_times(tmp_path):
+    """Every record of one batch gets its own text: a negative start and a time past the
+    fast path's range, among ordinary ones, are printed as ps / 1000 like the rest; the
+    file OpLog streams in batches is the table's text."""
+    rows = [(0, 2000, -1), (1500, 10 ** 15 + 700, -1), (0, 3000, 2500), (-1500, 4000, -1), (4000, 5000, 4500)]
+    log = OpLog(tmp_path / "op_log.jsonl", batch=2)
+    c = log.table.code(0, "dma_read", "dma_read")
     for i, (t0, t1, t_data) in enumerate(rows):
-        log._record(0, "dma_read", entry, "dma_read", i, -1, t0, t1, 64, t_data)
+        log.table.append(c, i, -1, t0, t1, t_data, 64, -1, -1, -1)
+        log.n_records += 1
     log.close()
-    lines = (tmp_path / "op_log.jsonl").read_text().splitlines()
+    text = (tmp_path / "op_log.jsonl").read_text()
+    assert text == log.table.text()
+    lines = text.splitlines()
     assert [json.loads(line)["t_start_ns"] for line in lines] == [0.0, 1.5, 0.0, -1.5, 4.0]
-    assert [json.loads(line).get("t_data_ns") for line in lines] == [None, None, 2.5005, None, 4.5]
+    assert json.loads(lines[1])["t_end_ns"] == (10 ** 15 + 700) / 1000
+    assert [json.loads(line).get("t_data_ns") for line in lines] == [None, None, 2.5, None, 4.5]
     assert lines[3].endswith('"t_start_ns": -1.5, "t_end_ns": 4.0, "bytes": 64}')
+
+
+def test_op_log_streamed_in_batches_is_the_table_text(tmp_path, monkeypatch):
+    """A run streamed in batches of 3 records writes exactly its record table's text, and
+    RecordTable.parse reads that back to the same records (why and ref aside)."""
+    monkeypatch.setattr(OpLog.__init__, "__defaults__", (None, 3))  # OpLog(path): batches of 3
+    sim = Sim(tmp_path, {"a": np.ones((8, 64)), "b": np.ones((8, 64))})
+    assert sim.oplog._batch == 3
+    sim.run(lambda tl: tl.store(tl.ref("b"), tl.add(tl.load(tl.ref("a")), tl.load(tl.ref("b")))))
+    table = sim.oplog.table
+    text = sim.log_path.read_text()
+    assert len(table) == sim.oplog.n_records > 6 and text == table.text()
+    back = RecordTable.parse(sim.log_path)
+    assert back.names == table.names
+    assert (back.array()[:, :8] == table.array()[:, :8]).all() and (back.array()[:, 8:] == -1).all()
 
 
 def test_run_leaves_the_collector_as_it_found_it(tmp_path):

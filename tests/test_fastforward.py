@@ -6,7 +6,7 @@ import pytest
 
 from conftest import compose_cfg, run
 from kbframe.errors import SanitizerError
-from kbframe.run import fastforward
+from kbframe.run import fastforward, periodic
 from kbframe.run.bench import run_bench, validate
 from kbframe.run.metrics import summary
 from kbframe.sim.targets import resolve_kernel
@@ -50,8 +50,8 @@ def test_verify_on_every_golden_case(tmp_path, case):
     ("decode_opt2", ("bench.S_kv=51200", "bench.tile=128", "++bench.s_buffers=3", "++bench.v_staging=prefetch")),
     ("decode_heads", ("+model=llama3_70b", "hardware=cube", "bench.S_kv=16384", "run.check=false")),  # 8 PEs
     ("decode_splitk", ("hardware=cube", "bench.splits=8", "bench.merge=tree", "bench.S_kv=131072")),  # IPCQ merge
-    # without the sanitizer the short copies' records stay unformatted (kbframe.sim.oplog.RowSink;
-    # with IPCQ records: test_on_writes_the_files_off_writes)
+    # without the sanitizer the short copies' records are never formatted (with IPCQ records:
+    # test_on_writes_the_files_off_writes)
     ("decode_opt3", ("bench.S_kv=8192", "run.check=false")),
 ])
 def test_periodic_schedules_fast_forward_exactly(tmp_path, bench, overrides):
@@ -94,13 +94,13 @@ def test_a_schedule_with_contention_falls_back_and_says_so(tmp_path):
 
 def test_verify_catches_a_wrong_shift(tmp_path, monkeypatch):
     """A record shifted 1 ps too far when written: verify names the op_log line."""
-    real = fastforward._write_oplog
+    real = periodic._table_rows
 
-    def wrong(path, table, codes, nums):
-        nums = nums.copy()
-        nums[len(nums) // 2, 3] += 1  # one record's end, mid-run
-        real(path, table, codes, nums)
-    monkeypatch.setattr(fastforward, "_write_oplog", wrong)
+    def wrong(names, codes, nums):
+        rows = real(names, codes, nums)
+        rows[len(rows) // 2, 4] += 1  # one record's end (kbframe.records.FIELDS), mid-run
+        return rows
+    monkeypatch.setattr(periodic, "_table_rows", wrong)
     cfg = compose_cfg("bench.S_kv=8192", "bench.data=false", "run.fast_forward=verify", "run.progress=false",
                       bench="decode_opt3")
     with pytest.raises(SanitizerError, match=r"^fast-forward: op_log line \d+ differs from the full simulation's: "):
@@ -173,7 +173,7 @@ def test_a_completion_tied_with_its_own_stage_follows_it():
             (1, 6, 200),  # 6: cmd 6's stage, then
             (3, 6, 200)]  # 7: its completion, already after it
     codes = np.array([c for c, _, _ in rows], dtype=np.int64)
-    nums = np.zeros((len(rows), 10), dtype=np.int64)
+    nums = np.zeros((len(rows), 6), dtype=np.int64)
     nums[:, 0] = [cmd for _, cmd, _ in rows]
     nums[:, 3] = [end for _, _, end in rows]
     order = np.arange(len(rows), dtype=np.int64)

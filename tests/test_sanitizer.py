@@ -4,6 +4,8 @@ allocator patched in for one test, raises a SanitizerError naming the rule, the 
 and the times."""
 from __future__ import annotations
 
+import json
+
 import os
 import re
 
@@ -486,10 +488,10 @@ def test_cli_reports_sanitizer_error_as_one_line(tmp_path):
     assert isinstance(e, KbframeError) and "\n" not in str(e)
 
 
-# ---- rules 1-3 on columns: what the column path cannot read exactly goes to the record rules
+# ---- rules 1-3 on the record table: a tampered op_log, the first violation named
 def _tampered(edit):
-    """A decode_opt2 run's engine and its op_log records, edited by ``edit(records)``."""
-    import io
+    """A decode_opt2 run's engine and its op_log records (dicts, read back from its table's
+    text), edited by ``edit(records)``."""
     from conftest import compose_cfg
     from kbframe.run.bench import validate
     from kbframe.run.simulate import simulate
@@ -498,44 +500,40 @@ def _tampered(edit):
     cfg = compose_cfg("bench.data=false", "run.progress=false", "bench.S_kv=512", bench="decode_opt2")
     wl = validate(cfg)
     kernel = resolve_kernel(cfg.bench.kernel, "bench.kernel", True, kwargs=tuple(wl.kernel_kwargs(None)))
-    text = io.StringIO()
-    sim = simulate(cfg, wl, kernel, load_recipes(cfg.get("recipes")), None, text, True, False)
-    records = sanitizer.read_oplog(text)
+    sim = simulate(cfg, wl, kernel, load_recipes(cfg.get("recipes")), None, None, True, False)
+    records = [json.loads(line) for line in sim.oplog.table.text().splitlines()]
     edit(records)
     return sim.engine, records
 
 
-def _negative_data_phases(records):
-    """A negative t_data_ns is a data phase (not 'none'): two of them overlap."""
-    for r in [r for r in records if "t_data_ns" in r][:2]:
-        r["t_data_ns"] = -1.0
+def _data_phases_overlap(records):
+    """The second DMA read's data phase starts with the first's."""
+    a, b = [r for r in records if "t_data_ns" in r][:2]
+    b["t_data_ns"] = a["t_data_ns"]
 
 
-def _sub_ps_dispatches(records):
-    """Dispatch 1 at 41.5004 ns, dispatch 2 from 41.5001 ns: in ps they tie; as floats 2
-    starts first, while 1 is dispatching."""
+def _dispatches_overlap(records):
+    """Dispatch 2 starts before dispatch 1 ended."""
     a, b = [r for r in records if r["unit"] == "cpu"][:2]
-    a["t_start_ns"] = a["t_end_ns"] = 41.5004
-    b["t_start_ns"] = 41.5001
+    b["t_start_ns"] = a["t_end_ns"] - 1.0
 
 
 def _a_dispatch_deleted(records):
     records.remove([r for r in records if r["unit"] == "cpu"][3])
 
 
-@pytest.mark.parametrize("edit, on_columns, message", [
-    (_negative_data_phases, False, r"^sanitizer: rule unit_capacity violated: PE0 dma_read: 2 DMA data phases at "
-                                   r"once at -1 ns, limit 1 \(command 1 tile -1 -1 ns–"),
-    (_sub_ps_dispatches, False, r"^sanitizer: rule cpu_dispatch_serial violated: PE0 PE_CPU dispatched command 1 "
-                                r"from 41.5 ns while command 2 was still dispatching"),
-    (_a_dispatch_deleted, True, r"^sanitizer: rule commands_once violated: PE0 command 4 completed but was never "
-                                r"dispatched$"),
+@pytest.mark.parametrize("edit, message", [
+    (_data_phases_overlap, r"^sanitizer: rule unit_capacity violated: PE0 dma_read: 2 DMA data phases at "
+                           r"once at 118.5 ns, limit 1 \(command 1 tile -1 118.5 ns–128.5 ns; "
+                           r"command 5 tile 0 118.5 ns–365.625 ns\)$"),
+    (_dispatches_overlap, r"^sanitizer: rule cpu_dispatch_serial violated: PE0 PE_CPU dispatched command 2 "
+                          r"from 40.5 ns while command 1 was still dispatching \(0 ns–41.5 ns\)$"),
+    (_a_dispatch_deleted, r"^sanitizer: rule commands_once violated: PE0 command 4 completed but was never "
+                          r"dispatched$"),
 ])
-def test_what_the_columns_cannot_read_exactly_goes_to_the_record_rules(edit, on_columns, message):
-    """A hand-edited op_log: records the columns cannot hold exactly (a negative or sub-ps
-    time) are checked record by record; a violation the columns find is named by the
-    record rules, with their message."""
+def test_a_tampered_op_log_names_its_first_violation(edit, message):
+    """Records edited by hand (read back into a table, kbframe.records.RecordTable.of_dicts):
+    rules 1-3, checked on the table's columns, name the first violation."""
     engine, records = _tampered(edit)
-    assert (sanitizer._Columns.of(records) is not None) == on_columns
     with pytest.raises(SanitizerError, match=message):
         sanitizer.check(engine, records)

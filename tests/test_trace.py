@@ -9,7 +9,7 @@ import pytest
 
 from kbframe.run.metrics import summary
 from kbframe.errors import NumericsError
-from kbframe.report.trace import _OPLOG_LINE, tracks_from_units, write_trace
+from kbframe.report.trace import tracks_from_units, write_trace
 from kbframe.report.trace import main as trace_main
 
 from conftest import REPO, compose_cfg, read_oplog, run
@@ -154,7 +154,7 @@ def test_trace_of_a_ragged_opt3_run_is_consistent(tmp_path):
     assert {r["tile"] for r in log} >= {-1, 0}
 
 
-# ---------------------------------------------------------------- the fast path changes nothing
+# ---------------------------------------------------------------- any JSON layout, the same trace
 
 GOLDEN = REPO / "tests" / "goldens" / "trace"
 
@@ -173,21 +173,12 @@ def test_trace_is_byte_identical_to_the_golden(tmp_path):
                               "ipcq": 2}
 
 
-def test_every_line_kbframe_writes_takes_the_fast_path(opt2_run):
-    """A guard for kbframe.sim.oplog: if OpLog's line layout changes, the trace stays right (any
-    other layout is read with json.loads) but is slow again; update ``_OPLOG_LINE`` with it."""
-    d, _, _ = opt2_run
-    lines = (d / "op_log.jsonl").read_text().splitlines(keepends=True)
-    assert lines and all(_OPLOG_LINE.fullmatch(line) for line in lines)
-
-
 def test_kbframe_layout_and_any_json_layout_give_the_same_trace(opt2_run, tmp_path):
-    """The same records re-written in another JSON layout (every line then goes through
-    json.loads) give a byte-identical trace."""
+    """The same records re-written in another JSON layout (kbframe.records.RecordTable.parse
+    reads any) give a byte-identical trace."""
     d, trace, log = opt2_run
     other = tmp_path / "op_log.jsonl"
     other.write_text("".join(json.dumps(dict(reversed(r.items())), separators=(",", ":")) + "\n" for r in log))
-    assert not _OPLOG_LINE.fullmatch(other.read_text().splitlines(keepends=True)[0])
     write_trace(other, tmp_path / "trace.json", TRACKS)
     assert (tmp_path / "trace.json").read_bytes() == _plain((d / "trace.json").read_bytes())
 

@@ -9,28 +9,29 @@ from conftest import compose_cfg
 from kbframe.run.bench import validate
 from kbframe.run.simulate import simulate
 from kbframe.sim.targets import resolve_kernel
-from kbframe.sim.waits import _FIELDS, _RAW_STAGE, KINDS, WAIT_CODE, WaitLog
+from kbframe.sim.waits import _RAW_STAGE, KINDS, WAIT_CODE, WaitLog
 from kbframe.tl.recipe import load_recipes
 
 
 def _reference_rows(w: WaitLog) -> list:
     """The loop rows() replaced, one record at a time (its module doc is the rule)."""
-    d, names = w.data, w.names()
-    n = len(d) // _FIELDS
+    c, names = w.table.cols(), w.names()
+    d = list(zip(*(c[f].tolist() for f in ("name", "cmd", "t0", "t1", "td", "why", "ref"))))
+    n = len(d)
     admit_ps = {}
-    for b in range(0, n * _FIELDS, _FIELDS):
-        if d[b + 5] != _RAW_STAGE and names[d[b]][1] == "scheduler":
-            admit_ps[(names[d[b]][0], d[b + 1])] = d[b + 2]
+    for code, cmd, t0, _, _, kind, _ in d:
+        if kind != _RAW_STAGE and names[code][1] == "scheduler":
+            admit_ps[(names[code][0], cmd)] = t0
     ended_at, last, last_dispatch, out = {}, {}, {}, []
     for i in range(n):
-        code, cmd, t0, t1, t_data, kind, ref = d[i * _FIELDS:(i + 1) * _FIELDS]
+        code, cmd, t0, t1, t_data, kind, ref = d[i]
         pe, unit, op_kind = names[code]
         end_ref = -1
         if kind in (_RAW_STAGE, _RAW_STAGE - 1):
             if kind == _RAW_STAGE - 1:  # a receive readied by its message: ref is the send's record
                 ready, why = t0, "link"
             elif ref >= 0:
-                ready, why = d[ref * _FIELDS + 3], "dep"
+                ready, why = d[ref][3], "dep"
             else:
                 ready, why, ref = admit_ps.get((pe, cmd), t0), "admit", cmd
             ends = ended_at.setdefault((pe, unit), {})
@@ -60,7 +61,7 @@ def _log(records) -> WaitLog:
     """A WaitLog of ``(pe, unit, op_kind, cmd, t0, t1, t_data, kind code, ref)``."""
     w = WaitLog()
     for pe, unit, kind, cmd, t0, t1, td, why, ref in records:
-        w.data.extend((w.code(pe, unit, kind), cmd, t0, t1, td, why, ref))
+        w.table.append(w.code(pe, unit, kind), cmd, -1, t0, t1, td, 0, -1, why, ref)
     return w
 
 

@@ -41,6 +41,16 @@ class Link:
         self.waiting: deque = deque()  # receive stages waiting for a message
         self.sent = self.received = self.bytes = self.busy_ps = 0
 
+    #: the counters a run adds to (:meth:`restore_counters`)
+    COUNTERS = ("sent", "received", "bytes", "busy_ps")
+
+    def restore_counters(self, **counters) -> None:
+        """Set :data:`COUNTERS` (a run made, not simulated: kbframe.run.fastforward)."""
+        for name, value in counters.items():
+            if name not in self.COUNTERS:
+                raise ValueError(f"Link has no counter {name!r}")
+            setattr(self, name, value)
+
 
 class Fabric:
     """The links between the PEs of one engine, made on first use.

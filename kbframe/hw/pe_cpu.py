@@ -65,6 +65,21 @@ class PeCpu(PeUnit):
         """Dispatch cost of a command of ``logical_bytes`` in PE_CPU cycles (ADR-0064 D1)."""
         return self.fixed_cycles + self.r_cycles_per_byte * logical_bytes
 
+    def restore(self, n_commands: int, busy_ps: int, logical_bytes) -> None:
+        """Stand for a run that dispatched commands of ``logical_bytes`` (in dispatch order)
+        in ``n_commands`` dispatches over ``busy_ps`` (a run made, not simulated:
+        kbframe.run.fastforward). Its cycles are summed in dispatch order, as dispatching
+        sums them (the same float)."""
+        self.n_commands, self.busy_ps = n_commands, busy_ps
+        cost: dict = {}
+        cycles = 0.0
+        for nb in logical_bytes:
+            c = cost.get(nb)
+            if c is None:
+                c = cost[nb] = self.cycles_for(nb)
+            cycles += c
+        self.cycles = cycles
+
     def check_cap(self, cmd) -> None:
         """Raise :class:`ValidationError` if a composite exceeds the cap (ADR-0064 D7)."""
         nbytes = cmd.logical_bytes

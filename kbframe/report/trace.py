@@ -27,22 +27,21 @@ in flight in PE_SCHEDULER, DMA transfers whose setup overlaps (DESIGN.md modelli
 Those go to overflow lanes, extra threads next to the unit's first one and named
 ``PE_SCHEDULER ·2``, ``DMA read ·2`` …; a unit whose slices never overlap has one track.
 
-The op_log is read line by line and events are written as they are made; only the commands
-still in flight are held (the op_log is in completion order, and a command's
-``scheduler`` record follows its stages). Lines in the layout kbframe writes are read by a
-fast path (see ``_OPLOG_LINE``); any other JSON layout gives the same trace, only slower.
+The records are read from the run's record table (kbframe.records; an op_log.jsonl in any
+JSON layout is read into one first), a chunk of columns at a time, and events are written
+as they are made; only the commands still in flight are held (the records are in
+completion order, and a command's ``scheduler`` record follows its stages).
 """
 from __future__ import annotations
 
-import contextlib
 import itertools
 import json
 import os
-import re
 from collections import deque
 from pathlib import Path
 
 from ..files import final_name
+from ..records import FIELDS, RecordTable
 from .power import POWER_TID, power_counters, power_from_metrics
 
 
@@ -64,8 +63,8 @@ def tracks_from_metrics(metrics: dict) -> dict:
     return tracks_from_units(units)
 
 
-#: records a fast-forwarded run's trace makes into columns at a time (:func:`write_trace`)
-RECORD_CHUNK = 1 << 16
+#: records the trace reads from the table at a time (:func:`write_trace`)
+RECORD_CHUNK = 1 << 13
 #: flow ids are ``pe * FLOW_ID_STRIDE + cmd``
 FLOW_ID_STRIDE = 1_000_000_000
 #: ids of the send → receive flows start here (below 2⁵³: viewers read ids as doubles)
@@ -97,55 +96,10 @@ def _write_phases(write, phases, dumps) -> set:
     return used
 
 
-def _ps(ns) -> int:
-    """op_log ns (≤ 3 decimals, from integer ps) → the exact integer ps."""
-    return round(ns * 1000)
-
-
 def _us(ps: int) -> str:
     """Integer ps → µs as JSON text; ``ps / 1e6`` is the double nearest the decimal, so
     its repr is that decimal (no float noise in the file)."""
     return repr(ps / 1e6)
-
-
-# The fast path. A sweep writes one trace per job, and decoding every line with json.loads,
-# then turning its float ns into ps and back into µs text, was most of the trace's cost. A line
-# in the exact layout kbframe.sim.oplog.OpLog writes (``_flush``) is read with one regular
-# expression instead, which accepts only text that json.loads reads to the same values:
-# canonical integers (so their text is ``str(int(text))``), strings without escapes or control
-# characters, and ns as ``int.frac`` with ≤ 12 + 3 digits, where ``round(float(ns) * 1000)``
-# is exactly ``int * 1000 + frac`` (below 10¹⁵ ps, both roundings together err by < 0.5 ps).
-# Any other line (another key order or spacing, a missing key, an exponent, a malformed
-# line) is read by :func:`_parse_json`, so a foreign or hand-edited op_log gives the same
-# trace and errors.
-_INT = r"(0|-?[1-9][0-9]{0,17})"
-_STR = r'"([^"\\\x00-\x1f]*)"'
-_NS = r"(0|[1-9][0-9]{0,11})\.([0-9]{1,3})"
-_OPLOG_LINE = re.compile(
-    rf'(\{{"pe": {_INT}, "unit": {_STR}, "op_kind": {_STR}), "cmd": {_INT}, "tile": {_INT}, '
-    rf'"t_start_ns": {_NS}, "t_end_ns": {_NS}, "bytes": {_INT}(?:, "t_data_ns": {_NS})?\}}\n?')
-#: the ps in an ns fraction's digits: ``"5"`` → 500, ``"05"`` → 50, ``"625"`` → 625
-_FRAC_PS = {f"{i:0{n}d}": i * 10 ** (3 - n) for n in (1, 2, 3) for i in range(10 ** n)}
-
-
-def _parse_json(line: str) -> tuple | None:
-    """One op_log line in any JSON layout → ``(pe, unit, op_kind, cmd, tile, t_start, t_end,
-    bytes, t_data or None, peer or None)``, times in integer ps; None for a blank line.
-
-    Raises:
-        ValueError, KeyError, TypeError, OverflowError: the line is not an op_log record.
-    """
-    try:
-        r = json.loads(line)
-    except ValueError:
-        if not line.strip():
-            return None
-        raise
-    pe, unit, cmd = int(r["pe"]), r["unit"], int(r["cmd"])  # in this order: the error names the first bad key
-    p0, p1 = _ps(r["t_start_ns"]), _ps(r["t_end_ns"])
-    kind, nbytes, tile = r["op_kind"], int(r.get("bytes", 0)), int(r.get("tile", -1))
-    return (pe, unit, kind, cmd, tile, p0, p1, nbytes, _ps(r["t_data_ns"]) if "t_data_ns" in r else None,
-            int(r["peer"]) if "peer" in r else None)
 
 
 #: a slice's part in its command's flow
@@ -194,10 +148,13 @@ def _flow(fid: int, steps: list) -> str:
     return event % "s" + first + (t + t.join(middle) if middle else "") + event % "f" + last
 
 
-def write_trace(op_log: Path | str, out: Path | str, tracks: dict | None = None, critical=None,
-                records: tuple | None = None, phases=(), power: dict | None = None) -> dict:
-    """Convert ``op_log`` (op_log.jsonl) into ``out`` (trace.json), atomically (a temporary
-    file, then rename). ``tracks`` (op_log unit → track name, in track order; the units'
+def write_trace(records, out: Path | str, tracks: dict | None = None, critical=None,
+                phases=(), power: dict | None = None, source: str = "op_log.jsonl") -> dict:
+    """Write the trace of ``records`` (the run's :class:`~kbframe.records.RecordTable`, or
+    a path to an op_log.jsonl, read with :meth:`RecordTable.parse`) to ``out``
+    (trace.json), atomically (a temporary file, then rename); ``source``: the op_log's
+    file name, which the trace names (a path's own name when given one). ``tracks``
+    (op_log unit → track name, in track order; the units'
     declared labels, :func:`tracks_from_units`) names the tracks; a unit it does not list
     keeps its op_log name and comes after those it lists.
 
@@ -207,10 +164,6 @@ def write_trace(op_log: Path | str, out: Path | str, tracks: dict | None = None,
     ``args.critical``). The flag comes from the run, which knows what each record
     waited for; a trace rebuilt from an op_log alone (``python -m kbframe.report.trace``)
     has none, and is byte-identical to the run's trace without it.
-
-    ``records``: the op_log's records as ``(table, codes, nums)`` (a fast-forwarded run's,
-    kbframe.run.fastforward), read instead of parsing the op_log's text; the trace is the
-    same.
 
     ``phases``: ``(pe, name, t0_ps, t1_ps, layer)`` per phase occurrence (the kernel's
     ``tl.phase`` groups, kbframe.run.phases), drawn as slices (``cat`` ``phase``) on a
@@ -227,7 +180,10 @@ def write_trace(op_log: Path | str, out: Path | str, tracks: dict | None = None,
         OSError: the op_log cannot be read or the trace cannot be written.
         ValueError: a malformed op_log line (names the line number).
     """
-    op_log, out = Path(op_log), Path(out)
+    if not isinstance(records, RecordTable):
+        source = Path(records).name
+        records = RecordTable.parse(Path(records))
+    out = Path(out)
     tracks = tracks or {}
     order = {unit: i for i, unit in enumerate(tracks)}
     tmp = out.with_name(out.name + ".tmp")
@@ -235,7 +191,6 @@ def write_trace(op_log: Path | str, out: Path | str, tracks: dict | None = None,
     slots: dict[str, int] = {}           # unit → slot (sets tids and sort order)
     names: dict[str, str] = {}           # op_kind / unit → its JSON string
     kinds: dict[tuple, _Kind] = {}       # (pe, unit, op_kind) → its _Kind
-    heads: dict[str, _Kind] = {}         # a fast-path line's text up to its op_kind → its _Kind
     pending: dict[tuple, list] = {}      # (pe, cmd text) → [(ps, tid, flow text)]: dispatch, then stages
     linked: dict[str, tuple] = {}        # a link's track → (op_log unit, arrow, peer): its name
     sends: dict[tuple, deque] = {}       # (src, dst) → sends not yet received: (pe, tid, ts)
@@ -245,7 +200,7 @@ def write_trace(op_log: Path | str, out: Path | str, tracks: dict | None = None,
     n_rec = -1                           # record index of the line being read
     busy = [] if power is not None else None  # (pe, op_log unit, t0, t1) of each record's busy time
     critical = critical or ()
-    dumps, fast, frac_ps = json.dumps, _OPLOG_LINE.fullmatch, _FRAC_PS
+    dumps = json.dumps
 
     def kind_of(pe, unit, kind) -> _Kind:
         k = kinds.get((pe, unit, kind))
@@ -259,33 +214,6 @@ def write_trace(op_log: Path | str, out: Path | str, tracks: dict | None = None,
                                                 lanes.setdefault((pe, unit), []), slots[unit])
         return k
 
-    def from_lines(src):
-        """Each record of the op_log's text: ``(its _Kind, t_start, t_end, t_data or None,
-        ts text, cmd text, tile text, bytes text, (peer, op_kind) or None)``."""
-        for lineno, line in enumerate(src, 1):
-            m = fast(line)
-            if m is not None:
-                head, pe, unit, kind, cmd, tile, s_int, s_frac, e_int, e_frac, nbytes, d_int, d_frac = m.groups()
-                k = heads.get(head)
-                if k is None:
-                    k = heads[head] = kind_of(int(pe), unit, kind)
-                p0 = int(s_int) * 1000 + frac_ps[s_frac]
-                # ts: µs is ns with the point 3 digits left (exactly _us(p0) when ≥ 1 µs with
-                # no trailing zero, a decimal of ≤ 15 digits; the rest go through _us)
-                yield (k, p0, int(e_int) * 1000 + frac_ps[e_frac],
-                       None if d_int is None else int(d_int) * 1000 + frac_ps[d_frac],
-                       f"{s_int[:-3]}.{s_int[-3:]}{s_frac}" if len(s_int) > 3 and s_frac[-1] != "0" else _us(p0),
-                       cmd, tile, nbytes, None)
-                continue
-            try:
-                rec = _parse_json(line)
-            except (ValueError, KeyError, TypeError, OverflowError) as e:
-                raise ValueError(f"{op_log}:{lineno}: malformed op_log record ({e!r})") from None
-            if rec is None:
-                continue
-            pe, unit, kind, cmd, tile, p0, p1, nbytes, p_data, peer = rec
-            yield from_fields(pe, unit, kind, cmd, tile, p0, p1, nbytes, p_data, peer)
-
     def from_fields(pe, unit, kind, cmd, tile, p0, p1, nbytes, p_data, peer) -> tuple:
         if peer is not None:  # one track per link and direction
             arrow = _LINK_ARROW.get(kind, "·")
@@ -294,37 +222,32 @@ def write_trace(op_log: Path | str, out: Path | str, tracks: dict | None = None,
         return (kind_of(pe, unit, kind), p0, p1, p_data, _us(p0), str(cmd), str(tile), str(nbytes),
                 None if peer is None else (peer, kind))
 
-    def from_records(table, codes, nums):
-        """Records given as a name table, codes and integer columns (kbframe.run.fastforward),
-        as :func:`from_lines` gives them: made column by column (C-level maps), a chunk at
-        a time, and handed over with no Python frame per record."""
+    def from_table(table):
+        """Each record of the table: ``(its _Kind, t_start, t_end, t_data or None, ts text,
+        cmd text, tile text, bytes text, (peer, op_kind) or None)``, made column by column
+        (C-level maps) a chunk at a time, and handed over with no Python frame per record."""
         return itertools.chain.from_iterable(
-            record_chunk(table, codes[a:a + RECORD_CHUNK], nums[a:a + RECORD_CHUNK])
-            for a in range(0, len(codes), RECORD_CHUNK))
+            table_chunk(table.names, table.cols(a, min(len(table), a + RECORD_CHUNK)))
+            for a in range(0, len(table), RECORD_CHUNK))
 
-    def record_chunk(table, codes, nums):
-        """One chunk of :func:`from_records`: an iterator of its records."""
-        code, cmd, tile, p0, p1, td = codes.tolist(), *nums[:, :5].T.tolist()
-        firsts = dict.fromkeys(code)
-        if any(table[c][4] >= 0 for c in firsts):  # a record names a peer: one by one, as from text
-            return (from_fields(*table[c][:3], m, t, a0, a1, table[c][3], None if d < 0 or table[c][4] >= 0 else d,
-                                table[c][4] if table[c][4] >= 0 else None)  # an IPCQ record shows no data phase
-                    for c, m, t, a0, a1, d in zip(code, cmd, tile, p0, p1, td))
-        known = {c: (kind_of(*table[c][:3]), str(table[c][3])) for c in firsts}  # tracks in order of use
-        made = [known[c] for c in code]
-        data = nums[:, 4].astype(object)
-        data[nums[:, 4] < 0] = None
-        return zip([k[0] for k in made], p0, p1, data.tolist(), list(map(repr, (nums[:, 2] / 1e6).tolist())),
-                   list(map(str, cmd)), list(map(str, tile)), [k[1] for k in made], [None] * len(code))
+    def table_chunk(names, c):
+        """One chunk of :func:`from_table`: an iterator of its records."""
+        code, cmd, tile, p0, p1, td, nbytes, peer = (c[f].tolist() for f in FIELDS[:8])
+        if (c["peer"] >= 0).any():  # a record names a peer: one by one
+            return (from_fields(*names[k], m, t, a0, a1, b, None if d < 0 else d, pr if pr >= 0 else None)
+                    for k, m, t, a0, a1, d, b, pr in zip(code, cmd, tile, p0, p1, td, nbytes, peer))
+        known = {k: kind_of(*names[k]) for k in dict.fromkeys(code)}  # tracks in order of use
+        data = c["td"].astype(object)
+        data[c["td"] < 0] = None
+        return zip([known[k] for k in code], p0, p1, data.tolist(), list(map(repr, (c["t0"] / 1e6).tolist())),
+                   list(map(str, cmd)), list(map(str, tile)), list(map(str, nbytes)), [None] * len(code))
 
     try:
-        with open(tmp, "w", buffering=1 << 20) as f, \
-                (open(op_log) if records is None else contextlib.nullcontext()) as src:
+        with open(tmp, "w", buffering=1 << 20) as f:
             write = f.write
             write('{"displayTimeUnit": "ns",\n "traceEvents": [\n')
             sep = ""
-            for k, p0, p1, p_data, ts, cmd, tile, nbytes, peer in \
-                    (from_lines(src) if records is None else from_records(*records)):
+            for k, p0, p1, p_data, ts, cmd, tile, nbytes, peer in from_table(records):
                 n_rec += 1
                 k.count += 1
                 ends = k.ends
@@ -403,7 +326,7 @@ def write_trace(op_log: Path | str, out: Path | str, tracks: dict | None = None,
             for ev in meta:
                 write(sep + dumps(ev, ensure_ascii=False))
                 sep = ",\n"
-            other = {"source": final_name(op_log.name).removesuffix(".partial"), "generator": "kbframe.trace",
+            other = {"source": final_name(source).removesuffix(".partial"), "generator": "kbframe.trace",
                      "time_unit": "us"}
             write("\n ],\n \"otherData\": " + dumps(other) + "}\n")
         os.replace(tmp, out)

@@ -299,7 +299,7 @@ def _simulate(run: _Run, rd: RunDir) -> None:
     run.forwarded.write_oplog(run.oplog_path)
     run.sanitizer = run.sim.sanitizer
     if run.ff == "verify":
-        fastforward.verify(run.cfg, run.wl, run.kernel, run.recipes, run.oplog_path, run.check, rd.temp, run.sim)
+        fastforward.verify(run.cfg, run.wl, run.kernel, run.recipes, run.check, run.sim)
         run.ff_note += "; verified against the full simulation"
 
 
@@ -308,7 +308,7 @@ def _check(run: _Run) -> None:
     short copies were checked, and its counts extrapolated)."""
     if run.forwarded is not None:
         return
-    run.sanitizer = sanitizer.check(run.sim.engine, run.oplog_path) if run.check else {"rules_checked": 0}
+    run.sanitizer = sanitizer.check(run.sim.engine, run.sim.oplog.table) if run.check else {"rules_checked": 0}
 
 
 def _report(run: _Run, rd: RunDir) -> dict:
@@ -323,11 +323,10 @@ def _report(run: _Run, rd: RunDir) -> dict:
     metrics.update(found)
     if found and wl.tokens():
         metrics["step"] = phases.step(metrics, wl.tokens())
-    if run.trace:  # a fast-forwarded run's from its records, not from the op_log's text
+    if run.trace:  # from the run's record table, as its op_log was
         power = power_from_metrics(metrics) if run.cfg.run.get("power_track", False) else None
-        write_trace(run.oplog_path, run.trace_path, tracks_from_metrics(metrics), critical=cp.records,
-                    records=run.forwarded.records if run.forwarded is not None else None, phases=slices,
-                    power=power)
+        write_trace(oplog.table, run.trace_path, tracks_from_metrics(metrics), critical=cp.records,
+                    phases=slices, power=power, source=run.oplog_path.name)
     metrics["sanitizer"] = run.sanitizer
     # how the run was made, not a result (check_identical and verify leave it out, as wall_s)
     metrics["fast_forward"] = {"mode": run.ff, "applied": run.forwarded is not None, "note": run.ff_note}

@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import copy
 import time
-from array import array
 from dataclasses import dataclass
 
 import numpy as np
@@ -53,12 +52,11 @@ from omegaconf import open_dict
 
 from ..errors import KbframeError
 from ..sim.engine import build_units
-from ..sim.oplog import RowSink, _row, format_rows
+from ..records import RecordTable
 from ..sim import sanitizer
-from ..sim.waits import _FIELDS
 from ..timebase import MAX_PS
 from . import preflight
-from .periodic import NotPeriodic, Runs, Settling, global_refs, precheck, records_of, streams_of, totals
+from .periodic import NotPeriodic, Runs, Settling, precheck, records_of, streams_of, totals
 from .simulate import Simulation, simulate
 
 #: steps the first short copies keep before the periods they vary (warm-up reached by
@@ -84,85 +82,43 @@ SETTLING_BUDGET = 0.3
 @dataclass
 class Outcome:
     """A fast-forwarded run: the simulation object standing for the full run (its engine,
-    op_log totals and wait records extrapolated), its records (what :meth:`write_oplog`
-    writes) and what was done. ``sim`` None: simulate in full."""
+    op_log totals and record table extrapolated: what :meth:`write_oplog` writes) and
+    what was done. ``sim`` None: simulate in full."""
 
     sim: Simulation | None
     note: str
-    records: tuple | None = None  # (table, codes, nums), as Runs.records gives them
 
     def write_oplog(self, path) -> None:
-        """The full run's ``op_log.jsonl`` text, written to ``path`` (its time counts in
-        ``sim.wall_s``, as a simulation's streamed op_log does)."""
+        """The full run's ``op_log.jsonl`` text, written to ``path`` from its record table
+        (its time counts in ``sim.wall_s``, as a simulation's streamed op_log does)."""
         t = time.perf_counter()
-        _write_oplog(path, *self.records)
+        self.sim.oplog.write(path)
         self.sim.engine.wall_s += time.perf_counter() - t
 
 
-def _write_oplog(path, table: list, codes: np.ndarray, nums: np.ndarray) -> None:
-    """The op_log text of these records, as :class:`~kbframe.sim.oplog.OpLog` writes it."""
-    heads = np.array([f'{{"pe": {pe}, "unit": "{unit}", "op_kind": "{kind}", "cmd": '
-                      for pe, unit, kind, *_ in table], dtype=object)
-    col = nums[:, :5].T.tolist()
-    head, nbytes = heads[codes].tolist(), np.array([n[3] for n in table], dtype=np.int64)[codes].tolist()
-    peer = np.array([n[4] for n in table], dtype=np.int64)[codes]
-    if not (peer >= 0).any():
-        text = format_rows(zip(head, col[0], col[1], col[2], col[3], nbytes, col[4]))
-    else:  # an IPCQ record also names the other PE (OpLog.stage)
-        rows, out = [], []
-        for h, cmd, tile, t0, t1, nb, td, pr in zip(head, *col[:4], nbytes, col[4], peer.tolist()):
-            if pr >= 0:
-                out.append(format_rows(rows))
-                rows = []
-                out.append(_row(h, cmd, tile, t0, t1, nb, -1)[:-2] + f', "peer": {pr}}}\n')
-            else:
-                rows.append((h, cmd, tile, t0, t1, nb, td))
-        out.append(format_rows(rows))
-        text = "".join(out)
-    with open(path, "w", buffering=1 << 20) as f:
-        f.write(text)
-
-
-def _apply(sim: Simulation, tot: dict, table: list, codes: np.ndarray, nums: np.ndarray) -> None:
-    """Make ``sim`` (the longest short copy) stand for the full run."""
+def _apply(sim: Simulation, tot: dict, table: RecordTable) -> None:
+    """Make ``sim`` (the longest short copy) stand for the full run: its records ``table``
+    and totals ``tot``, set through the op_log, PE_CPU and links."""
     e, o = sim.engine, sim.oplog
     sim.latency_ps = tot["latency_ps"]
-    o.n_records, o.hbm_bytes = tot["n_records"], tot["hbm_bytes"]
-    for key, t in o._totals.items():
-        for f in ("count", "bytes", "busy_ps", "flops"):
-            setattr(t, f, tot[("oplog", key, f)])
-        for kind in t.kinds:
-            t.kinds[kind] = [tot[("kind", key, kind, "count")], tot[("kind", key, kind, "elements")]]
-    column = lambda j: np.array([n[j] for n in table], dtype=np.int64)[codes]  # noqa: E731
-    data = np.empty((len(codes), _FIELDS), dtype=np.int64)
-    data[:, 0] = column(5)
-    data[:, 1:5] = nums[:, 5:9]
-    data[:, 5] = column(6)
-    data[:, 6] = nums[:, 9]
-    o.waits.data = array(o.waits.data.typecode, data.ravel().tobytes())
-    o._wdata = o.waits.data
-    is_cpu = np.array([n[1] == "cpu" for n in table], dtype=bool)[codes]  # dispatches: bytes = logical bytes
-    pe_of, nbytes = column(0), column(3)
+    o.restore_totals(tot)
+    o.replace_records(table)
+    c = table.cols()
+    pe_of = np.array(table.name_col(0), dtype=np.int64)[c["name"]]
+    is_cpu = np.array([u == "cpu" for u in table.name_col(1)], dtype=bool)[c["name"]]  # bytes: logical bytes
     for pe in e.pes.built():
-        cpu = pe.cpu
-        cpu.n_commands = tot[("cpu", pe.index, "n_commands")]
-        cpu.busy_ps = tot[("cpu", pe.index, "busy_ps")]
-        sizes = nbytes[is_cpu & (pe_of == pe.index)]
-        cost = {nb: cpu.cycles_for(nb) for nb in np.unique(sizes).tolist()}
-        # summed in dispatch order, as PE_CPU does: cumsum adds one after another (the same float)
-        cpu.cycles = float(np.cumsum(np.array([cost[nb] for nb in sizes.tolist()], dtype=np.float64))[-1]) \
-            if len(sizes) else 0.0
+        pe.cpu.restore(tot[("cpu", pe.index, "n_commands")], tot[("cpu", pe.index, "busy_ps")],
+                       c["bytes"][is_cpu & (pe_of == pe.index)].tolist())
     for key, ln in e.fabric.links.items():
-        for f in ("sent", "received", "bytes", "busy_ps"):
-            setattr(ln, f, tot[("link", key, f)])
+        ln.restore_counters(**{f: tot[("link", key, f)] for f in ln.COUNTERS})
     for f in ("commands", "stages", "accesses"):
         if ("sanitizer", f) in tot:
             sim.sanitizer[f] = tot[("sanitizer", f)]
 
 
-def _check(engine, sink: RowSink) -> dict:
-    """The sanitizer's check of a short copy kept in ``sink``."""
-    return sanitizer.check(engine, sanitizer.parse_oplog(sink.text()))
+def _check(engine, table) -> dict:
+    """The sanitizer's check of a short copy's records."""
+    return sanitizer.check(engine, table)
 
 
 class _Copies:
@@ -188,12 +144,12 @@ class _Copies:
                 self.bench[self.key] = n * self.step + self.r
             w = type(self.wl)(self.bench, n_pes=self.wl.n_pes, hardware=self.wl.hardware)
             w.validate()
-            sink = RowSink()  # only compared here: the records stay unformatted
-            sim = simulate(self.cfg, w, self.kernel, self.recipes, None, sink, self.check, False,
+            # only compared here: nothing written, the records stay in the table
+            sim = simulate(self.cfg, w, self.kernel, self.recipes, None, None, self.check, False,
                            copy.deepcopy(self.units), check_later=self.check)
-            if self.check:  # the sanitizer reads the op_log's text: formatted and parsed when taken
-                self.checks[n] = (sim.engine, sink)
-            recs = records_of(sink.rows, sim.oplog.waits, sim.oplog.head_names())
+            if self.check:  # checked when taken
+                self.checks[n] = (sim.engine, sim.oplog.table)
+            recs = records_of(sim.oplog.table)
             self.done[n] = (sim, recs, streams_of(recs))
         return self.done[n]
 
@@ -341,9 +297,8 @@ def _run(copies: _Copies, q: int, key: str, t_start: float, min_steps: int = MIN
             late = [n for n in tot if n == "latency_ps" or (isinstance(n, tuple) and n[-1] == "busy_ps")]
             beyond, not_periodic = any(tot[n] >= MAX_PS for n in late), None
             if not beyond:
-                table, codes, nums = runs.records(k_full)
                 try:
-                    nums = global_refs(table, codes, nums)
+                    table = runs.table(k_full)
                 except NotPeriodic as e:
                     not_periodic = e
             try:  # every copy checked: this candidate's, then those of the candidates ruled out
@@ -361,41 +316,36 @@ def _run(copies: _Copies, q: int, key: str, t_start: float, min_steps: int = MIN
             except KbframeError as e:
                 return Outcome(None, f"simulated in full: a short copy failed ({e})")
             sim = runs.sims[3]
-            _apply(sim, tot, table, codes, nums)
+            _apply(sim, tot, table)
             sim.phases = _phases(runs, n_a, p, k_full)
             sim.engine.wall_s = time.perf_counter() - t_start
             return Outcome(sim, f"fast-forwarded {k_full - 3} of {k_full} periods of {p} {key} step(s) "
-                                f"({len(codes) - len(runs.recs[3])} of {len(codes)} records by shifting)",
-                           (table, codes, nums))
+                                f"({len(table) - len(runs.recs[3])} of {len(table)} records by shifting)")
         if not settling:
             return Outcome(None, f"simulated in full: {why or 'too few periods to skip'}")
         n_min *= GROWTH
 
 
-def verify(cfg, wl, kernel, recipes, oplog_path, check: bool, temp, ff: Simulation) -> None:
-    """``run.fast_forward=verify``: simulate the bench in full as well and compare. Raises
-    SanitizerError (rule ``fast_forward``) naming the first difference: the op_log's first
-    differing line, or the total, the wait record or the dispatch cycles that differ."""
+def verify(cfg, wl, kernel, recipes, check: bool, ff: Simulation) -> None:
+    """``run.fast_forward=verify``: simulate the bench in full as well (its records kept in
+    its table, nothing written) and compare. Raises SanitizerError (rule ``fast_forward``)
+    naming the first difference: the first line of the op_log texts of the two tables that
+    differs, or the total, the wait record or the dispatch cycles that differ."""
     from ..errors import SanitizerError
-    path = temp("ff_full.jsonl")
-    try:
-        full = simulate(cfg, wl, kernel, recipes, None, path, check, False)
-        with open(path) as a, open(oplog_path) as b:
-            for i, (la, lb) in enumerate(zip(a, b)):
-                if la != lb:
-                    raise SanitizerError(f"fast-forward: op_log line {i + 1} differs from the full simulation's: "
-                                         f"{lb.strip()} instead of {la.strip()}", "fast_forward")
-        if full.oplog.n_records != ff.oplog.n_records:
-            raise SanitizerError(f"fast-forward: {ff.oplog.n_records} records, the full simulation has "
-                                 f"{full.oplog.n_records}", "fast_forward")
-    finally:
-        path.unlink(missing_ok=True)
+    full = simulate(cfg, wl, kernel, recipes, None, None, check, False)
+    for i, (la, lb) in enumerate(zip(full.oplog.table.text().splitlines(), ff.oplog.table.text().splitlines())):
+        if la != lb:
+            raise SanitizerError(f"fast-forward: op_log line {i + 1} differs from the full simulation's: "
+                                 f"{lb} instead of {la}", "fast_forward")
+    if full.oplog.n_records != ff.oplog.n_records:
+        raise SanitizerError(f"fast-forward: {ff.oplog.n_records} records, the full simulation has "
+                             f"{full.oplog.n_records}", "fast_forward")
     tf, tg = totals(full), totals(ff)
     bad = [n for n in tf if tf[n] != tg.get(n)]
     if bad:
         raise SanitizerError(f"fast-forward: total {bad[0]} is {tg.get(bad[0])}, the full simulation's "
                              f"{tf[bad[0]]}", "fast_forward")
-    if full.oplog.waits.data != ff.oplog.waits.data:
+    if full.oplog.table.buf != ff.oplog.table.buf:
         raise SanitizerError("fast-forward: the wait records differ from the full simulation's", "fast_forward")
     for pe in full.engine.pes.built():
         if pe.cpu.cycles != ff.engine.pes[pe.index].cpu.cycles:

@@ -5,12 +5,15 @@ compared, and the records and totals of a longer copy predicted from them. How
 """
 from __future__ import annotations
 
-import json
-
 import numpy as np
 
-from ..sim.waits import _FIELDS
+from ..records import RecordTable
 from .simulate import Simulation
+
+#: a record's integers that shift from period to period: command, tile, start, end, data
+#: phase, and the wait's reference (records_of)
+NUMS = 6
+_REF = NUMS - 1
 
 
 class NotPeriodic(Exception):
@@ -23,57 +26,54 @@ class Settling(NotPeriodic):
     too short to show the steady state."""
 
 
-def _fields(rows: list, heads: dict | None):
-    """Each op_log record as ``(pe, unit, op_kind, bytes, peer, cmd, tile, t_start, t_end,
-    t_data)``, times in integer ps (-1: none): from parsed records (dicts), or from a
-    :class:`~kbframe.sim.oplog.RowSink`'s rows with ``heads`` (``OpLog.head_names``)."""
-    for r in rows:
-        if heads is not None and type(r) is tuple:
-            head, cmd, tile, t0, t1, nbytes, td = r
-            pe, unit, kind = heads[head]
-            yield pe, unit, kind, nbytes, -1, cmd, tile, t0, t1, td
-            continue
-        if type(r) is str:  # a RowSink's text row (it names a peer)
-            r = json.loads(r)
-        yield (r["pe"], r["unit"], r["op_kind"], r["bytes"], r.get("peer", -1), r["cmd"], r["tile"],
-               round(r["t_start_ns"] * 1000), round(r["t_end_ns"] * 1000),
-               round(r["t_data_ns"] * 1000) if "t_data_ns" in r else -1)
-
-
-def records_of(rows: list, waits, heads: dict | None = None) -> list[tuple]:
-    """``(names, nums)`` per op_log record (``rows`` as :func:`_fields` reads them): names
-    are what must not change between periods (PE, unit, kind, bytes, peer, wait code and
-    kind, and the stream of the record that readied a stage), nums the integers that
-    shift: command, tile, times, the wait record's command and times, and its reference
-    (for a stage: the index, within its stream, of the record that readied it;
-    stream-local, so that other streams' records do not move it)."""
-    if len(rows) != len(waits):
-        raise NotPeriodic("op_log and wait records differ in number")
-    if not rows:
+def records_of(table) -> list[tuple]:
+    """``(names, nums)`` per record of a :class:`~kbframe.records.RecordTable`: names are
+    what must not change between periods (PE, unit, kind, bytes, peer, name code, wait
+    code, and the stream of the record that readied a stage), nums the integers that
+    shift (:data:`NUMS`): command, tile, times, and the wait's reference (for a stage:
+    the index, within its stream, of the record that readied it; stream-local, so that
+    other streams' records do not move it)."""
+    if not len(table):
         return []
-    pe, unit, kind, nbytes, peer, cmd, tile, t0, t1, td = zip(*_fields(rows, heads))
-    w = np.frombuffer(waits.data, dtype=np.int64).reshape(-1, _FIELDS)
+    c = table.cols()
+    code = c["name"]
+    pe = np.array(table.name_col(0), dtype=np.int64)[code].tolist()
+    unit = np.array(table.name_col(1), dtype=object)[code].tolist()
+    kind = np.array(table.name_col(2), dtype=object)[code].tolist()
     streams: dict = {}
     sid = np.array([streams.setdefault(k, len(streams)) for k in zip(pe, unit)], dtype=np.int64)
     order = np.argsort(sid, kind="stable")
     first = np.searchsorted(sid[order], sid[order])  # where each record's stream starts, in order
     local = np.empty(len(sid), dtype=np.int64)
     local[order] = np.arange(len(sid)) - first       # its place within its stream
-    why, ref = w[:, 5], w[:, 6].copy()
+    why, ref = c["why"], c["ref"].copy()
     readied = np.nonzero((why < 0) & (ref >= 0))[0]  # stages readied by record ref (kbframe.sim.waits)
     ref_sid = np.full(len(sid), -1, dtype=np.int64)
     ref_sid[readied] = sid[ref[readied]]
     ref[readied] = local[ref[readied]]
     stream_of = list(streams)
     ref_stream = [stream_of[s] if s >= 0 else None for s in ref_sid.tolist()]
-    names = zip(pe, unit, kind, nbytes, peer, w[:, 0].tolist(), why.tolist(), ref_stream)
-    nums = zip(cmd, tile, t0, t1, td, w[:, 1].tolist(), w[:, 2].tolist(), w[:, 3].tolist(), w[:, 4].tolist(),
-               ref.tolist())
+    names = zip(pe, unit, kind, c["bytes"].tolist(), c["peer"].tolist(), code.tolist(), why.tolist(), ref_stream)
+    nums = zip(*(c[f].tolist() for f in ("cmd", "tile", "t0", "t1", "td")), ref.tolist())
     return list(zip(names, nums))
 
 
+def _table_rows(names: list, codes: np.ndarray, nums: np.ndarray) -> np.ndarray:
+    """The record table's rows (kbframe.records.FIELDS) of records ``(names, codes, nums)``
+    (:meth:`Runs.records`, references made global)."""
+    column = lambda j: np.array([n[j] for n in names], dtype=np.int64)[codes]  # noqa: E731
+    rows = np.empty((len(codes), 10), dtype=np.int64)
+    rows[:, 0] = column(5)      # name code
+    rows[:, 1:6] = nums[:, :5]  # cmd, tile, t0, t1, td
+    rows[:, 6] = column(3)      # bytes
+    rows[:, 7] = column(4)      # peer
+    rows[:, 8] = column(6)      # why
+    rows[:, 9] = nums[:, _REF]  # ref
+    return rows
+
+
 def global_refs(table: list, codes: np.ndarray, nums: np.ndarray) -> np.ndarray:
-    """Column 9 back from stream-local to record indices (what the wait records hold).
+    """The reference column back from stream-local to record indices (what the table holds).
     Raises NotPeriodic if a reference leaves its stream (then the copies misled us)."""
     streams: dict = {}
     sid = np.array([streams.setdefault((n[0], n[1]), len(streams)) for n in table], dtype=np.int64)[codes]
@@ -83,10 +83,10 @@ def global_refs(table: list, codes: np.ndarray, nums: np.ndarray) -> np.ndarray:
     count = np.bincount(sid, minlength=len(streams))
     out = nums.copy()
     at = np.nonzero(ref_sid >= 0)[0]
-    local = nums[at, 9]
+    local = nums[at, _REF]
     if (local < 0).any() or (local >= count[ref_sid[at]]).any():
         raise NotPeriodic("a stage's reference leaves its stream")
-    out[at, 9] = order[start[ref_sid[at]] + local]
+    out[at, _REF] = order[start[ref_sid[at]] + local]
     return out
 
 
@@ -94,18 +94,13 @@ def totals(sim: Simulation) -> dict:
     """Every integer a metric is made of, by name: they grow by the same amount each period,
     but peaks (TCM high water, a link's deepest queue), which stay."""
     e, o = sim.engine, sim.oplog
-    t = {"latency_ps": sim.latency_ps, "n_records": o.n_records, "hbm_bytes": o.hbm_bytes}
-    for key, tot in o._totals.items():
-        for f in ("count", "bytes", "busy_ps", "flops"):
-            t[("oplog", key, f)] = getattr(tot, f)
-        for kind, (n, elements) in tot.kinds.items():
-            t[("kind", key, kind, "count")], t[("kind", key, kind, "elements")] = n, elements
+    t = {"latency_ps": sim.latency_ps, **o.totals()}
     for pe in e.pes.built():
         t[("cpu", pe.index, "n_commands")] = pe.cpu.n_commands
         t[("cpu", pe.index, "busy_ps")] = pe.cpu.busy_ps
         t[("tcm", pe.index)] = pe.tcm.high_water
     for key, ln in e.fabric.links.items():
-        for f in ("sent", "received", "bytes", "busy_ps"):
+        for f in ln.COUNTERS:
             t[("link", key, f)] = getattr(ln, f)
         t[("link", key, "max_outstanding")] = ln.max_outstanding
     for f in ("commands", "stages", "accesses"):
@@ -119,7 +114,7 @@ def _is_constant(name) -> bool:
 
 
 def _arr(rs) -> np.ndarray:
-    return np.array([r[1] for r in rs], dtype=np.int64).reshape(-1, 10)
+    return np.array([r[1] for r in rs], dtype=np.int64).reshape(-1, NUMS)
 
 
 def streams_of(recs: list) -> dict:
@@ -207,7 +202,7 @@ class Runs:
             self.step.append(_arr([r[1] for r in c[x + m:x + 2 * m]]) - _arr([r[1] for r in c[x:x + m]]))
             self.suf += b[x + m:]
             self.tail_step.append(_arr([r[1] for r in b[x + m:]]) - _arr([r[1] for r in a[x:]]))
-        self.step = np.concatenate(self.step) if self.step else np.zeros((0, 10), np.int64)
+        self.step = np.concatenate(self.step) if self.step else np.zeros((0, NUMS), np.int64)
         delta = sims[1].latency_ps - sims[0].latency_ps
         moved = self.step[:, 2:4]
         if moved.size and not (moved == delta).all():  # a steady state moves every stream by Δ
@@ -215,7 +210,7 @@ class Runs:
             n = self.blk[i][1][0]
             raise Settling(f"the records of {n[1]} on PE{n[0]} move {int(moved[i, 0])} ps a period, "
                            f"the run {delta} ps")
-        self.tail_step = np.concatenate(self.tail_step) if self.tail_step else np.zeros((0, 10), np.int64)
+        self.tail_step = np.concatenate(self.tail_step) if self.tail_step else np.zeros((0, NUMS), np.int64)
         self.totals = [totals(s) for s in sims]
 
     def records(self, k: int) -> tuple[list, np.ndarray, np.ndarray]:
@@ -232,7 +227,7 @@ class Runs:
         blk = _arr([r for _, r in self.blk])
         blocks = blk[None, :, :] + np.arange(k, dtype=np.int64)[:, None, None] * self.step[None, :, :]
         suf = _arr([r for _, r in self.suf]) + (k - 1) * self.tail_step
-        nums = np.concatenate([pre, blocks.reshape(-1, 10), suf])
+        nums = np.concatenate([pre, blocks.reshape(-1, NUMS), suf])
         codes = np.concatenate([codes_of(self.pre), np.tile(codes_of(self.blk), k), codes_of(self.suf)])
         # ties in completion time: the order of the representatives in the second copy
         rank = np.concatenate([np.array([i for i, _ in self.pre], dtype=np.int64),
@@ -241,6 +236,14 @@ class Runs:
         order = np.lexsort((rank, nums[:, 3]))  # by end time, then as in the second copy
         order = _completions_after_their_stage(table, codes, nums, order)
         return table, codes[order], nums[order]
+
+    def table(self, k: int) -> RecordTable:
+        """:meth:`records` as the full run's record table (kbframe.records), its names those
+        of the copies' tables and its references record indices. Raises NotPeriodic if a
+        stage's reference leaves its stream."""
+        names, codes, nums = self.records(k)
+        rows = _table_rows(names, codes, global_refs(names, codes, nums))
+        return RecordTable.of_rows(self.sims[-1].oplog.table.names, rows)
 
     def total(self, k: int) -> dict:
         ta, tb = self.totals[0], self.totals[1]
@@ -256,7 +259,7 @@ class Runs:
             table, codes, nums = self.records(k)
             recs = self.recs[k]
             if [table[c] for c in codes.tolist()] != [r[0] for r in recs] or not np.array_equal(
-                    nums, np.array([r[1] for r in recs], dtype=np.int64).reshape(-1, 10)):
+                    nums, np.array([r[1] for r in recs], dtype=np.int64).reshape(-1, NUMS)):
                 raise NotPeriodic(f"the copy with {k} periods is not the predicted one")
             self._verify_total(k, pending=self.sims[k].sanitizer is None)
 

@@ -37,10 +37,10 @@ class Simulation:
 def simulate(cfg, wl, kernel, recipes, inp, oplog_path, check: bool, show: bool,
              units: dict | None = None, check_later: bool = False) -> Simulation:
     """Run ``wl`` (validated from ``cfg``) with ``kernel``; op_log records go to
-    ``oplog_path`` (a path, a text stream, or with ``check`` off a kbframe.sim.oplog.RowSink;
-    None: nowhere); ``units``: one PE's unbound units (default: built from
+    ``oplog_path`` (a path or a text stream; None: nowhere, the records stay in
+    ``oplog.table``); ``units``: one PE's unbound units (default: built from
     ``cfg.hardware``). With ``check_later`` the sanitizer records what it needs but the
-    caller checks (``kbframe.sim.sanitizer.check(sim.engine, oplog_path)``) and
+    caller checks (``kbframe.sim.sanitizer.check(sim.engine, sim.oplog.table)``) and
     ``Simulation.sanitizer`` is None. Raises what the run raises (ValidationError,
     TcmOverflowError, DeadlockError, SanitizerError)."""
     b = cfg.bench
@@ -69,5 +69,5 @@ def simulate(cfg, wl, kernel, recipes, inp, oplog_path, check: bool, show: bool,
             latency_ps = engine.run(programs)
     finally:
         oplog.close()
-    san = None if check_later else sanitizer.check(engine, oplog_path) if check else {"rules_checked": 0}
+    san = None if check_later else sanitizer.check(engine, oplog.table) if check else {"rules_checked": 0}
     return Simulation(engine, pe, oplog, latency_ps, san, numerics, {i: t.phases for i, t in tls.items()})

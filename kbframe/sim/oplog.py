@@ -9,9 +9,9 @@ DMA records also carry ``t_data_ns``, when the transfer's data phase began; IPCQ
 receive records carry ``peer``, the other PE.
 
 Records are written in completion order, which is deterministic: the file is
-byte-identical across runs of the same config. What each record waited for is kept
-beside it, in memory, by :class:`~kbframe.sim.waits.WaitLog` (``OpLog.waits``), in the
-same order; it never enters the file.
+byte-identical across runs of the same config. Every record is kept in memory in the
+run's :class:`~kbframe.records.RecordTable` (``OpLog.table``), with what it waited for
+(its ``why`` and ``ref``, which never enter the file); the file is written from it.
 """
 from __future__ import annotations
 
@@ -20,70 +20,11 @@ from collections import defaultdict
 import numpy as np
 
 from ..ir.commands import command_kind
-from .waits import _FIELDS, _LINK_STAGE, WAIT_CODE, WaitLog
+from ..records import ROW, RecordTable
+from .waits import _LINK_STAGE, _RAW_STAGE, WAIT_CODE, WaitLog
 
-#: ``_FRAC[r]``: how Python prints the fraction of ``r / 1000`` (``".5"``, ``".001"``, ``".0"``).
-_FRAC = tuple(repr(r / 1000)[1:] for r in range(1000))
-#: Below this many ps (1000 s), ``ps // 1000`` and ``_FRAC[ps % 1000]`` spell exactly
-#: ``repr(ps / 1000)``: a float's spacing there is far finer than 1 ps, so its shortest repr
-#: is the exact decimal. Formatting floats was the op_log's largest cost.
-_EXACT_PS = 10 ** 15
-
-
-def _ns(ps) -> str:
-    """A time in integer ps as the op_log prints it in ns: the text of ``ps / 1000``."""
-    if ps.__class__ is int and 0 <= ps < _EXACT_PS:
-        return f"{ps // 1000}{_FRAC[ps % 1000]}"
-    return repr(ps / 1000)
-
-
-def _row(head: str, cmd_id, tile, t0, t1, nbytes, t_data) -> str:
-    """One op_log line for any times (``t_data < 0``: none)."""
-    tail = f', "t_data_ns": {_ns(t_data)}}}\n' if t_data >= 0 else "}\n"
-    return f'{head}{cmd_id}, "tile": {tile}, "t_start_ns": {_ns(t0)}, "t_end_ns": {_ns(t1)}, "bytes": {nbytes}{tail}'
-
-
-def format_rows(rows) -> str:
-    """The op_log text of ``rows``: ``(head, cmd, tile, t_start, t_end, bytes, t_data or
-    -1)`` each, times in integer ps (also used by kbframe.run.fastforward)."""
-    frac = _FRAC
-    # a record's times are integer ps (kbframe.timebase); below _EXACT_PS the ns text is
-    # ps // 1000 and _FRAC[ps % 1000] (_ns, inlined: formatting is the op_log's main
-    # cost); any other time takes _row, the general path
-    return "".join([
-        f'{head}{cmd_id}, "tile": {tile}, "t_start_ns": {t0 // 1000}{frac[t0 % 1000]}, '
-        f'"t_end_ns": {t1 // 1000}{frac[t1 % 1000]}, "bytes": {nbytes}' +
-        ("}\n" if t_data < 0 else f', "t_data_ns": {t_data // 1000}{frac[t_data % 1000]}}}\n')
-        if t0.__class__ is int and t1.__class__ is int and t_data.__class__ is int
-        and 0 <= t0 < _EXACT_PS and 0 <= t1 < _EXACT_PS and t_data < _EXACT_PS
-        else _row(head, cmd_id, tile, t0, t1, nbytes, t_data)
-        for head, cmd_id, tile, t0, t1, nbytes, t_data in rows])
-
-
-class RowSink:
-    """An op_log kept in memory unformatted (a short simulation that is only compared, not
-    written): ``rows`` holds each record as OpLog batches it, ``(head, cmd, tile, t_start,
-    t_end, bytes, t_data or -1)``, times in integer ps, or as the text of a record that
-    names a ``peer`` (IPCQ)."""
-
-    def __init__(self):
-        self.rows: list = []
-
-    def write(self, text: str) -> None:
-        self.rows.append(text)
-
-    def text(self) -> str:
-        """The op_log text of the rows, as :class:`OpLog` would have written it."""
-        out, run = [], []
-        for row in self.rows:
-            if row.__class__ is str:
-                out.append(format_rows(run))
-                out.append(row)
-                run = []
-            else:
-                run.append(row)
-        out.append(format_rows(run))
-        return "".join(out)
+#: records before the first write to a file (then this many more each time)
+BATCH = 4096
 
 
 class _Totals:
@@ -91,41 +32,44 @@ class _Totals:
     records count commands but carry no bytes or busy time. ``kinds``: a stage unit's
     ``{op_kind: [stages, elements]}`` (what kbframe.run.energy charges by kind)."""
 
-    __slots__ = ("count", "bytes", "busy_ps", "flops", "full", "heads", "codes", "kinds")
+    __slots__ = ("count", "bytes", "busy_ps", "flops", "full", "codes", "kinds")
 
     def __init__(self, full: bool):
         self.count = self.bytes = self.busy_ps = self.flops = 0
         self.full = full
         self.kinds: dict = {}
-        self.heads: dict = {}  # op_kind -> the record's fixed leading text
-        self.codes: dict = {}  # op_kind -> the record name's code in the WaitLog
+        self.codes: dict = {}  # op_kind -> the record name's code in the table
 
 
 class OpLog:
-    """Streams op_log records to ``path`` (a file path, a text stream or a
-    :class:`RowSink`; None: nowhere) and keeps totals.
+    """Keeps the run's records in :attr:`table` (a :class:`~kbframe.records.RecordTable`)
+    and totals, and writes the op_log to ``path`` (a file path or a text stream; None:
+    nowhere) from the table, ``batch`` records at a time; the file is complete once
+    :meth:`close` has returned.
 
     Totals (per ``(pe, unit)``): ``busy_ps``, ``count``, ``bytes``; plus ``flops`` and
-    ``hbm_bytes`` overall and, per PE, :meth:`pe_totals` (its last record's end, its FLOPs). Records are formatted and written in batches of ``batch``;
-    the file is complete once :meth:`close` has returned.
+    ``hbm_bytes`` overall and, per PE, :meth:`pe_totals` (its last record's end, its FLOPs).
     """
 
-    def __init__(self, path=None, batch: int = 4096):
+    def __init__(self, path=None, batch: int = BATCH):
         # a path (opened and closed here), a text stream the caller keeps (io.StringIO:
-        # a record that is not a file), or None (totals and wait records only)
+        # a record that is not a file), or None (the table and totals only)
         self._own = path is not None and not hasattr(path, "write")
         self._f = open(path, "w", buffering=1 << 20) if self._own else path
-        self._kept = path.rows if isinstance(path, RowSink) else None  # rows not formatted
         self._batch = batch
-        self._rows: list = []  # pending records: (head, cmd, tile, t_start, t_end, bytes, t_data or -1)
+        self._written = 0  # records written to the file so far
+        self._flush_at = batch if self._f is not None else -1  # -1: never (unsigned compare below)
         self._totals: dict = {}  # (pe, unit name) -> _Totals
         self._by_unit: dict = {}  # stage unit object -> its _Totals (no key tuple per stage)
         self.hbm_bytes = 0
         self.n_records = 0
-        #: what each record waited for, record by record (the critical path's input);
-        #: its fields are appended here, inline (once per record: the hot path)
-        self.waits = WaitLog()
-        self._wdata = self.waits.data
+        #: every record, with what it waited for; appended to inline (once per record: the
+        #: hot path)
+        self.table = RecordTable()
+        self._buf = self.table.buf
+        self._pack = ROW.pack
+        #: what each record waited for, worked out from the table (the critical path's input)
+        self.waits = WaitLog(self.table)
 
     # the per-(pe, unit) totals, as dicts that default to 0 (bench.py reads them)
     @property
@@ -158,22 +102,17 @@ class OpLog:
         t = self._totals.get((pe, unit))
         return {k: (n, e) for k, (n, e) in t.kinds.items()} if t is not None else {}
 
-    def head_names(self) -> dict:
-        """``{head: (pe, unit, op_kind)}``: the record each head text (a :class:`RowSink`
-        row's first field) stands for."""
-        return {h: (pe, unit, kind) for (pe, unit), t in self._totals.items() for kind, h in t.heads.items()}
-
     def pe_totals(self) -> dict:
         """Per PE that has records: ``{pe: {"end_ps": its last record's end, "flops": ...}}``
-        (the ends from the wait records, after the run: nothing on the hot path)."""
+        (the ends from the table, after the run: nothing on the hot path)."""
         out: dict = {}
         for (pe, _), t in sorted(self._totals.items()):
             out.setdefault(pe, {"end_ps": 0, "flops": 0})["flops"] += t.flops
-        rows = np.frombuffer(self.waits.data, dtype=np.int64).reshape(-1, _FIELDS)
-        if len(rows):
-            pe_of = np.array([pe for pe, _, _ in self.waits.names()], dtype=np.int64)[rows[:, 0]]
+        c = self.table.cols()
+        if len(c["name"]):
+            pe_of = np.array(self.table.name_col(0), dtype=np.int64)[c["name"]]
             ends = np.zeros(int(pe_of.max()) + 1, dtype=np.int64)
-            np.maximum.at(ends, pe_of, rows[:, 3])
+            np.maximum.at(ends, pe_of, c["t1"])
             for pe in out:
                 out[pe]["end_ps"] = int(ends[pe])
         return out
@@ -184,24 +123,53 @@ class OpLog:
             t = self._totals[(pe, unit)] = _Totals(full)
         return t
 
-    @staticmethod
-    def _head(pe, unit, t: _Totals, op_kind) -> str:
-        head = t.heads[op_kind] = f'{{"pe": {pe}, "unit": "{unit}", "op_kind": "{op_kind}", "cmd": '
-        return head
+    def totals(self) -> dict:
+        """Every running total by name: ``n_records``, ``hbm_bytes``, ``("oplog", (pe,
+        unit), count|bytes|busy_ps|flops)`` and ``("kind", (pe, unit), op_kind,
+        count|elements)``; :meth:`restore_totals` sets them back."""
+        out = {"n_records": self.n_records, "hbm_bytes": self.hbm_bytes}
+        for key, t in self._totals.items():
+            for f in ("count", "bytes", "busy_ps", "flops"):
+                out[("oplog", key, f)] = getattr(t, f)
+            for kind, (n, elements) in t.kinds.items():
+                out[("kind", key, kind, "count")], out[("kind", key, kind, "elements")] = n, elements
+        return out
 
-    def _record(self, pe, unit, t: _Totals, op_kind, cmd_id, tile, t0, t1, nbytes, t_data) -> None:
-        head = t.heads.get(op_kind) or self._head(pe, unit, t, op_kind)
-        rows = self._rows
-        rows.append((head, cmd_id, tile, t0, t1, nbytes, t_data))
-        if len(rows) >= self._batch:
-            self._flush()
+    def restore_totals(self, tot: dict) -> None:
+        """Set the totals of every ``(pe, unit)`` and kind this log has to those named in
+        ``tot`` (as :meth:`totals` names them; other names are passed over)."""
+        self.n_records, self.hbm_bytes = tot["n_records"], tot["hbm_bytes"]
+        for key, t in self._totals.items():
+            for f in ("count", "bytes", "busy_ps", "flops"):
+                setattr(t, f, tot[("oplog", key, f)])
+            for kind in t.kinds:
+                t.kinds[kind] = [tot[("kind", key, kind, "count")], tot[("kind", key, kind, "elements")]]
+
+    def replace_records(self, table: RecordTable) -> None:
+        """Make the records of ``table`` (its names those of :attr:`table`, perhaps more) the
+        log's records: a run whose records were made, not simulated (kbframe.run.fastforward).
+        Its totals are set with :meth:`restore_totals`."""
+        if table.names[:len(self.table.names)] != self.table.names:
+            raise ValueError("replace_records: the table names its records otherwise")
+        for key in table.names[len(self.table.names):]:
+            self.table.code(*key)
+        del self._buf[:]
+        self._buf += table.buf
+        self.n_records = len(self.table)
+
+    def write(self, path) -> None:
+        """Write the op_log of every record to ``path`` (records that were not streamed)."""
+        n, step = len(self.table), 16 * self._batch
+        with open(path, "w", buffering=1 << 20) as f:
+            for lo in range(0, n, step):
+                f.write(self.table.text(lo, min(n, lo + step)))
 
     def _flush(self) -> None:
-        if self._kept is not None:
-            self._kept.extend(self._rows)
-        else:
-            self._f.write(format_rows(self._rows))
-        self._rows.clear()
+        """Write the records not yet written."""
+        n = self.n_records
+        self._f.write(self.table.text(self._written, n))
+        self._written = n
+        self._flush_at = n + self._batch
 
     def stage(self, pe: int, st) -> None:
         """Record a finished stage."""
@@ -227,23 +195,15 @@ class OpLog:
         self.n_records = idx + 1
         code = t.codes.get(st.op_kind)
         if code is None:
-            code = t.codes[st.op_kind] = self.waits.code(pe, unit.name, st.op_kind)
+            code = t.codes[st.op_kind] = self.table.code(pe, unit.name, st.op_kind)
         ready = st.ready_by
+        buf = self._buf  # grown in place
         if ready < -1:  # a receive readied by its message: the send's record (kbframe.hw.ipcq)
-            self._wdata.extend((code, st.cmd.id, t0, t1, t_data, _LINK_STAGE, -2 - ready))
+            buf += self._pack(code, st.cmd.id, st.tile, t0, t1, t_data, nbytes, st.peer, _LINK_STAGE, -2 - ready)
         else:
-            self._wdata.extend((code, st.cmd.id, t0, t1, t_data, -1, ready))
-        if st.peer >= 0 and self._f is not None:  # an IPCQ stage also names the other PE
-            if self._rows:
-                self._flush()
-            self._f.write(_row(t.heads.get(st.op_kind) or self._head(pe, unit.name, t, st.op_kind), st.cmd.id,
-                               st.tile, t0, t1, nbytes, -1)[:-2] + f', "peer": {st.peer}}}\n')
-        elif self._f is not None:  # _record, inlined: this is once per stage
-            head = t.heads.get(st.op_kind) or self._head(pe, unit.name, t, st.op_kind)
-            rows = self._rows
-            rows.append((head, st.cmd.id, st.tile, t0, t1, nbytes, t_data))
-            if len(rows) >= self._batch:
-                self._flush()
+            buf += self._pack(code, st.cmd.id, st.tile, t0, t1, t_data, nbytes, st.peer, _RAW_STAGE, ready)
+        if idx == self._flush_at:
+            self._flush()
 
     def dispatch(self, pe: int, cmd, t0: int, t1: int, why: str = "cpu", ref: int = -1) -> None:
         """Record PE_CPU's dispatch of ``cmd`` over ``[t0, t1)``; it waited for ``why``
@@ -254,13 +214,15 @@ class OpLog:
         t.count += 1
         t.busy_ps += t1 - t0
         t.bytes += nbytes
-        code = t.codes.get(kind)  # the WaitLog fields, inline (once per record)
+        code = t.codes.get(kind)
         if code is None:
-            code = t.codes[kind] = self.waits.code(pe, "cpu", kind)
-        self._wdata.extend((code, cmd.id, t0, t1, -1, WAIT_CODE[why], ref))
-        self.n_records += 1
-        if self._f is not None:
-            self._record(pe, "cpu", t, kind, cmd.id, -1, t0, t1, nbytes, -1)
+            code = t.codes[kind] = self.table.code(pe, "cpu", kind)
+        buf = self._buf  # grown in place
+        buf += self._pack(code, cmd.id, -1, t0, t1, -1, nbytes, -1, WAIT_CODE[why], ref)
+        idx = self.n_records
+        self.n_records = idx + 1
+        if idx == self._flush_at:
+            self._flush()
 
     def command(self, pe: int, cmd, t_admit: int, t_done: int, why: str = "dispatch", ref: int = -1) -> None:
         """Record a command's span in PE_SCHEDULER, from admission to completion; its
@@ -270,19 +232,22 @@ class OpLog:
         t.count += 1
         code = t.codes.get(kind)
         if code is None:
-            code = t.codes[kind] = self.waits.code(pe, "scheduler", kind)
-        self._wdata.extend((code, cmd.id, t_admit, t_done, -1, WAIT_CODE[why], ref))
-        self.n_records += 1
-        if self._f is not None:
-            self._record(pe, "scheduler", t, kind, cmd.id, -1, t_admit, t_done, 0, -1)
+            code = t.codes[kind] = self.table.code(pe, "scheduler", kind)
+        buf = self._buf  # grown in place
+        buf += self._pack(code, cmd.id, -1, t_admit, t_done, -1, 0, -1, WAIT_CODE[why], ref)
+        idx = self.n_records
+        self.n_records = idx + 1
+        if idx == self._flush_at:
+            self._flush()
 
     def close(self) -> None:
-        """Write the pending records and close the file; a file opened here is closed even
-        when the writing fails (a full disk: its room is freed once the run removes it)."""
+        """Write the records not yet written and close the file; a file opened here is
+        closed even when the writing fails (a full disk: its room is freed once the run
+        removes it)."""
         if self._f is None:
             return
         try:
-            if self._rows:
+            if self._written < self.n_records:
                 self._flush()
         finally:
             f, self._f = self._f, None

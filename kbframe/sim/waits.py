@@ -1,13 +1,14 @@
 """What each op_log record waited for: the input of the critical path.
 
 The op_log says when each stage, dispatch and command ran; this log says, per record and
-in the same order, *why it started when it did*. It is kept in memory (seven integers a
-record) and never written into ``op_log.jsonl``, whose bytes stay as they were.
+in the same order, *why it started when it did*. It is kept in memory (the ``why`` and ``ref``
+of each record of the run's table, kbframe.records) and never written into
+``op_log.jsonl``, whose bytes stay as they were.
 :meth:`WaitLog.rows` hands it to :mod:`kbframe.report.critical_path`.
 
 Every wait is decided where it happens (PE_CPU, PE_SCHEDULER, the units) and recorded
 in one place, as the op_log records the event (:class:`~kbframe.sim.oplog.OpLog`
-appends to :attr:`WaitLog.data`). Wait kinds, with what ``ref`` names:
+appends to its table). Wait kinds, with what ``ref`` names:
 
 ==========  ==========================  =============================================
 record      kind                        ref
@@ -35,9 +36,9 @@ are op_log record indices (0-based lines).
 """
 from __future__ import annotations
 
-from array import array
-
 import numpy as np
+
+from ..records import RecordTable
 
 #: wait kind names, by the code stored per record
 KINDS = ("start", "cpu", "room", "wait", "dispatch", "hazard", "fifo", "dep", "admit", "unit", "link")
@@ -45,42 +46,34 @@ KINDS = ("start", "cpu", "room", "wait", "dispatch", "hazard", "fifo", "dep", "a
 WAIT_CODE = {k: i for i, k in enumerate(KINDS)}
 _RAW_STAGE = -1  # kind of a stage record until rows() classifies it
 _LINK_STAGE = -2  # kind of an IPCQ receive readied by its message (ref: the send's record)
-_FIELDS = 7  # per record: name code, cmd, t_start, t_end, t_data (-1: none), kind, ref
 
 
 class WaitLog:
-    """Per op_log record, its times and what it waited for (module doc). Times in ps.
+    """Per record of a :class:`~kbframe.records.RecordTable` (``OpLog.table``), what it
+    waited for (module doc), worked out from the table's columns. Times in ps.
 
-    :class:`~kbframe.sim.oplog.OpLog` appends each record's :data:`_FIELDS` integers to
-    :attr:`data` (inline: it is once per record). A stage stores only its times and the
-    record of the predecessor that readied it (``Stage.ready_by``, -1: none): whether it
-    then waited for its unit, and for which transfer a DMA data phase waited, follows
-    from the times of the records before it on the same unit, and :meth:`rows` works it
-    out after the run, as it does a dispatch's previous dispatch and the stage that
-    completed a command (the record just before the command's: PE_SCHEDULER logs the
-    command as its last stage ends).
+    :class:`~kbframe.sim.oplog.OpLog` stores each record's ``why`` and ``ref`` in the
+    table. A stage stores only its times and the record of the predecessor that readied
+    it (``Stage.ready_by``, -1: none): whether it then waited for its unit, and for which
+    transfer a DMA data phase waited, follows from the times of the records before it on
+    the same unit, and :meth:`rows` works it out after the run, as it does a dispatch's
+    previous dispatch and the stage that completed a command (the record just before the
+    command's: PE_SCHEDULER logs the command as its last stage ends).
     """
 
-    def __init__(self):
-        self.data = array("q")
-        self._names: dict = {}           # (pe, unit, op_kind) -> code
-        self._name_list: list = []       # code -> (pe, unit, op_kind)
+    def __init__(self, table: RecordTable | None = None):
+        self.table = RecordTable() if table is None else table
 
     def code(self, pe: int, unit: str, op_kind: str) -> int:
         """The code of a record name ``(pe, unit, op_kind)``; callers cache it."""
-        key = (pe, unit, op_kind)
-        c = self._names.get(key)
-        if c is None:
-            c = self._names[key] = len(self._name_list)
-            self._name_list.append(key)
-        return c
+        return self.table.code(pe, unit, op_kind)
 
     def names(self) -> list:
         """``(pe, unit, op_kind)`` of each code, by code."""
-        return list(self._name_list)
+        return list(self.table.names)
 
     def __len__(self) -> int:
-        return len(self.data) // _FIELDS
+        return len(self.table)
 
     def rows(self) -> list[tuple]:
         """Every record as ``(pe, unit, op_kind, cmd, t_start, t_end, t_data, kind, ref,
@@ -100,12 +93,12 @@ class WaitLog:
         dispatch; a command's ``end_ref`` is the stage just before its record, if that
         stage is its own. Column by column (numpy): one Python step per record would be
         most of the critical path's cost on a long run."""
-        names = self._name_list
-        d = np.frombuffer(self.data, dtype=np.int64).reshape(-1, _FIELDS)
-        n = len(d)
+        names = self.table.names
+        c = self.table.cols()
+        n = len(c["name"])
         if n == 0:
             return ([],) * 10
-        code, cmd, t0, t1, t_data, kind, ref = (d[:, j] for j in range(_FIELDS))
+        code, cmd, t0, t1, t_data, kind, ref = (c[f] for f in ("name", "cmd", "t0", "t1", "td", "why", "ref"))
         units = sorted({u for _, u, _ in names})
         pe_of = np.array([pe for pe, _, _ in names], dtype=np.int64)[code]
         unit_of = np.array([units.index(u) for _, u, _ in names], dtype=np.int64)[code]
