@@ -38,6 +38,11 @@ KEPT = {
         "kbframe.cli.hydra_guard.source_of: the file a refused key was set in, found in the defaults "
         "list with the repository Hydra composed from (hydra.searchpath included); the public "
         "compute_defaults_list gives no repository to read the files back",
+    "hydra._internal.hydra.run_job, hydra._internal.core_plugins.basic_launcher.run_job":
+        "kbframe.cli.job_dirs.install: a run's directory is checked (links, another program's files) "
+        "before Hydra writes into it; run_job is public, but the modules that call it imported it "
+        "by name, so the wrapper is set where they hold it too; Hydra has no hook before run_job "
+        "makes the directory",
 }
 
 

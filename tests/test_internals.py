@@ -13,7 +13,7 @@ from kbframe import internals
 
 
 def test_every_kept_name_has_a_test_here():
-    assert len(internals.KEPT) == 8
+    assert len(internals.KEPT) == 9
 
 
 def test_hydra_get_mode_takes_the_config_name_and_overrides():
@@ -132,3 +132,19 @@ def test_defaults_list_gives_the_configs_and_the_repository_that_read_them(tmp_p
     assert mine == [("g/x", "p"), ("g/x", "q"), ("config", "")]
     res = repo.load_config("g/x")
     assert res.path == f"file://{tmp_path}" and OmegaConf.to_container(res.config) == {"a": 1}
+
+
+def test_hydras_single_run_and_basic_launcher_call_the_run_job_they_imported():
+    """kbframe.cli.job_dirs.install wraps hydra.core.utils.run_job where these modules hold
+    it: each still imports it by that name, and after install calls the wrapper."""
+    code = ("import hydra.core.utils as hu, hydra._internal.hydra as h, "
+            "hydra._internal.core_plugins.basic_launcher as b\n"
+            "assert h.run_job is hu.run_job and b.run_job is hu.run_job\n"
+            "import inspect\noriginal = hu.run_job\nprint(list(inspect.signature(original).parameters))\n"
+            "from kbframe.cli import job_dirs\njob_dirs.install()\n"
+            "assert h.run_job.__kbframe_dirs__ and b.run_job is h.run_job is hu.run_job\n"
+            "assert h.run_job.__wrapped__ is original\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split("\n")[0] == str(["task_function", "config", "job_dir_key", "job_subdir_key",
+                                          "hydra_context", "configure_logging"])
