@@ -253,3 +253,19 @@ def test_a_failed_run_with_run_trace_false_leaves_the_earlier_trace(tmp_path):
             bench="decode_opt3")
     assert (out / "op_log.jsonl.partial").exists()  # the simulation ran
     assert (out / "trace.json").read_bytes() == b'{"traceEvents": []}\n'
+
+
+def test_rebuilding_a_trace_writes_through_no_link(tmp_path):
+    """``python -m kbframe.report.trace RUN_DIR`` stages the trace under a fresh name it creates
+    itself and renames it over trace.json: a link planted at trace.json or at the names a
+    staged file could take is replaced, and what it points to is never written."""
+    run_dir = tmp_path / "run"
+    run(run_dir, "bench.S_kv=64", "bench.data=false", "run.trace=false")
+    victim = tmp_path / "victim.txt"
+    victim.write_text("mine")
+    (run_dir / "trace.json").symlink_to(victim)
+    (run_dir / "trace.json.tmp").symlink_to(victim)
+    assert trace_main([str(run_dir)]) == 0
+    assert victim.read_text() == "mine"
+    assert not (run_dir / "trace.json").is_symlink()
+    assert json.loads((run_dir / "trace.json").read_text())["traceEvents"]

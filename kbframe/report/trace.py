@@ -40,7 +40,7 @@ import os
 from collections import deque
 from pathlib import Path
 
-from ..files import final_name
+from ..files import final_name, temp_path
 from ..records import FIELDS, RecordTable
 from .power import POWER_TID, power_counters, power_from_metrics
 
@@ -186,7 +186,7 @@ def write_trace(records, out: Path | str, tracks: dict | None = None, critical=N
     out = Path(out)
     tracks = tracks or {}
     order = {unit: i for i, unit in enumerate(tracks)}
-    tmp = out.with_name(out.name + ".tmp")
+    tmp = temp_path(out)  # a fresh name, created exclusively: never a file or link already there
     lanes: dict[tuple, list] = {}        # (pe, unit) → per-lane max end (ps)
     slots: dict[str, int] = {}           # unit → slot (sets tids and sort order)
     names: dict[str, str] = {}           # op_kind / unit → its JSON string
@@ -243,7 +243,7 @@ def write_trace(records, out: Path | str, tracks: dict | None = None, critical=N
                    list(map(str, cmd)), list(map(str, tile)), list(map(str, nbytes)), [None] * len(code))
 
     try:
-        with open(tmp, "w", buffering=1 << 20) as f:
+        with open(tmp, "x", buffering=1 << 20) as f:
             write = f.write
             write('{"displayTimeUnit": "ns",\n "traceEvents": [\n')
             sep = ""

@@ -136,8 +136,8 @@ def check_records_estimate(cfg, wl, kernel, recipes: dict, units: dict | None = 
     est = count[1] + (q - 1) * (records(2) - count[1])
     check = bool(cfg.run.check) if "run" in cfg else True
     per = max(FF_BYTES_PER_RECORD, SANITIZER_BYTES_PER_RECORD if check else 0)
-    head = (f"{cfg.bench.name} at {_shape_text(wl)} would make about {est:,} op_log records ({count[1]:,} at one "
-            f"{key} step of {q:,}, {count[2] - count[1]:,} more a step)")
+    head = (f"{cfg.bench.name} at {_shape_text(wl)} would make about {est:,} op_log records ({count[1]:,} with 1 "
+            f"of its {q:,} {key} steps, {count[2] - count[1]:,} more with each further one)")
     if est > budget:
         raise ConfigError(f"{head}, over run.max_records={budget:,}; raise run.max_records or shrink the run")
     have = physical_memory_bytes()

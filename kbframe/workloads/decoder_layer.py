@@ -52,7 +52,15 @@ MAX_POSITION = 2 ** 24
 
 @dataclass
 class DecoderLayerConfig(ModelConfig):
-    """The model's dimensions (a preset sets them), the batch, the parallelism and the kernel's choices."""
+    """The model's dimensions (a preset sets them; Llama-3-8B's by default, as
+    conf/bench/decoder_layer.yaml), the batch, the parallelism and the kernel's choices."""
+
+    H: int = param(4096, lo=1, doc="hidden size")
+    H_q: int = param(32, lo=1, doc="query heads")
+    F: int = param(14336, lo=1, doc="FFN width (intermediate_size)")
+    layers: int = param(1, lo=1, doc="decoder layers of the step (a model preset sets its model's count)")
+    data: bool = param(False, doc="compute and check the numbers (a real layer's weights are large: timing only "
+                                  "unless asked)")
 
     S_kv: int = param(4096, unit="keys", lo=0, doc="tokens already in each sequence's KV cache")
     batch: int = param(1, lo=1, doc="sequences B")
@@ -70,6 +78,7 @@ class DecoderLayer(Workload):
     """Decoder layers of one decode step, tensor-parallel over ``bench.tp`` PEs."""
 
     Config = DecoderLayerConfig
+    _file_shape = False  # an inputs file's dimensions are known (shape_from_file)
     unit = "layer"
     outputs = ("out", "k_new", "v_new")
     # layers repeat from the third on (PE_CPU's run-ahead settles in the first two), and
@@ -83,6 +92,8 @@ class DecoderLayer(Workload):
         if c.arch != "llama":
             raise ConfigError(f"{preset_note(c)}bench.arch='{c.arch}' is not a layer decoder_layer runs "
                               f"(it runs arch llama: RMSNorm, RoPE, GQA, SwiGLU)")
+        if c.inputs.path is not None and not self._file_shape:
+            return  # the shape checks below wait for the file's dimensions (validated again once applied)
         if c.H_q % c.H_kv:
             raise ConfigError(f"{preset_note(c)}query heads bench.H_q={c.H_q} are not a multiple of KV heads "
                               f"bench.H_kv={c.H_kv} (GQA needs H_q = G·H_kv)")
@@ -91,7 +102,10 @@ class DecoderLayer(Workload):
         if c.tp > self.n_pes:
             raise ConfigError(f"bench.tp={c.tp} is more than the {self.n_pes} PE(s) of the topology "
                               f"(hardware.n_pes; one PE per rank, e.g. hardware=cube)")
-        if (c.H_kv % c.tp and (c.tp % c.H_kv or c.H_q % c.tp)) or c.F % c.tp:
+        kv_split = not c.H_kv % c.tp or not (c.tp % c.H_kv or c.H_q % c.tp)
+        if kv_split and c.F % c.tp:
+            raise ConfigError(f"bench.tp={c.tp} must divide bench.F={c.F} (FFN columns are split evenly over the PEs)")
+        if not kv_split or c.F % c.tp:
             raise ConfigError(f"bench.tp={c.tp} must divide bench.H_kv={c.H_kv} and bench.F={c.F} "
                               f"(KV heads and FFN columns are split evenly over the PEs), or be a multiple of "
                               f"bench.H_kv that divides bench.H_q={c.H_q} (each PE a replica of one KV head)")
@@ -197,7 +211,9 @@ class DecoderLayer(Workload):
 
     def shape_from_file(self, arrays: dict, path: str) -> dict:
         """Every shape key from the file's arrays (and ``rope_theta``, ``eps``); an array
-        whose shape contradicts the others, or a bad ``positions``, is an InputsError."""
+        whose shape contradicts the others, or a bad ``positions``, is an InputsError. From
+        here on :meth:`validate` checks the parallelism against these dimensions."""
+        self._file_shape = True
         x, wq, wk, wg, kc = arrays["x"], arrays["wq"], arrays["wk"], arrays["w_gate"], arrays["k_cache"]
         where = f"bench.inputs.path: '{path}'"
         if x.ndim != 2 or wq.ndim != 3 or wk.ndim != 3 or wg.ndim != 3 or kc.ndim != 5 or 0 in kc.shape[:3] \

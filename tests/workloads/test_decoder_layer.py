@@ -253,6 +253,24 @@ def test_an_inputs_file_sets_every_shape_key_and_its_positions(tmp_path):
     np.testing.assert_array_equal(out["positions"], [5, 2])
 
 
+def test_an_inputs_files_dimensions_decide_the_parallelism(tmp_path):
+    """tp 12 over a file's 6 KV heads and 12 query heads (a replica of each KV head on two
+    PEs) runs, though the bench's own dimensions (8 KV heads, 32 query heads) refuse tp 12."""
+    rng = np.random.default_rng(5)
+    inp = _inputs(1, 2, 48, 12, 6, 16, 48, 50)
+    for n, a in inp.items():
+        if n not in ("positions", "rope_theta", "eps"):
+            inp[n] = rng.standard_normal(a.shape) * (0.2 if n.startswith("w") else 1.0)
+    inp["positions"] = np.array([50, 50])
+    np.savez(tmp_path / "layer.npz", **inp)
+    m = run(tmp_path / "run", "hardware=cube_mesh", "bench.tp=12", f"bench.inputs.path={tmp_path / 'layer.npz'}",
+            "bench.data=true", "run.trace=false", bench="decoder_layer")
+    assert (m["shape"]["tp"], m["shape"]["H_kv"], m["shape"]["H_q"]) == (12, 6, 12)
+    assert m["numerics"]["max_rel_err"] <= 1e-5
+    with pytest.raises(ConfigError, match=r"^bench.tp=12 must divide bench.H_kv=8 and bench.F=14336"):
+        run(tmp_path / "own", "hardware=cube_mesh", "bench.tp=12", "bench.data=false", bench="decoder_layer")
+
+
 SMALL_STEP = ("bench.H=256", "bench.H_q=8", "bench.H_kv=2", "bench.d=32", "bench.F=512", "bench.S_kv=200",
               "bench.layers=60")
 
@@ -300,7 +318,7 @@ def test_a_step_over_its_record_budget_is_refused_with_its_exact_count(tmp_path)
     run(tmp_path / "ok", *args, bench="decoder_layer")
     with open(tmp_path / "ok" / "op_log.jsonl") as f:
         n = sum(1 for _ in f)
-    with pytest.raises(ConfigError, match=rf"would make about {n:,} op_log records \({one:,} at one layers step "
-                                          rf"of 9, [\d,]+ more a step\), over run.max_records={n - 1:,}"):
+    with pytest.raises(ConfigError, match=rf"would make about {n:,} op_log records \({one:,} with 1 of its 9 layers "
+                                          rf"steps, [\d,]+ more with each further one\), over run.max_records={n - 1:,}"):
         run(tmp_path / "over", *args, f"run.max_records={n - 1}", bench="decoder_layer")
     run(tmp_path / "at", *args, f"run.max_records={n}", bench="decoder_layer")
