@@ -243,7 +243,7 @@ def write_trace(records, out: Path | str, tracks: dict | None = None, critical=N
                    list(map(str, cmd)), list(map(str, tile)), list(map(str, nbytes)), [None] * len(code))
 
     try:
-        with open(tmp, "x", buffering=1 << 20) as f:
+        with open(tmp, "xt", buffering=1 << 20) as f:
             write = f.write
             write('{"displayTimeUnit": "ns",\n "traceEvents": [\n')
             sep = ""
