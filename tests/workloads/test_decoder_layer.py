@@ -231,17 +231,24 @@ def test_every_llama_family_preset_composes_for_the_layer(tmp_path, name):
         values["H"], values["H_q"], values["H_kv"], values["d"], values["F"], values["layers"])
 
 
+def _random_file(path, seed: int, w_scale: float, positions, *dims, **scalars) -> dict:
+    """An inputs file of :func:`_inputs`'s shapes (``dims``), normal random arrays (weights
+    scaled by ``w_scale``) and these positions; returns its arrays."""
+    rng = np.random.default_rng(seed)
+    inp = _inputs(*dims, **scalars)
+    for n, a in inp.items():
+        if n not in ("positions", "rope_theta", "eps"):
+            inp[n] = rng.standard_normal(a.shape) * (w_scale if n.startswith("w") else 1.0)
+    inp["positions"] = np.array(positions)
+    np.savez(path, **inp)
+    return inp
+
+
 def test_an_inputs_file_sets_every_shape_key_and_its_positions(tmp_path):
     """From a file: L = 2, B = 2, H = 16, 4/2 heads, d = 4, F = 12, S_kv = 5, each sequence's
     own position; the file's shapes and scalars are the run's (metrics.json shape) and the
     output matches the float64 reference of the file's arrays."""
-    rng = np.random.default_rng(3)
-    inp = _inputs(2, 2, 16, 4, 2, 4, 12, 5, theta=5000.0, eps=1e-6)
-    for n, a in inp.items():
-        if n not in ("positions", "rope_theta", "eps"):
-            inp[n] = rng.standard_normal(a.shape) * (0.3 if n.startswith("w") else 1.0)
-    inp["positions"] = np.array([5, 2])
-    np.savez(tmp_path / "layer.npz", **inp)
+    inp = _random_file(tmp_path / "layer.npz", 3, 0.3, [5, 2], 2, 2, 16, 4, 2, 4, 12, 5, theta=5000.0, eps=1e-6)
     m = run(tmp_path / "run", "hardware=cube", "bench.tp=2", f"bench.inputs.path={tmp_path / 'layer.npz'}",
             "bench.data=true", "run.trace=false", bench="decoder_layer")
     s = m["shape"]
@@ -256,13 +263,7 @@ def test_an_inputs_file_sets_every_shape_key_and_its_positions(tmp_path):
 def test_an_inputs_files_dimensions_decide_the_parallelism(tmp_path):
     """tp 12 over a file's 6 KV heads and 12 query heads (a replica of each KV head on two
     PEs) runs, though the bench's own dimensions (8 KV heads, 32 query heads) refuse tp 12."""
-    rng = np.random.default_rng(5)
-    inp = _inputs(1, 2, 48, 12, 6, 16, 48, 50)
-    for n, a in inp.items():
-        if n not in ("positions", "rope_theta", "eps"):
-            inp[n] = rng.standard_normal(a.shape) * (0.2 if n.startswith("w") else 1.0)
-    inp["positions"] = np.array([50, 50])
-    np.savez(tmp_path / "layer.npz", **inp)
+    _random_file(tmp_path / "layer.npz", 5, 0.2, [50, 50], 1, 2, 48, 12, 6, 16, 48, 50)
     m = run(tmp_path / "run", "hardware=cube_mesh", "bench.tp=12", f"bench.inputs.path={tmp_path / 'layer.npz'}",
             "bench.data=true", "run.trace=false", bench="decoder_layer")
     assert (m["shape"]["tp"], m["shape"]["H_kv"], m["shape"]["H_q"]) == (12, 6, 12)
