@@ -48,7 +48,6 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
-from omegaconf import open_dict
 
 from ..errors import KbframeError
 from ..sim.engine import build_units
@@ -128,9 +127,8 @@ class _Copies:
     With the sanitizer on, a copy is checked when its verdict is taken (:meth:`take`):
     the checks of copies a run never relies on (it is simulated in full) are not made."""
 
-    def __init__(self, cfg, wl, kernel, recipes, check, key, step, r, units):
+    def __init__(self, cfg, wl, kernel, recipes, check, units):
         self.cfg, self.wl, self.kernel, self.recipes, self.check = cfg, wl, kernel, recipes, check
-        self.key, self.step, self.r = key, step, r
         self.units = units
         self.bench = wl.cfg.copy()  # one copy, its key set per short copy (they run one by one)
         self.done: dict = {}
@@ -140,10 +138,7 @@ class _Copies:
         """The copy with ``n`` steps: ``(simulation, records, streams)`` (:func:`records_of`,
         :func:`streams_of`)."""
         if n not in self.done:
-            with open_dict(self.bench):
-                self.bench[self.key] = n * self.step + self.r
-            w = type(self.wl)(self.bench, n_pes=self.wl.n_pes, hardware=self.wl.hardware)
-            w.validate()
+            w = self.wl.with_axis(n, self.bench)
             # only compared here: nothing written, the records stay in the table
             sim = simulate(self.cfg, w, self.kernel, self.recipes, None, None, self.check, False,
                            copy.deepcopy(self.units), check_later=self.check)
@@ -212,9 +207,8 @@ def run(cfg, wl, kernel, recipes, check: bool, units: dict | None = None) -> Out
     if axis is None:
         return Outcome(None, "simulated in full: the workload names no periodic axis")
     key, step = axis
-    q, r = divmod(int(cfg.bench[key]), step)
-    copies = _Copies(cfg, wl, kernel, recipes, check, key, step, r,
-                     units if units is not None else build_units(cfg.hardware))
+    q = int(cfg.bench[key]) // step
+    copies = _Copies(cfg, wl, kernel, recipes, check, units if units is not None else build_units(cfg.hardware))
     try:
         return _run(copies, q, key, t_start, wl.ff_min_steps or MIN_STEPS, wl.ff_budget)
     finally:

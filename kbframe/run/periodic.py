@@ -128,8 +128,8 @@ def streams_of(recs: list) -> dict:
 def _own(r) -> tuple:
     """A stream record's own fields: its names, command, tile and times, and the index
     within its stream of the record that readied it (a stage whose times repeat but that
-    an added period's record readied lies after the parting)."""
-    return r[1][0], r[1][1]
+    an added period's record readied lies after the parting): the whole record."""
+    return r[1]
 
 
 def _names(rs) -> list:

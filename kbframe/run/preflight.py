@@ -118,17 +118,14 @@ def check_records_estimate(cfg, wl, kernel, recipes: dict, units: dict | None = 
     if axis is None or not budget:
         return
     key, step = axis
-    q, r = divmod(int(cfg.bench[key]), step)
+    q = int(cfg.bench[key]) // step
     if q < 8:
         return
     count = {}
 
     def records(n: int) -> int:
-        bench = wl.cfg.copy()
-        bench[key] = n * step + r
-        w = type(wl)(bench, n_pes=wl.n_pes, hardware=wl.hardware)
-        w.validate()
-        count[n] = dry_run(cfg.hardware, w, kernel, recipes, bench.dtype, None, count_stages=True,
+        w = wl.with_axis(n)
+        count[n] = dry_run(cfg.hardware, w, kernel, recipes, w.cfg.dtype, None, count_stages=True,
                            units=copy.deepcopy(units) if units is not None else None).get("records", 0)
         return count[n]
     if not records(1) or q * count[1] <= budget:

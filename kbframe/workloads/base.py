@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 import numpy as np
-from omegaconf import MISSING
+from omegaconf import MISSING, open_dict
 
 from ..params import Choice, param
 
@@ -164,6 +164,19 @@ class Workload:
         tile)``); None (the default) when it does not. Fast-forward (kbframe.run.fastforward)
         uses it, and verifies the repetition before relying on it."""
         return None
+
+    def with_axis(self, steps: int, bench=None) -> "Workload":
+        """This workload, validated, with :meth:`periodic_axis` at ``steps`` whole steps (and
+        the same remainder): the short copies of fast-forward and the record estimate of
+        the pre-flight checks. ``bench``: a copy of ``self.cfg`` to set it in (reused by
+        many copies); a fresh copy by default."""
+        key, step = self.periodic_axis()
+        bench = self.cfg.copy() if bench is None else bench
+        with open_dict(bench):
+            bench[key] = steps * step + int(self.cfg[key]) % step
+        w = type(self)(bench, n_pes=self.n_pes, hardware=self.hardware)
+        w.validate()
+        return w
 
     def progress_stream(self) -> tuple[str, int]:
         """``(tensor, rows per unit)``: the progress bar follows the furthest row of this
