@@ -18,11 +18,24 @@ Fields of a record (:data:`FIELDS`), all integers, times in ps, -1: none:
            commands), -1 or -2 for a stage (kbframe.sim.waits)
 ``ref``    what ``why`` names (a record index or a command id)
 
+The op_log is written in one of two forms (:attr:`RecordTable.form`):
+
+* **record by record**: one JSON line per record, in completion order;
+* **periodic**, for a run whose records repeat (a fast-forwarded run, kbframe.run.fastforward):
+  a first line ``{"op_log": "periodic", "records": N, "prefix": A, "period": M, "times": R}``,
+  the ``A`` records before the repeating part, one period's ``M`` records, a line
+  ``{"repeat": {"records": M, "times": R - 1, "shift": {field: shift, ...}}}`` (the period
+  is repeated ``R - 1`` more times, the ``j``-th repetition shifted by ``j`` times each
+  field's shift: one integer, or one per record of the period; ``t_*_ns`` in ns), then the
+  records after it. Expanding it gives exactly the record-by-record file's records
+  (:meth:`RecordTable.parse` expands it; :mod:`kbframe.report.oplog` streams it).
+
 A foundation module (no simulation layer): the report layer reads the table too.
 """
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from struct import Struct
 
@@ -58,6 +71,99 @@ def _line(head: str, cmd, tile, t0, t1, td, nbytes, peer) -> str:
     return f'{line}, "t_data_ns": {ns_text(td)}}}\n' if td >= 0 else line + "}\n"
 
 
+#: the fields a periodic op_log shifts per repetition, as its ``repeat`` line names them
+SHIFTED = {"cmd": "cmd", "tile": "tile", "t0": "t_start_ns", "t1": "t_end_ns", "td": "t_data_ns",
+           "bytes": "bytes", "peer": "peer"}
+#: the fields an op_log line holds (``why`` and ``ref`` are not written)
+WRITTEN = ("name", *SHIFTED)
+
+
+@dataclass(frozen=True)
+class Periodic:
+    """A table's periodic form: records ``[prefix, prefix + period * times)`` are ``times``
+    repetitions of the first ``period`` of them, repetition ``j`` shifted by ``j *
+    shift`` (:attr:`shift`: per written field, ``(period,)`` int64, ps for times)."""
+
+    records: int
+    prefix: int
+    period: int
+    times: int
+    shift: dict
+
+    @property
+    def end(self) -> int:
+        """The index after the last repeated record."""
+        return self.prefix + self.period * self.times
+
+    def header(self) -> str:
+        return json.dumps({"op_log": "periodic", "records": self.records, "prefix": self.prefix,
+                           "period": self.period, "times": self.times}) + "\n"
+
+    def repeat_line(self) -> str:
+        """The ``repeat`` line: each field's shift, one integer when every record of the
+        period shifts by it, else one per record; times in ns (:func:`ns_text`)."""
+        parts = []
+        for f, key in SHIFTED.items():
+            v = self.shift[f]
+            if not v.any():
+                continue
+            fmt = ns_text if f in ("t0", "t1", "td") else str
+            one = bool((v == v[0]).all())
+            parts.append(f'"{key}": ' + (fmt(int(v[0])) if one else "[" + ", ".join(map(fmt, v.tolist())) + "]"))
+        return (f'{{"repeat": {{"records": {self.period}, "times": {self.times - 1}, '
+                f'"shift": {{{", ".join(parts)}}}}}}}\n')
+
+
+def find_periodic(table: "RecordTable", period: int, min_times: int = 3) -> Periodic | None:
+    """The longest run of ``period``-record windows of ``table`` each the one before shifted
+    by the same amount per record (every written field, :data:`WRITTEN`; the name not at
+    all), or None when there are fewer than ``min_times`` such windows. Its records need not
+    come from any particular mechanism: the windows are found in the table (linear time,
+    one column at a time)."""
+    n, m = len(table), period
+    if m <= 0 or n < min_times * m:
+        return None
+    ok = np.ones(n - 2 * m, dtype=bool)  # ok[i]: record i + 2m - record i + m == record i + m - record i
+    for f in WRITTEN:
+        c = table.column(f)
+        if f == "name":
+            ok &= (c[m:-m] == c[:-2 * m]) & (c[2 * m:] == c[:-2 * m])
+        else:
+            ok &= (c[2 * m:] - c[m:-m]) == (c[m:-m] - c[:-2 * m])
+    edges = np.diff(np.concatenate(([0], ok.view(np.int8), [0])))
+    starts, ends = np.nonzero(edges == 1)[0], np.nonzero(edges == -1)[0]
+    if not len(starts):
+        return None
+    i = int(np.argmax(ends - starts))
+    a, times = int(starts[i]), int(ends[i] - starts[i]) // m + 2
+    if times < min_times:
+        return None
+    shift = {f: table.column(f, a + m, a + 2 * m) - table.column(f, a, a + m) for f in SHIFTED}
+    return Periodic(n, a, m, times, shift)
+
+
+def repeat_shift(repeat: dict, period: int) -> dict:
+    """:attr:`Periodic.shift` from a ``repeat`` line's ``repeat`` object (its ``shift``: per
+    field one integer or ``period`` of them, times in ns). Raises ValueError or KeyError."""
+    shift = {}
+    for f, key in SHIFTED.items():
+        v = np.asarray(repeat["shift"].get(key, 0), dtype=np.float64 if f in ("t0", "t1", "td") else np.int64)
+        if f in ("t0", "t1", "td"):
+            v = np.round(v * 1000)
+        if v.ndim > 1 or (v.ndim == 1 and len(v) != period):
+            raise ValueError(f"the repeat line's shift of {key} has {v.size} values, not 1 or {period}")
+        shift[f] = np.broadcast_to(v.astype(np.int64), (period,)).copy()
+    return shift
+
+
+def shift_rows(form: Periodic) -> np.ndarray:
+    """``form``'s shift as an ``(period, 10)`` row per record (zero where nothing moves)."""
+    step = np.zeros((form.period, N), dtype=np.int64)
+    for f in SHIFTED:
+        step[:, FIELDS.index(f)] = form.shift[f]
+    return step
+
+
 class RecordTable:
     """Records of ten integers each (:data:`FIELDS`) in :attr:`buf`, a ``bytearray`` of
     native int64 the simulation grows inline (``buf += ROW.pack(...)``: once per record,
@@ -70,6 +176,9 @@ class RecordTable:
         self.names: list = []
         self._codes: dict = {}
         self._heads: list = []  # per name code: its op_log line's fixed leading text
+        #: how its op_log is written: None record by record, else its :class:`Periodic` form
+        self.form: Periodic | None = None
+        self._header: dict | None = None  # a periodic op_log's header, while it is parsed
 
     def code(self, pe: int, unit: str, op_kind: str) -> int:
         """The code of a record name ``(pe, unit, op_kind)``; callers cache it."""
@@ -112,6 +221,12 @@ class RecordTable:
         a = self.array(lo, hi)
         return {f: a[:, j] for j, f in enumerate(FIELDS)}
 
+    def column(self, field: str, lo: int = 0, hi: int | None = None) -> np.ndarray:
+        """Field ``field`` of records ``[lo, hi)`` (an int64 copy)."""
+        hi = len(self) if hi is None else hi
+        j = FIELDS.index(field)
+        return np.frombuffer(self.buf, dtype=np.int64, count=(hi - lo) * N, offset=lo * _B)[j::N].copy()
+
     def name_col(self, j: int) -> list:
         """Field ``j`` of :attr:`names` (0 pe, 1 unit, 2 op_kind), by code."""
         return [n[j] for n in self.names]
@@ -135,6 +250,36 @@ class RecordTable:
             if peer < 0 and 0 <= t0 < top and 0 <= t1 < top and td < top
             else _line(heads[name], cmd, tile, t0, t1, td, nbytes, peer)
             for name, cmd, tile, t0, t1, td, nbytes, peer, _, _ in ROW.iter_unpack(self.buf[lo * _B:hi * _B])])
+
+    def write(self, f, chunk: int = 1 << 16) -> int:
+        """Write the op_log of every record to the text stream ``f`` in the table's
+        :attr:`form` (module doc), ``chunk`` records a write; the lines written."""
+        p, n = self.form, len(self)
+        parts = [(0, n)] if p is None else [(0, p.prefix + p.period), None, (p.end, n)]
+        if p is not None:
+            f.write(p.header())
+        lines = 0 if p is None else 2
+        for part in parts:
+            if part is None:
+                f.write(p.repeat_line())
+                continue
+            for lo in range(part[0], part[1], chunk):
+                f.write(self.text(lo, min(part[1], lo + chunk)))
+            lines += part[1] - part[0]
+        return lines
+
+    def expand(self, form: Periodic) -> None:
+        """Insert the repetitions a periodic op_log's ``repeat`` line stands for: the table
+        holds the records up to the first period's end (``form.prefix + form.period``)
+        and, after them, the records after the repeated part."""
+        p = form
+        head = self.array(0, p.prefix + p.period)
+        tail = self.array(p.prefix + p.period)
+        block = head[p.prefix:]
+        reps = block[None] + np.arange(1, p.times, dtype=np.int64)[:, None, None] * shift_rows(p)[None]
+        del self.buf[(p.prefix + p.period) * _B:]
+        self.extend(reps.reshape(-1, N))
+        self.extend(tail)
 
     @classmethod
     def parse(cls, source, name: str | None = None) -> "RecordTable":
@@ -164,21 +309,60 @@ class RecordTable:
                 t._add(json.loads(line))
             except (ValueError, KeyError, TypeError, OverflowError) as e:
                 raise ValueError(f"{name or 'op_log'}:{lineno}: malformed op_log record ({e!r})") from None
+        try:
+            t._finish()
+        except ValueError as e:
+            raise ValueError(f"{name or 'op_log'}: {e}") from None
         return t
 
     @classmethod
     def of_dicts(cls, records) -> "RecordTable":
-        """The table of op_log records given as dicts (as :meth:`parse` reads them)."""
+        """The table of op_log records given as dicts (as :meth:`parse` reads them; a
+        periodic op_log's header and ``repeat`` lines among them, expanded)."""
         t = cls()
         for r in records:
             t._add(r)
+        t._finish()
         return t
 
     def _add(self, r: dict) -> None:
         """Append one op_log record read as a dict (its keys read in this order: an error
-        names the first bad one)."""
+        names the first bad one), or take a periodic op_log's header or ``repeat`` line."""
+        if "pe" not in r and ("op_log" in r or "repeat" in r):
+            return self._directive(r)
         pe, unit, cmd = int(r["pe"]), r["unit"], int(r["cmd"])
         t0, t1 = round(r["t_start_ns"] * 1000), round(r["t_end_ns"] * 1000)
         kind, nbytes, tile = r["op_kind"], int(r.get("bytes", 0)), int(r.get("tile", -1))
         td = round(r["t_data_ns"] * 1000) if "t_data_ns" in r else -1
         self.buf += ROW.pack(self.code(pe, unit, kind), cmd, tile, t0, t1, td, nbytes, int(r.get("peer", -1)), -1, -1)
+
+    def _directive(self, r: dict) -> None:
+        """A periodic op_log's header (the first line) or its ``repeat`` line (right after the
+        first period), checked against each other (module doc)."""
+        head = self._header
+        if "op_log" in r:
+            if r["op_log"] != "periodic" or len(self) or head is not None:
+                raise ValueError('the header {"op_log": "periodic", ...} must be the first line')
+            self._header = {k: int(r[k]) for k in ("records", "prefix", "period", "times")}
+            return
+        rep = r["repeat"]
+        if head is None or self.form is not None:
+            raise ValueError("a repeat line without the periodic header, or a second one")
+        if int(rep["records"]) != head["period"] or int(rep["times"]) != head["times"] - 1 \
+                or len(self) != head["prefix"] + head["period"]:
+            raise ValueError(f"the repeat line does not follow the header's {head['prefix']} + {head['period']} "
+                             f"records, {head['times']} times")
+        self.form = Periodic(head["records"], head["prefix"], head["period"], head["times"],
+                             repeat_shift(rep, head["period"]))
+
+    def _finish(self) -> None:
+        """After the last line: a periodic op_log's repetitions inserted, its count checked."""
+        head = self._header
+        if head is None:
+            return
+        self._header = None
+        if self.form is None:
+            raise ValueError("a periodic op_log with no repeat line")
+        self.expand(self.form)
+        if len(self) != self.form.records:
+            raise ValueError(f"a periodic op_log of {len(self)} records; its header says {self.form.records}")

@@ -31,6 +31,12 @@ The records are read from the run's record table (kbframe.records; an op_log.jso
 JSON layout is read into one first), a chunk of columns at a time, and events are written
 as they are made; only the commands still in flight are held (the records are in
 completion order, and a command's ``scheduler`` record follows its stages).
+
+A table in periodic form (a fast-forwarded run's op_log, kbframe.records) is drawn with its
+first and last periods in full; each repetition between them is one slice per PE on a track
+``repeated`` (``name`` ``period j of R``, ``args`` its records and its shift from the first
+period), and the phases and flows that lie within them are left out: the trace grows with
+the run's distinct work, not with its repetitions.
 """
 from __future__ import annotations
 
@@ -39,6 +45,8 @@ import json
 import os
 from collections import deque
 from pathlib import Path
+
+import numpy as np
 
 from ..files import final_name, temp_path
 from ..records import FIELDS, RecordTable
@@ -75,6 +83,54 @@ LANE_STRIDE = 1000
 
 #: the tid of a PE's phase track (kbframe.run.phases), lanes after it
 PHASE_TID = 900 * LANE_STRIDE
+#: the tid of a PE's track of repeated periods (a table in periodic form)
+REPEAT_TID = 899 * LANE_STRIDE
+
+
+def _repeats(table: RecordTable) -> tuple[range, list]:
+    """A table in periodic form (kbframe.records.Periodic): the indices of the records the
+    trace leaves out (every repetition but the first and last) and, per left-out repetition
+    and PE, ``(pe, j, t0_ps, t1_ps, records)``: the span of its records on that PE."""
+    p = table.form
+    if p is None or p.times < 3:
+        return range(0), []
+    lo, hi = p.prefix + p.period, p.end - p.period
+    pe_of = np.array(table.name_col(0), dtype=np.int64)
+    out = []
+    for j in range(1, p.times - 1):
+        a = lo + (j - 1) * p.period
+        c = table.cols(a, a + p.period)
+        pe = pe_of[c["name"]]
+        for q in np.unique(pe).tolist():
+            at = pe == q
+            out.append((q, j + 1, int(c["t0"][at].min()), int(c["t1"][at].max()), int(at.sum())))
+    return range(lo, hi), out
+
+
+def _busy(table: RecordTable, lo: int, hi: int) -> list:
+    """``(pe, op_log unit, t0, t1)`` of the busy time of records ``[lo, hi)`` (a DMA's from
+    its data phase on), for the power track (:func:`write_trace`'s ``busy``)."""
+    c = table.cols(lo, hi)
+    b0 = np.where(c["td"] >= 0, c["td"], c["t0"])
+    at = c["t1"] > b0
+    names = table.names
+    return [(names[k][0], names[k][1], a, b) for k, a, b in
+            zip(c["name"][at].tolist(), b0[at].tolist(), c["t1"][at].tolist())]
+
+
+def _write_repeats(write, repeats: list, form, dumps) -> set:
+    """Write the slices of the left-out repetitions (:func:`_repeats`): each is period 1's
+    records shifted, ``later_us`` later when every record moves by the same time (a steady
+    state); the PEs they are on."""
+    dt = form.shift["t1"] if repeats else None
+    per_us = float(dt[0]) / 1e6 if repeats and (dt == dt[0]).all() else None
+    for pe, j, t0, t1, n in repeats:
+        args = {"records": n, "as": "period 1"}
+        if per_us is not None:
+            args["later_us"] = per_us * (j - 1)
+        write(',\n{"name":"period %d of %d","cat":"repeated","ph":"X","ts":%s,"dur":%s,"pid":%d,"tid":%d,"args":%s}'
+              % (j, form.times, _us(t0), _us(t1 - t0), pe, REPEAT_TID, dumps(args)))
+    return {pe for pe, *_ in repeats}
 
 
 def _write_phases(write, phases, dumps) -> set:
@@ -222,13 +278,16 @@ def write_trace(records, out: Path | str, tracks: dict | None = None, critical=N
         return (kind_of(pe, unit, kind), p0, p1, p_data, _us(p0), str(cmd), str(tile), str(nbytes),
                 None if peer is None else (peer, kind))
 
-    def from_table(table):
-        """Each record of the table: ``(its _Kind, t_start, t_end, t_data or None, ts text,
-        cmd text, tile text, bytes text, (peer, op_kind) or None)``, made column by column
-        (C-level maps) a chunk at a time, and handed over with no Python frame per record."""
+    def from_table(table, parts):
+        """Each record of the table in ``parts`` (index ranges): ``(its _Kind, t_start, t_end,
+        t_data or None, ts text, cmd text, tile text, bytes text, (peer, op_kind) or None)``,
+        made column by column (C-level maps) a chunk at a time, and handed over with no Python
+        frame per record; between two parts, one tuple whose _Kind is None."""
+        gap = [(None,) * 9]
         return itertools.chain.from_iterable(
-            table_chunk(table.names, table.cols(a, min(len(table), a + RECORD_CHUNK)))
-            for a in range(0, len(table), RECORD_CHUNK))
+            itertools.chain.from_iterable(
+                table_chunk(table.names, table.cols(a, min(hi, a + RECORD_CHUNK))) for a in range(lo, hi, RECORD_CHUNK))
+            if lo is not None else gap for lo, hi in parts)
 
     def table_chunk(names, c):
         """One chunk of :func:`from_table`: an iterator of its records."""
@@ -242,12 +301,29 @@ def write_trace(records, out: Path | str, tracks: dict | None = None, critical=N
         return zip([known[k] for k in code], p0, p1, data.tolist(), list(map(repr, (c["t0"] / 1e6).tolist())),
                    list(map(str, cmd)), list(map(str, tile)), list(map(str, nbytes)), [None] * len(code))
 
+    left_out, repeats = _repeats(records)
+    parts = [(0, len(records))]
+    if left_out:  # the left-out repetitions: record indices after them move up; phases within them go
+        lo, hi = left_out.start, left_out.stop
+        parts = [(0, lo), (None, None), (hi, len(records))]
+        critical = {i if i < lo else i - (hi - lo) for i in critical if not lo <= i < hi}
+        span = {}
+        for pe, _, t0, t1, _ in repeats:
+            a, b = span.get(pe, (t0, t1))
+            span[pe] = (min(a, t0), max(b, t1))
+        phases = [ph for ph in phases if not (ph[0] in span and span[ph[0]][0] <= ph[2] and ph[3] <= span[ph[0]][1])]
+        if busy is not None:
+            busy += _busy(records, lo, hi)
     try:
         with open(tmp, "xt", buffering=1 << 20) as f:
             write = f.write
             write('{"displayTimeUnit": "ns",\n "traceEvents": [\n')
             sep = ""
-            for k, p0, p1, p_data, ts, cmd, tile, nbytes, peer in from_table(records):
+            for k, p0, p1, p_data, ts, cmd, tile, nbytes, peer in from_table(records, parts):
+                if k is None:  # left-out repetitions: nothing in flight across them is drawn
+                    sends.clear()
+                    pending.clear()
+                    continue
                 n_rec += 1
                 k.count += 1
                 ends = k.ends
@@ -297,11 +373,12 @@ def write_trace(records, out: Path | str, tracks: dict | None = None, critical=N
                         n_flows += 1
                         write(_flow(k.pe * FLOW_ID_STRIDE + int(cmd), [text for _, _, text in chain]))
             phase_lanes = _write_phases(write, phases, dumps)
+            repeat_pes = _write_repeats(write, repeats, records.form, dumps)
             for pe, t, w in power_counters(power, busy) if power is not None else ():
                 write(',\n{"name":"power W","ph":"C","ts":%s,"pid":%d,"tid":%d,"args":{"W":%r}}'
                       % ("0" if t is None else _us(t), pe, POWER_TID, w))
             meta = []
-            for pe in sorted({p for p, _ in lanes} | {p for p, _ in phase_lanes}):
+            for pe in sorted({p for p, _ in lanes} | {p for p, _ in phase_lanes} | repeat_pes):
                 meta.append({"name": "process_name", "ph": "M", "pid": pe, "tid": 0,
                              "args": {"name": f"PE{pe}"}})
                 meta.append({"name": "process_sort_index", "ph": "M", "pid": pe, "tid": 0,
@@ -323,6 +400,11 @@ def write_trace(records, out: Path | str, tracks: dict | None = None, critical=N
                              "args": {"name": "layer" if lane == 0 else f"layer ·{lane + 1}"}})
                 meta.append({"name": "thread_sort_index", "ph": "M", "pid": pe, "tid": PHASE_TID + lane,
                              "args": {"sort_index": -100 + lane}})
+            for pe in sorted(repeat_pes):
+                meta.append({"name": "thread_name", "ph": "M", "pid": pe, "tid": REPEAT_TID,
+                             "args": {"name": "repeated"}})
+                meta.append({"name": "thread_sort_index", "ph": "M", "pid": pe, "tid": REPEAT_TID,
+                             "args": {"sort_index": -200}})
             for ev in meta:
                 write(sep + dumps(ev, ensure_ascii=False))
                 sep = ",\n"

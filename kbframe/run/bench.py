@@ -213,6 +213,7 @@ class _Run:
     units: dict | None = None  # one PE's unbound units, built once
     forwarded: Any = None  # kbframe.run.fastforward.Outcome of a fast-forwarded run
     ff_note: str = "off"
+    oplog_form: dict | None = None  # metrics.json "op_log": an op_log written in periodic form
     sim: Simulation | None = None
     oplog_path: Path | None = None
     trace_path: Path | None = None
@@ -296,7 +297,11 @@ def _simulate(run: _Run, rd: RunDir) -> None:
         run.sim = simulate(run.cfg, run.wl, run.kernel, run.recipes, run.inputs, run.oplog_path, run.check,
                            run.show, run.units, check_later=True)
         return
-    run.forwarded.write_oplog(run.oplog_path)
+    lines = run.forwarded.write_oplog(run.oplog_path, str(run.cfg.run.get("oplog", "auto")))
+    form = run.sim.oplog.table.form
+    if form is not None:  # written in periodic form (kbframe.records)
+        run.oplog_form = {"form": "periodic", "records": form.records, "lines": lines, "prefix": form.prefix,
+                          "period": form.period, "times": form.times}
     run.sanitizer = run.sim.sanitizer
     if run.ff == "verify":
         fastforward.verify(run.cfg, run.wl, run.kernel, run.recipes, run.check, run.sim)
@@ -330,6 +335,8 @@ def _report(run: _Run, rd: RunDir) -> dict:
     metrics["sanitizer"] = run.sanitizer
     # how the run was made, not a result (check_identical and verify leave it out, as wall_s)
     metrics["fast_forward"] = {"mode": run.ff, "applied": run.forwarded is not None, "note": run.ff_note}
+    if run.oplog_form is not None:
+        metrics["op_log"] = run.oplog_form
     metrics.update(wl.extra_metrics(run.inputs))
     if run.unused:
         metrics["inputs"] = {"path": str(run.cfg.bench.inputs.path), "unused_keys": run.unused}

@@ -51,7 +51,7 @@ import numpy as np
 
 from ..errors import KbframeError
 from ..sim.engine import build_units
-from ..records import RecordTable
+from ..records import RecordTable, find_periodic
 from ..sim import sanitizer
 from ..timebase import MAX_PS
 from . import preflight
@@ -69,6 +69,9 @@ GROWTH = 4
 PERIODS = (1, 2, 3, 4, 6, 8)
 #: a run fast-forwards only when this many periods or more would be skipped
 MIN_COPIES = 8
+#: ``run.oplog=auto``: a fast-forwarded run of this many records or more writes its op_log in
+#: periodic form (a model step's; a kernel's run stays greppable record by record)
+PERIODIC_FROM = 1_000_000
 #: the short copies may simulate at most this share of the run's steps (else it is cheaper
 #: to simulate the run) ...
 BUDGET = 0.1
@@ -86,13 +89,22 @@ class Outcome:
 
     sim: Simulation | None
     note: str
+    #: records one period adds (every stream's block): the period of its op_log's periodic form
+    period_records: int = 0
 
-    def write_oplog(self, path) -> None:
+    def write_oplog(self, path, form: str = "auto") -> int:
         """The full run's ``op_log.jsonl`` text, written to ``path`` from its record table
-        (its time counts in ``sim.wall_s``, as a simulation's streamed op_log does)."""
+        (its time counts in ``sim.wall_s``, as a simulation's streamed op_log does), record
+        by record or, ``form`` ``periodic`` (``auto``: from :data:`PERIODIC_FROM` records on),
+        in periodic form when its records repeat (kbframe.records: the table's ``form`` set,
+        which the trace draws too); the lines written."""
         t = time.perf_counter()
-        self.sim.oplog.write(path)
+        table = self.sim.oplog.table
+        if form == "periodic" or (form == "auto" and len(table) >= PERIODIC_FROM):
+            table.form = find_periodic(table, self.period_records)
+        lines = self.sim.oplog.write(path)
         self.sim.engine.wall_s += time.perf_counter() - t
+        return lines
 
 
 def _apply(sim: Simulation, tot: dict, table: RecordTable) -> None:
@@ -314,7 +326,8 @@ def _run(copies: _Copies, q: int, key: str, t_start: float, min_steps: int = MIN
             sim.phases = _phases(runs, n_a, p, k_full)
             sim.engine.wall_s = time.perf_counter() - t_start
             return Outcome(sim, f"fast-forwarded {k_full - 3} of {k_full} periods of {p} {key} step(s) "
-                                f"({len(table) - len(runs.recs[3])} of {len(table)} records by shifting)")
+                                f"({len(table) - len(runs.recs[3])} of {len(table)} records by shifting)",
+                           len(runs.blk))
         if not settling:
             return Outcome(None, f"simulated in full: {why or 'too few periods to skip'}")
         n_min *= GROWTH

@@ -176,4 +176,9 @@ def summary(metrics: dict, out_dir: Path) -> str:
     if unused:
         lines.append(f"  inputs      from {metrics['inputs']['path']}; unused: {', '.join(unused)}")
     lines.append(f"  files       {out_dir}/{{{', '.join(metrics['files'])}}}")
+    form = metrics.get("op_log")
+    if form:
+        lines.append(f"  op_log      periodic: {form['records']:,} records in {form['lines']:,} lines "
+                     f"({form['times']} repetitions of {form['period']:,}); "
+                     f"python -m kbframe.report.oplog {out_dir} prints them all")
     return "\n".join(lines)

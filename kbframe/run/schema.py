@@ -101,6 +101,15 @@ class FastForward(Choice):
     verify = "verify"  # written and simulated in full, and compared
 
 
+class OplogForm(Choice):
+    """How a fast-forwarded run writes ``op_log.jsonl`` (kbframe.records: record by record,
+    or periodic); a run simulated in full writes it record by record."""
+
+    auto = "auto"  # periodic from kbframe.run.fastforward.PERIODIC_FROM records on
+    full = "full"  # record by record
+    periodic = "periodic"  # periodic whenever the run was fast-forwarded
+
+
 @dataclass
 class RunConfig:
     """Run options: the sanitizer (``check``), the progress bar, the timeline (``trace``) and
@@ -114,6 +123,10 @@ class RunConfig:
     max_records: int = param(20_000_000, lo=0, doc="op_log records a run may make (checked before it "
                                                     "simulates; 0: no limit)")
     power_track: bool = param(False, doc="trace.json gets a power counter track per PE (kbframe.report.trace)")
+    oplog: OplogForm = param(OplogForm.auto, choices=OplogForm,
+                             doc="auto | full | periodic: a fast-forwarded run's op_log.jsonl record by record, or "
+                                 "in periodic form (auto: from 1,000,000 records on; python -m kbframe.report.oplog "
+                                 "expands it)")
 
 
 def declaration(key: str):

@@ -157,12 +157,11 @@ class OpLog:
         self._buf += table.buf
         self.n_records = len(self.table)
 
-    def write(self, path) -> None:
-        """Write the op_log of every record to ``path`` (records that were not streamed)."""
-        n, step = len(self.table), 16 * self._batch
+    def write(self, path) -> int:
+        """Write the op_log of every record to ``path`` (records that were not streamed), in
+        the table's form (kbframe.records); the lines written."""
         with open(path, "w", buffering=1 << 20) as f:
-            for lo in range(0, n, step):
-                f.write(self.table.text(lo, min(n, lo + step)))
+            return self.table.write(f, 16 * self._batch)
 
     def _flush(self) -> None:
         """Write the records not yet written."""

@@ -1,0 +1,141 @@
+"""The op_log's two forms (kbframe.records): a fast-forwarded run's periodic op_log expands to
+exactly the records of the full simulation, through :mod:`kbframe.report.oplog` and
+:meth:`RecordTable.parse`; its trace draws the first and last periods and one slice per
+repetition between them; a run that does not repeat writes record by record."""
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import REPO, run
+from kbframe.records import N, RecordTable, find_periodic
+from kbframe.report import oplog
+
+#: a small model's step over a cube's 8 PEs, unfused: its layers fast-forward
+STEP = ("hardware=cube", "bench.tp=8", "bench.fusion=none", "bench.H=32", "bench.H_q=8", "bench.H_kv=8", "bench.d=16",
+        "bench.F=64", "bench.S_kv=40", "bench.data=false", "run.check=false")
+
+
+def _table(rows) -> RecordTable:
+    return RecordTable.of_rows([(0, "cpu", "load"), (0, "dma_read", "load"), (1, "gemm", "mm")],
+                               np.array(rows, dtype=np.int64).reshape(-1, N))
+
+
+def _periodic_rows(times: int) -> list:
+    """Two records before, ``times`` periods of three records (cmd +2, times +100 ps, the
+    DMA's data phase +100, bytes fixed), one record after."""
+    rows = [[0, 0, -1, 0, 5, -1, 8, -1, -1, -1], [2, 0, -1, 1, 7, -1, 0, -1, -1, -1]]
+    for j in range(times):
+        rows += [[0, 1 + 2 * j, -1, 10 + 100 * j, 20 + 100 * j, -1, 8, -1, -1, -1],
+                 [1, 1 + 2 * j, j, 20 + 100 * j, 90 + 100 * j, 40 + 100 * j, 4096, -1, -1, -1],
+                 [2, 2 + 2 * j, -1, 90 + 100 * j, 95 + 100 * j, -1, 0, -1, -1, -1]]
+    return rows + [[2, 99, -1, 100 * times + 50, 100 * times + 51, -1, 0, -1, -1, -1]]
+
+
+def test_a_periodic_table_is_found_written_and_read_back_exactly():
+    t = _table(_periodic_rows(7))
+    form = find_periodic(t, 3)
+    assert (form.records, form.prefix, form.period, form.times) == (24, 2, 3, 7)
+    assert {f: v.tolist() for f, v in form.shift.items() if v.any()} == \
+        {"cmd": [2, 2, 2], "tile": [0, 1, 0], "t0": [100] * 3, "t1": [100] * 3, "td": [0, 100, 0]}
+    full = t.text()
+    t.form = form
+    f = io.StringIO()
+    assert t.write(f) == 2 + 2 + 3 + 1  # header, repeat line, the prefix, one period, the record after
+    text = f.getvalue().splitlines()
+    assert text[0] == '{"op_log": "periodic", "records": 24, "prefix": 2, "period": 3, "times": 7}'
+    assert text[6] == ('{"repeat": {"records": 3, "times": 6, "shift": {"cmd": 2, "tile": [0, 1, 0], '
+                       '"t_start_ns": 0.1, "t_end_ns": 0.1, "t_data_ns": [0.0, 0.1, 0.0]}}}')
+    back = RecordTable.parse(f.getvalue())
+    assert back.text() == full and (back.form.records, back.form.prefix, back.form.period, back.form.times) == \
+        (24, 2, 3, 7)
+    assert np.array_equal(back.array()[:, 1:8], t.array()[:, 1:8])
+
+
+def test_a_table_that_does_not_repeat_has_no_periodic_form():
+    rows = _periodic_rows(7)
+    rows[8][4] += 1  # one period's GEMM ends a ps late: the windows around it break
+    assert find_periodic(_table(rows), 3).times < 7
+    assert find_periodic(_table(_periodic_rows(2)), 3) is None  # two periods: not worth a form
+
+
+@pytest.mark.parametrize("line, error", [
+    ('{"op_log": "periodic", "records": 24, "prefix": 2, "period": 3, "times": 7}\n',
+     "op_log: a periodic op_log with no repeat line"),
+    ('{"repeat": {"records": 3, "times": 6, "shift": {}}}\n',
+     "op_log:1: malformed op_log record (ValueError('a repeat line without the periodic header, or a second one'))"),
+])
+def test_a_broken_periodic_op_log_is_named(line, error):
+    body = _table(_periodic_rows(3)).text()
+    with pytest.raises(ValueError) as e:
+        RecordTable.parse(line + body)
+    assert str(e.value) == error
+
+
+@pytest.fixture(scope="module")
+def step_runs(tmp_path_factory):
+    """The 60-layer step written periodically and simulated in full, and a 120-layer one."""
+    d = tmp_path_factory.mktemp("step")
+    m = {"periodic": run(d / "periodic", *STEP, "bench.layers=60", "run.oplog=periodic", bench="decoder_layer"),
+         "full": run(d / "full", *STEP, "bench.layers=60", "run.fast_forward=off", bench="decoder_layer"),
+         "double": run(d / "double", *STEP, "bench.layers=120", "run.oplog=periodic", bench="decoder_layer")}
+    return d, m
+
+
+def test_expanding_a_periodic_op_log_gives_the_full_simulations_records(step_runs):
+    d, m = step_runs
+    assert m["periodic"]["fast_forward"]["applied"] and not m["full"]["fast_forward"]["applied"]
+    full = (d / "full" / "op_log.jsonl").read_text()
+    assert "".join(oplog.lines(d / "periodic")) == full
+    assert oplog.read(d / "periodic").text() == full
+    assert m["periodic"]["op_log"] == {"form": "periodic", "records": 155115, "lines": 2661, "prefix": 72,
+                                       "period": 2584, "times": 60}
+    assert "op_log" not in m["full"]
+    # the periodic run's results are the full simulation's, to the records
+    for key in ("latency_ns", "step", "critical_path", "units"):
+        assert m["periodic"].get(key) == m["full"].get(key), key
+
+
+def test_a_periodic_runs_files_grow_with_distinct_work_not_repetitions(step_runs):
+    """Doubling the layers adds 60 repetitions: the op_log differs in its header's and repeat
+    line's counts and in the times of the three records after the repetitions alone, the
+    trace by one slice a PE a repetition."""
+    d, m = step_runs
+    size = {k: ((d / k / "op_log.jsonl").stat().st_size, (d / k / "trace.json").stat().st_size)
+            for k in ("periodic", "double", "full")}
+    one, two = ((d / k / "op_log.jsonl").read_text().splitlines() for k in ("periodic", "double"))
+    differ = [i for i, (a, b) in enumerate(zip(one, two)) if a != b]
+    assert len(one) == len(two) == 2661 and differ == [0, 2657, 2658, 2659, 2660]
+    assert m["double"]["op_log"]["times"] == 120 and m["double"]["step"]["layers"] == 120
+    assert size["double"][1] < 1.2 * size["periodic"][1]
+    assert size["full"][0] > 50 * size["periodic"][0] and size["full"][1] > 20 * size["periodic"][1]
+    trace = json.loads((d / "periodic" / "trace.json").read_text())["traceEvents"]
+    reps = [e for e in trace if e.get("cat") == "repeated"]
+    assert len(reps) == 58 * 8 and {e["name"] for e in reps if e["pid"] == 3} == {f"period {j} of 60"
+                                                                                   for j in range(2, 60)}
+    assert reps[0]["args"] == {"records": 323, "as": "period 1", "later_us": 4.25825}
+
+
+def test_a_run_that_does_not_repeat_writes_record_by_record(tmp_path):
+    m = run(tmp_path, "bench.data=false", "run.oplog=periodic")  # decode_opt2 at S_kv 4096: too short to skip
+    assert not m["fast_forward"]["applied"] and "op_log" not in m
+    assert (tmp_path / "op_log.jsonl").read_text().startswith('{"pe": 0, "unit": "cpu"')
+
+
+def test_the_reader_prints_the_records_and_names_a_bad_file(step_runs, tmp_path):
+    d, _ = step_runs
+    cmd = [sys.executable, "-m", "kbframe.report.oplog"]
+    out = subprocess.run([*cmd, str(d / "periodic"), str(tmp_path / "all.jsonl")], capture_output=True, text=True,
+                         cwd=REPO)
+    assert out.returncode == 0 and out.stdout == out.stderr == ""
+    assert (tmp_path / "all.jsonl").read_text() == (d / "full" / "op_log.jsonl").read_text()
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"op_log": "periodic", "records": 2}\n')
+    out = subprocess.run([*cmd, str(bad)], capture_output=True, text=True, cwd=REPO)
+    assert (out.returncode, out.stdout) == (1, "")
+    assert out.stderr == f"kbframe: error: {bad}:1: malformed periodic op_log header (KeyError('prefix'))\n"
