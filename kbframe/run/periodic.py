@@ -165,8 +165,8 @@ def precheck(a: tuple, b: tuple) -> None:
         if 0 < m <= x and _names(rb[x - m:x]) == _names(rb[x:x + m]):
             moved = _arr([r[1] for r in rb[x:x + m]])[:, 2:4] - _arr([r[1] for r in rb[x - m:x]])[:, 2:4]
             if (moved != delta).any():
-                raise Settling(f"the records of {key[1]} on PE{key[0]} move {int(moved.min())} ps a period, "
-                               f"the run {delta} ps")
+                raise Settling(f"the records of {key[1]} on PE{key[0]} move {int(moved[moved != delta].min())} ps a "
+                               f"period, the run {delta} ps")
 
 
 class Runs:
@@ -210,8 +210,8 @@ class Runs:
         if moved.size and not (moved == delta).all():  # a steady state moves every stream by Δ
             i = int(np.nonzero((moved != delta).any(axis=1))[0][0])
             n = self.blk[i][1][0]
-            raise Settling(f"the records of {n[1]} on PE{n[0]} move {int(moved[i, 0])} ps a period, "
-                           f"the run {delta} ps")
+            raise Settling(f"the records of {n[1]} on PE{n[0]} move {int(moved[i][moved[i] != delta][0])} ps a "
+                           f"period, the run {delta} ps")
         self.tail_step = np.concatenate(self.tail_step) if self.tail_step else np.zeros((0, NUMS), np.int64)
         self.totals = [totals(s) for s in sims]
 
