@@ -165,8 +165,8 @@ def precheck(a: tuple, b: tuple) -> None:
         if 0 < m <= x and _names(rb[x - m:x]) == _names(rb[x:x + m]):
             moved = _arr([r[1] for r in rb[x:x + m]])[:, 2:4] - _arr([r[1] for r in rb[x - m:x]])[:, 2:4]
             if (moved != delta).any():
-                raise Settling(f"the records of {key[1]} on PE{key[0]} move {int(moved.min())} ps a period, "
-                               f"the run {delta} ps")
+                raise Settling(f"the records of {key[1]} on PE{key[0]} move {int(moved[moved != delta].min())} ps a "
+                               f"period, the run {delta} ps")
 
 
 class Runs:
@@ -187,6 +187,7 @@ class Runs:
         if any(set(st) != keys for st in streams[1:]):
             raise NotPeriodic("the copies do not have the same streams")
         self.pre, self.blk, self.step, self.suf, self.tail_step = [], [], [], [], []
+        self.in_c: list = [[], [], [], []]  # the third copy's indices of the prefix, both blocks, the tail
         for key in sorted(keys, key=str):
             a, b, c, d = (st[key] for st in streams)
             m = len(b) - len(a)
@@ -198,6 +199,8 @@ class Runs:
                 raise NotPeriodic(f"the records of {key[1]} on PE{key[0]} are not periodic")
             self.pre += b[:x]
             self.blk += b[x:x + m]
+            for part, rs in zip(self.in_c, (c[:x], c[x:x + m], c[x + m:x + 2 * m], c[x + 2 * m:])):
+                part += [i for i, _ in rs]
             self.step.append(_arr([r[1] for r in c[x + m:x + 2 * m]]) - _arr([r[1] for r in c[x:x + m]]))
             self.suf += b[x + m:]
             self.tail_step.append(_arr([r[1] for r in b[x + m:]]) - _arr([r[1] for r in a[x:]]))
@@ -207,8 +210,8 @@ class Runs:
         if moved.size and not (moved == delta).all():  # a steady state moves every stream by Δ
             i = int(np.nonzero((moved != delta).any(axis=1))[0][0])
             n = self.blk[i][1][0]
-            raise Settling(f"the records of {n[1]} on PE{n[0]} move {int(moved[i, 0])} ps a period, "
-                           f"the run {delta} ps")
+            raise Settling(f"the records of {n[1]} on PE{n[0]} move {int(moved[i][moved[i] != delta][0])} ps a "
+                           f"period, the run {delta} ps")
         self.tail_step = np.concatenate(self.tail_step) if self.tail_step else np.zeros((0, NUMS), np.int64)
         self.totals = [totals(s) for s in sims]
 
@@ -233,8 +236,49 @@ class Runs:
                                np.tile(np.array([i for i, _ in self.blk], dtype=np.int64), k),
                                np.array([i for i, _ in self.suf], dtype=np.int64)])
         order = np.lexsort((rank, nums[:, 3]))  # by end time, then as in the second copy
+        if k >= 2:
+            order = self._ties_as_in_third_copy(k, nums[:, 3], order)
         order = _completions_after_their_stage(table, codes, nums, order)
         return table, codes[order], nums[order]
+
+    def _ties_as_in_third_copy(self, k: int, end: np.ndarray, order: np.ndarray) -> np.ndarray:
+        """``order`` (records by end time, ties as in the second copy) with each group of
+        records that end at one instant in the order the third copy has them, the group
+        shifted by whole periods onto it: records of two neighbouring periods (a PE's
+        dispatches a period ahead of another PE's stages) tie there as they do in the
+        run, whereas the second copy holds one period. A group its two periods do not hold
+        (three periods, or the first and the last of more) raises NotPeriodic."""
+        n_pre, m, n_suf = len(self.pre), len(self.blk), len(self.suf)
+        e = end[order]
+        tie = np.zeros(len(e), dtype=bool)
+        tie[1:] = e[1:] == e[:-1]
+        tie[:-1] |= tie[1:]
+        at = np.nonzero(tie)[0]
+        if not len(at):
+            return order
+        pos = order[at]  # places in the prediction: prefix, k blocks, tail
+        part = np.where(pos < n_pre, 0, np.where(pos < n_pre + k * m, 1, 2))
+        inst = np.where(part == 1, (pos - n_pre) // max(m, 1), np.where(part == 2, k, -1))
+        grp = np.cumsum(np.r_[True, e[at][1:] != e[at][:-1]]) - 1
+        lo = np.full(grp[-1] + 1, k + 1, dtype=np.int64)
+        hi = np.full(grp[-1] + 1, -2, dtype=np.int64)
+        np.minimum.at(lo, grp, inst)
+        np.maximum.at(hi, grp, inst)
+        # a group's periods onto the third copy's two (and its prefix, tail): the tail
+        # keeps its place after period k - 1, the prefix before period 0
+        base = np.where(hi == k, k - 2, np.where(lo == -1, 0, lo))[grp]
+        rel = np.where(part == 1, inst - base, 0)
+        if (rel < 0).any() or (rel > 1).any() or ((lo == -1) & (hi == k) & (k > 2))[grp].any():
+            raise NotPeriodic("records of more than two neighbouring periods end at one instant")
+        c = [np.array(x, dtype=np.int64) for x in self.in_c]
+        j = np.where(part == 0, pos, np.where(part == 1, (pos - n_pre) % max(m, 1), pos - n_pre - k * m))
+        in_c = np.where(part == 0, c[0][np.minimum(j, max(n_pre - 1, 0))] if n_pre else 0,
+                        np.where(part == 2, c[3][np.minimum(j, max(n_suf - 1, 0))] if n_suf else 0,
+                                 np.where(rel == 0, c[1][np.minimum(j, max(m - 1, 0))] if m else 0,
+                                          c[2][np.minimum(j, max(m - 1, 0))] if m else 0)))
+        out = order.copy()
+        out[at] = order[at][np.lexsort((in_c, grp))]
+        return out
 
     def table(self, k: int) -> RecordTable:
         """:meth:`records` as the full run's record table (kbframe.records), its names those

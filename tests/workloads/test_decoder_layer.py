@@ -308,6 +308,34 @@ def test_a_step_fast_forwards_exactly_on_one_pe_eight_and_across_cubes(tmp_path,
     assert "verified" in m["fast_forward"]["note"] and m["step"]["layers"] == 60
 
 
+FUSED_8 = ("bench.H=256", "bench.H_q=8", "bench.H_kv=8", "bench.d=128", "bench.F=256", "bench.S_kv=512",
+           "bench.layers=48")
+
+
+@pytest.mark.parametrize("topology", [("hardware=default", "bench.tp=1", "bench.H=32", "bench.H_q=8", "bench.H_kv=8",
+                                       "bench.d=16", "bench.F=64", "bench.S_kv=40", "bench.layers=60"),
+                                      ("hardware=cube", "bench.tp=8", *FUSED_8),
+                                      ("hardware=cube_mesh", "bench.tp=8", "bench.placement=spread", *FUSED_8)],
+                         ids=["tp1", "tp8", "tp8-2x2-cubes"])
+def test_a_fused_step_fast_forwards_exactly_on_one_pe_eight_and_across_cubes(tmp_path, topology, monkeypatch):
+    """Fused layers (rank 0's residual epilogues) on one PE repeat every layer; on 8 PEs, a
+    cube's or dealt over 2×2 cubes, every 4 layers (each fourth 2 ns later than the other three),
+    and a period of one layer first looks like a stream
+    settling: the longer periods are tried on the same short copies before longer copies,
+    and the ties between two PEs' records of neighbouring periods are ordered as in the
+    copy that holds two. run.fast_forward=verify finds the written step identical to the
+    full simulation. (48 layers are fewer than a model's: the copies of a 4-layer period,
+    49 layers with the candidates ruled out before it, may cost more than the step here.)"""
+    from kbframe.workloads.decoder_layer import DecoderLayer
+    monkeypatch.setattr(DecoderLayer, "ff_budget", 1.2)
+    m = run(tmp_path, *topology, "bench.data=false", "run.fast_forward=verify", "run.check=false", "run.trace=false",
+            bench="decoder_layer")
+    assert m["fast_forward"]["applied"], m["fast_forward"]["note"]
+    want = "54 of 57 periods of 1" if "bench.tp=1" in topology else "8 of 11 periods of 4"
+    assert m["fast_forward"]["note"].startswith(f"fast-forwarded {want} layers step(s)"), m["fast_forward"]["note"]
+    assert "verified" in m["fast_forward"]["note"]
+
+
 def test_a_step_over_its_record_budget_is_refused_with_its_exact_count(tmp_path):
     """The estimate from one and two layers' dry runs is the step's count (the layers make
     the same records): one record under the budget refuses it, naming the count the full
