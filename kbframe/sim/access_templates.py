@@ -87,10 +87,10 @@ class Template:
         self.n_acc = int(self.n.sum())
 
     def sig_on(self, pe) -> tuple:
-        """:attr:`sig` with ``pe``'s units."""
+        """:attr:`sig` with the ids of ``pe``'s units."""
         got = self.on_pe.get(pe.index)
         if got is None:
-            got = self.on_pe[pe.index] = tuple([(pe.units[u], k, t) for u, k, t in self.sig])
+            got = self.on_pe[pe.index] = tuple([(id(pe.units[u]), k, t) for u, k, t in self.sig])
         return got
 
 
@@ -174,7 +174,7 @@ def _columns(pe, plan, planner, templates, space_ids):
     geom: dict = {}  # id(handle) -> (geometry, base): handles repeat across commands
     units = pe.by_role
     ukey = _units_key(pe)
-    t0, t_end, ran = [], [], []
+    ran, expected = [], []  # the stages that ran, and (id(unit), op_kind, tile) of their plans
     used: dict = {}  # template -> [(first stage's index, first key space, slot bases)] of this PE
     n_keys = 0
     for cmd, stages in plan:
@@ -191,20 +191,21 @@ def _columns(pe, plan, planner, templates, space_ids):
         tpl = templates.get(key)
         if tpl is None:
             tpl = templates[key] = _build(cmd, stages, hs, bases, units, planner, space_ids)
-        else:
-            sig = tpl.sig_on(pe)
-            if len(stages) != len(sig) or any(st.unit is not u or st.op_kind != k or st.tile != t
-                                              for (u, k, t), st in zip(sig, stages)):
-                raise _Unlike
         got = used.get(tpl)
         if got is None:
             got = used[tpl] = []
         got.append((len(ran), _LOCAL + n_keys, bases))
         n_keys += tpl.n_local
-        for st in stages:
-            t0.append(st.t_data if st.t_data >= 0 else st.t_start)  # a DMA touches memory in its data phase
-            t_end.append(st.t_end)
+        expected += tpl.sig_on(pe)
         ran += stages
+    # the stages that ran are the plans' (a unit by identity), all compared at once
+    if [(id(st.unit), st.op_kind, st.tile) for st in ran] != expected:
+        return None
+    t_data, t_start = np.array([st.t_data for st in ran]), np.array([st.t_start for st in ran])
+    if t_data.dtype.kind != "i" or t_start.dtype.kind != "i":
+        return None  # not integer ps: the walk says what it makes of it
+    t0 = np.where(t_data >= 0, t_data, t_start)  # a DMA touches memory in its data phase
+    t_end = np.array([st.t_end for st in ran])
     if _LOCAL + n_keys >= 1 << 22:
         return None
     parts = [_instances(tpl, inst) for tpl, inst in used.items() if len(tpl.n)]
@@ -239,7 +240,7 @@ def _columns(pe, plan, planner, templates, space_ids):
     a_lo, a_hi = np.concatenate([w_lo, r_lo]), np.concatenate([w_hi, r_hi])
     o = np.argsort(rep, kind="stable")  # back in program order
     rep, a_lo, a_hi = rep[o], a_lo[o], a_hi[o]
-    if not hazard_free_columns(sid[rep], a_lo, a_hi, write[rep], stage[rep], np.array(t0), np.array(t_end)):
+    if not hazard_free_columns(sid[rep], a_lo, a_hi, write[rep], stage[rep], t0, t_end):
         return None
     hbm = space_ids.get("hbm")
     out = np.flatnonzero(sid[w_rep] == hbm) if hbm is not None else np.zeros(0, dtype=np.int64)
