@@ -101,6 +101,12 @@ class PeScheduler(PeUnit):
         for unit in pe.stage_units.values():
             unit.bind(pe, unit.name or "", self._stage_done)
 
+    def share_plans(self, shared: dict) -> None:
+        """Plan each command shape once for all the PEs that pass the same ``shared`` dict
+        (timing only: kbframe.hw.tiling.PlanCache)."""
+        if self._plans is not None:
+            self._plans.share(shared)
+
     def has_room(self) -> bool:
         return len(self.queue) < self.max_queued
 
