@@ -41,14 +41,12 @@ class _Unlike(Exception):
     """A command the templates cannot describe (the sanitizer re-plans it itself)."""
 
 
-def _slots(cmd) -> list:
-    """The handles of ``cmd`` in slot order: per op its operands, then its ``out``."""
-    hs = []
-    for op in cmd.ops:
-        hs += op.operands.values()
-        if op.out is not None:
-            hs.append(op.out)
-    return hs
+def _op_slots(op) -> tuple:
+    """The slots of one op (its operands, then its ``out``): their handles, geometries,
+    bases and ids (:func:`_geometry`)."""
+    hs = [*op.operands.values()] + ([op.out] if op.out is not None else [])
+    gb = [_geometry(h) for h in hs]
+    return hs, [g for g, _ in gb], [b for _, b in gb], [id(h) for h in hs]
 
 
 def _geometry(h) -> tuple:
@@ -171,23 +169,24 @@ def _units_key(pe) -> tuple:
 
 
 def _columns(pe, plan, planner, templates, space_ids):
-    geom: dict = {}  # id(handle) -> (geometry, base): handles repeat across commands
+    per_op: dict = {}  # id(op) -> _op_slots(op): OpSpecs repeat across commands
     units = pe.by_role
     ukey = _units_key(pe)
     ran, expected = [], []  # the stages that ran, and (id(unit), op_kind, tile) of their plans
     used: dict = {}  # template -> [(first stage's index, first key space, slot bases)] of this PE
     n_keys = 0
     for cmd, stages in plan:
-        hs = _slots(cmd)
-        gs, bases, first = [], [], {}
-        for i, h in enumerate(hs):
-            g = geom.get(id(h))
-            if g is None:
-                g = geom[id(h)] = _geometry(h)
-            gs.append(g[0])
-            bases.append(g[1])
-            first.setdefault(id(h), i)
-        key = (ukey, plan_key(cmd), tuple(gs), tuple([first[id(h)] for h in hs]))
+        hs, gs, bases, ids = [], [], [], []  # the command's slots: per op its operands, then its out
+        for op in cmd.ops:
+            got = per_op.get(id(op))
+            if got is None:
+                got = per_op[id(op)] = _op_slots(op)
+            hs += got[0]
+            gs += got[1]
+            bases += got[2]
+            ids += got[3]
+        first: dict = {}
+        key = (ukey, plan_key(cmd), tuple(gs), tuple([first.setdefault(x, i) for i, x in enumerate(ids)]))
         tpl = templates.get(key)
         if tpl is None:
             tpl = templates[key] = _build(cmd, stages, hs, bases, units, planner, space_ids)
