@@ -242,6 +242,13 @@ class PeScheduler(PeUnit):
             return plan_stages(cmd, self.pe.by_role, self.pe.numerics)
         return plans.stages(cmd, self.pe.by_role, self.pe.numerics)
 
+    def n_stages(self, cmd) -> int:
+        """How many stages ``cmd`` would have (the pre-flight dry run counts them)."""
+        plans = self._plans
+        if plans is None:
+            return len(plan_stages(cmd, self.pe.by_role, self.pe.numerics))
+        return plans.count(cmd, self.pe.by_role, self.pe.numerics)
+
     def _start(self, cmd, reads, writes, why: str, ref: int) -> None:
         stages = self.plan(cmd)
         self.n_commands += 1

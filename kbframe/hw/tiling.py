@@ -241,27 +241,39 @@ class PlanCache:
             got = self._units = (units, key, {u.name: u for u in units.values()})
         return got
 
-    def stages(self, cmd, units: dict, nx) -> list[Stage]:
+    def _template(self, cmd, units: dict, nx) -> tuple:
+        """``(template, None)`` of ``cmd``'s shape, or ``(template or None, stages)`` when
+        the command was just planned (None: over ``max_templates``, not kept)."""
         key = plan_key(cmd)
         tpl = self.templates.get(key)
-        if tpl is None:
-            if len(self.templates) >= self.max_templates:
-                return self.plan(cmd, units, nx)
-            shared = self.shared
-            if shared is not None:
-                _, ukey, by_name = self._units_of(units)
-                named = shared.get((ukey, key))
-                if named is not None:  # planned on another PE: with this PE's units
-                    tpl = self.templates[key] = tuple([(by_name[row[0]], *row[1:]) for row in named])
-            if tpl is None:
-                stages = self.plan(cmd, units, nx)
-                index = {st: i for i, st in enumerate(stages)}
-                tpl = self.templates[key] = tuple((st.unit, st.op_kind, st.tile, st.nbytes, st.flops, st.n_elements,
-                                                   st.deps, tuple([index[s] for s in st.succs]), st.peer)
-                                                  for st in stages)
-                if shared is not None:
-                    shared[(self._units_of(units)[1], key)] = tuple([(row[0].name, *row[1:]) for row in tpl])
-                return stages
+        if tpl is not None:
+            return tpl, None
+        if len(self.templates) >= self.max_templates:
+            return None, self.plan(cmd, units, nx)
+        shared = self.shared
+        if shared is not None:
+            _, ukey, by_name = self._units_of(units)
+            named = shared.get((ukey, key))
+            if named is not None:  # planned on another PE: with this PE's units
+                tpl = self.templates[key] = tuple([(by_name[row[0]], *row[1:]) for row in named])
+                return tpl, None
+        stages = self.plan(cmd, units, nx)
+        index = {st: i for i, st in enumerate(stages)}
+        tpl = self.templates[key] = tuple((st.unit, st.op_kind, st.tile, st.nbytes, st.flops, st.n_elements,
+                                           st.deps, tuple([index[s] for s in st.succs]), st.peer) for st in stages)
+        if shared is not None:
+            shared[(self._units_of(units)[1], key)] = tuple([(row[0].name, *row[1:]) for row in tpl])
+        return tpl, stages
+
+    def count(self, cmd, units: dict, nx) -> int:
+        """How many stages ``cmd`` has (from its shape's template: none copied)."""
+        tpl, stages = self._template(cmd, units, nx)
+        return len(stages) if stages is not None else len(tpl)
+
+    def stages(self, cmd, units: dict, nx) -> list[Stage]:
+        tpl, stages = self._template(cmd, units, nx)
+        if stages is not None:
+            return stages
         new = [Stage(unit, kind, cmd, tile, nbytes, flops, n, None, peer)
                for unit, kind, tile, nbytes, flops, n, _, _, peer in tpl]
         for st, row in zip(new, tpl):
