@@ -37,8 +37,10 @@ With more than one PE (checked only when they apply, so ``rules_checked`` counts
 
 Cost: nothing while the simulation runs when ``run.check=false``. When it is on,
 PE_SCHEDULER keeps each command's stage list (``PeScheduler.record``) and the check
-afterwards re-plans every command with :class:`FootprintNumerics`, which returns, in
-place of numeric effects, the byte ranges each stage reads and writes. Each PE is checked
+afterwards re-plans the commands with :class:`FootprintNumerics`, which returns, in
+place of numeric effects, the byte ranges each stage reads and writes: each command shape
+once, its accesses shifted to every command of that shape (kbframe.sim.access_templates),
+and every command of a PE where that does not show rule 6 holds. Each PE is checked
 in its own program order; across PEs, data moves only through IPCQ (rules 7–9) and HBM
 writes never share bytes (rule 10).
 """
