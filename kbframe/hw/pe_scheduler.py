@@ -101,6 +101,12 @@ class PeScheduler(PeUnit):
         for unit in pe.stage_units.values():
             unit.bind(pe, unit.name or "", self._stage_done)
 
+    def share_plans(self, shared: dict) -> None:
+        """Plan each command shape once for all the PEs that pass the same ``shared`` dict
+        (timing only: kbframe.hw.tiling.PlanCache)."""
+        if self._plans is not None:
+            self._plans.share(shared)
+
     def has_room(self) -> bool:
         return len(self.queue) < self.max_queued
 
@@ -235,6 +241,13 @@ class PeScheduler(PeUnit):
         if plans is None:
             return plan_stages(cmd, self.pe.by_role, self.pe.numerics)
         return plans.stages(cmd, self.pe.by_role, self.pe.numerics)
+
+    def n_stages(self, cmd) -> int:
+        """How many stages ``cmd`` would have (the pre-flight dry run counts them)."""
+        plans = self._plans
+        if plans is None:
+            return len(plan_stages(cmd, self.pe.by_role, self.pe.numerics))
+        return plans.count(cmd, self.pe.by_role, self.pe.numerics)
 
     def _start(self, cmd, reads, writes, why: str, ref: int) -> None:
         stages = self.plan(cmd)

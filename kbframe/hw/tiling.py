@@ -210,6 +210,11 @@ class PlanCache:
     ``plan`` would build. Only for effect-free plans: a data-mode effect is bound to one
     command's handles.
 
+    The PEs of one engine are copies of one PE's units and run the same command shapes (a
+    tensor-parallel layer's GEMMs are thousands of stages each): with ``shared`` (one dict
+    for all of them, :meth:`share`) a shape is planned on the first PE that meets it, and
+    the others take its template with their own units, found by name.
+
     Args:
         plan: the planner, ``plan(cmd, units, nx) -> [Stage]`` (:func:`plan_stages`).
         max_templates: shapes kept; later new shapes are planned each time (a kernel whose
@@ -220,17 +225,54 @@ class PlanCache:
         self.plan = plan
         self.max_templates = max_templates
         self.templates: dict = {}
+        self.shared: dict | None = None
+        self._units = None  # (units, their key in shared, units by name): the PE's, found once
 
-    def stages(self, cmd, units: dict, nx) -> list[Stage]:
+    def share(self, shared: dict) -> None:
+        """Take and give templates through ``shared`` (by units and shape, units by name)."""
+        self.shared = shared
+
+    def _units_of(self, units: dict) -> tuple:
+        got = self._units
+        if got is None or got[0] is not units:
+            # what of the units a plan reads: which serves each role, and the GEMM tile
+            key = tuple([(role, u.name, type(u), getattr(u, "tile_m", None), getattr(u, "tile_n", None),
+                          getattr(u, "tile_k", None)) for role, u in units.items()])
+            got = self._units = (units, key, {u.name: u for u in units.values()})
+        return got
+
+    def _template(self, cmd, units: dict, nx) -> tuple:
+        """``(template, None)`` of ``cmd``'s shape, or ``(template or None, stages)`` when
+        the command was just planned (None: over ``max_templates``, not kept)."""
         key = plan_key(cmd)
         tpl = self.templates.get(key)
-        if tpl is None:
-            stages = self.plan(cmd, units, nx)
-            if len(self.templates) >= self.max_templates:
-                return stages
-            index = {st: i for i, st in enumerate(stages)}
-            self.templates[key] = tuple((st.unit, st.op_kind, st.tile, st.nbytes, st.flops, st.n_elements,
-                                         st.deps, tuple([index[s] for s in st.succs]), st.peer) for st in stages)
+        if tpl is not None:
+            return tpl, None
+        if len(self.templates) >= self.max_templates:
+            return None, self.plan(cmd, units, nx)
+        shared = self.shared
+        if shared is not None:
+            _, ukey, by_name = self._units_of(units)
+            named = shared.get((ukey, key))
+            if named is not None:  # planned on another PE: with this PE's units
+                tpl = self.templates[key] = tuple([(by_name[row[0]], *row[1:]) for row in named])
+                return tpl, None
+        stages = self.plan(cmd, units, nx)
+        index = {st: i for i, st in enumerate(stages)}
+        tpl = self.templates[key] = tuple((st.unit, st.op_kind, st.tile, st.nbytes, st.flops, st.n_elements,
+                                           st.deps, tuple([index[s] for s in st.succs]), st.peer) for st in stages)
+        if shared is not None:
+            shared[(self._units_of(units)[1], key)] = tuple([(row[0].name, *row[1:]) for row in tpl])
+        return tpl, stages
+
+    def count(self, cmd, units: dict, nx) -> int:
+        """How many stages ``cmd`` has (from its shape's template: none copied)."""
+        tpl, stages = self._template(cmd, units, nx)
+        return len(stages) if stages is not None else len(tpl)
+
+    def stages(self, cmd, units: dict, nx) -> list[Stage]:
+        tpl, stages = self._template(cmd, units, nx)
+        if stages is not None:
             return stages
         new = [Stage(unit, kind, cmd, tile, nbytes, flops, n, None, peer)
                for unit, kind, tile, nbytes, flops, n, _, _, peer in tpl]

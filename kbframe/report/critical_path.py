@@ -45,6 +45,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+import numpy as np
+
 #: a unit busy at least this share of the period makes the period resource-bound
 BUSY_THRESHOLD = 0.95
 #: fewest repetitions that make a steady state
@@ -230,15 +232,20 @@ def _period(sig: list, segs: list, ends: list, per_unit_records: float) -> tuple
     taken ``k`` times over, the fewest that cover whole units."""
     n = len(sig)
     m = n // 2
+    # the signatures as numbers, so that each candidate p is tried with numpy: a path with
+    # no steady state tries every p, and many may hold around the middle
+    codes: dict = {}
+    ids = np.array([codes.setdefault(s, len(codes)) for s in sig], dtype=np.int64)
     for p in range(1, min(n // 2, MAX_PERIOD_SEGMENTS) + 1):
         c = min(m, n - 2 * p)
-        if any(sig[c + j] != sig[c + j + p] for j in range(p)):
+        if not np.array_equal(ids[c:c + p], ids[c + p:c + 2 * p]):
             continue
-        lo, hi = c, c + 2 * p
-        while lo > 0 and sig[lo - 1] == sig[lo - 1 + p]:
-            lo -= 1
-        while hi < n and sig[hi] == sig[hi - p]:
-            hi += 1
+        # extended both ways as far as sig[i] == sig[i + p] holds: [lo, hi - p) is that run
+        differ = ids[:n - p] != ids[p:]
+        before = np.flatnonzero(differ[:c])
+        lo = int(before[-1]) + 1 if len(before) else 0
+        after = np.flatnonzero(differ[c + p:])
+        hi = (c + p + int(after[0]) if len(after) else n - p) + p
         reps = (hi - lo) // p
         t_lo, t_hi = segs[lo].t0, segs[lo + reps * p - 1].t1
         u = (bisect_left(ends, t_hi) - bisect_left(ends, t_lo)) / reps / per_unit_records

@@ -247,7 +247,7 @@ def dry_run(hardware, wl, kernel, recipes: dict, dtype: str, inputs: dict | None
                     key = (i, plan_key(cmd))
                     k = n_stages_of.get(key)
                     if k is None:
-                        k = n_stages_of[key] = len(pe.scheduler.plan(cmd))
+                        k = n_stages_of[key] = pe.scheduler.n_stages(cmd)
                     stages += k
             dispatch_ps = max(dispatch_ps, pe_ps)
     except KbframeError:

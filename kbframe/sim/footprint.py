@@ -128,6 +128,22 @@ def _footprint(src, bounding: bool):
             for r in range(r0, r1)]
 
 
+def strided(src) -> tuple:
+    """``(space, lo, width, n, stride)`` of a numerics source: its :func:`footprint` as the
+    ``n`` intervals ``[lo + i·stride, lo + i·stride + width)``, ``i < n`` (``n == 0``: none;
+    kbframe.sim.access_templates shifts them per command)."""
+    if isinstance(src, str):
+        return "stage:" + src, 0, 1, 1, 0
+    h, region = src
+    if isinstance(h, str):  # ("acc", key)
+        return "acc:" + region, 0, 1, 1, 0
+    space, lo, hi, n = _footprint(src, True)
+    if n <= 1:
+        return space, lo, hi - lo, n, 0
+    stride = (prod(h.buf_shape[1:]) if len(h.buf_shape) > 1 else 1) * itemsize(h.dtype)
+    return space, lo, hi - lo - (n - 1) * stride, n, stride
+
+
 class Space:
     """Disjoint segments ``[lo, hi, last_writer, readers_since]`` of one memory space."""
 
@@ -227,9 +243,17 @@ def hazard_free(touched) -> bool:
     sid, lo, hi, write, k = (np.array(col) for col in zip(*rows))
     t0 = np.array([t for _, t, _, _ in touched])
     t_end = np.array([st.t_end for st, _, _, _ in touched])
+    return hazard_free_columns(sid, lo, hi, write, k, t0, t_end)
+
+
+def hazard_free_columns(sid, lo, hi, write, k, t0, t_end) -> bool:
+    """:func:`hazard_free` on columns: per access (in program order) its space id, bytes
+    ``[lo, hi)``, whether it writes and its stage ``k``; per stage ``t0`` and ``t_end``."""
+    if not len(sid):
+        return True
     # what a run never makes (times not integer ps, a stage that did not end, an interval
     # backwards or beyond the keys): the walk says what it makes of it
-    if any(a.dtype.kind != "i" for a in (lo, hi, t0, t_end)) or len(ids) >= 1 << 22 \
+    if any(a.dtype.kind != "i" for a in (lo, hi, t0, t_end)) or sid.max() + 1 >= 1 << 22 \
             or lo.min() < 0 or hi.max() >= _ADDR_LIMIT or (hi < lo).any() or t_end.min() < 0:
         return False
     key_lo, key_hi = sid * _ADDR_LIMIT + lo, sid * _ADDR_LIMIT + hi
@@ -237,7 +261,7 @@ def hazard_free(touched) -> bool:
     first, past = np.searchsorted(cuts, key_lo), np.searchsorted(cuts, key_hi)
     # one entry per (access, elementary segment it covers), in access order
     count = past - first
-    acc = np.repeat(np.arange(len(rows)), count)
+    acc = np.repeat(np.arange(len(sid)), count)
     seg = np.repeat(first - np.cumsum(count) + count, count) + np.arange(int(count.sum()))
     order = np.argsort(seg, kind="stable")  # by segment, then access order
     seg, acc = seg[order], acc[order]

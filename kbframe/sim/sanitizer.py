@@ -37,8 +37,10 @@ With more than one PE (checked only when they apply, so ``rules_checked`` counts
 
 Cost: nothing while the simulation runs when ``run.check=false``. When it is on,
 PE_SCHEDULER keeps each command's stage list (``PeScheduler.record``) and the check
-afterwards re-plans every command with :class:`FootprintNumerics`, which returns, in
-place of numeric effects, the byte ranges each stage reads and writes. Each PE is checked
+afterwards re-plans the commands with :class:`FootprintNumerics`, which returns, in
+place of numeric effects, the byte ranges each stage reads and writes: each command shape
+once, its accesses shifted to every command of that shape (kbframe.sim.access_templates),
+and every command of a PE where that does not show rule 6 holds. Each PE is checked
 in its own program order; across PEs, data moves only through IPCQ (rules 7–9) and HBM
 writes never share bytes (rule 10).
 """
@@ -51,7 +53,7 @@ from pathlib import Path
 
 from ..errors import SanitizerError
 from ..records import RecordTable
-from . import record_rules
+from . import access_templates, record_rules
 from .footprint import FootprintNumerics, Space, WriteUnion, bounds, footprint, hazard_free
 from .record_rules import stage_desc
 from ..hw.tiling import plan_stages
@@ -91,11 +93,12 @@ def check(engine, records) -> dict:
     per_pe = record_rules.by_pe(table)
     n_cmds = n_stages = n_acc = 0
     hbm_writes: list = []
+    templates = access_templates.Templates()  # rule 6: each command shape re-planned once
     for pe, plan in _plans(engine):
         spans, dispatches = record_rules.rules_1_to_3(pe, per_pe.get(pe.index, per_pe[None]), plan)
         check_tcm_no_overlap(pe.index, pe.tcm.allocations, pe.tcm.capacity_bytes, dispatches)
         check_rw_no_interleave(pe.index, plan, spans)
-        n_acc += check_data_dependencies(pe, plan, hbm_writes)
+        n_acc += check_data_dependencies(pe, plan, hbm_writes, templates)
         n_cmds += len(plan)
         n_stages += sum(len(st) for _, st in plan)
     rules = list(RULES)
@@ -232,14 +235,32 @@ def _hazard(kind, later, earlier, label, lo, hi, space, t_later, t_earlier):
           f"{stage_desc(earlier)} {did} ({where}), and that stage ended only at {_ns(t_earlier)}")
 
 
-def check_data_dependencies(pe, plan, hbm_writes: list | None = None) -> int:
+def check_data_dependencies(pe, plan, hbm_writes: list | None = None, templates=None) -> int:
     """Rule ``data_dependencies``. Returns the number of byte-range accesses checked; HBM
     writes are appended to ``hbm_writes`` as ``(lo, hi, pe, stage)`` for rule 10.
+    ``templates``: the check's :class:`~kbframe.sim.access_templates.Templates`, shared by
+    its PEs (a new one if None).
 
     Every access is first checked at once (kbframe.sim.footprint.hazard_free, numpy);
     only when that cannot show the rule holds are they walked one by one, which names
     the first hazard in program order. A read whose bytes no write of the PE touches (a
-    weight streamed from HBM) can be part of no hazard, and is counted but not checked."""
+    weight streamed from HBM) can be part of no hazard, and is counted but not checked.
+
+    Each command shape is re-planned once and its accesses shifted to every command of
+    that shape (kbframe.sim.access_templates); only a PE where that does not show the rule
+    holds is re-planned command by command here."""
+    shown = (templates or access_templates.Templates()).columns(pe, plan, plan_stages)
+    if shown is not None:
+        n, writes = shown
+        if hbm_writes is not None:
+            hbm_writes += writes
+        return n
+    return _walk_data_dependencies(pe, plan, hbm_writes)
+
+
+def _walk_data_dependencies(pe, plan, hbm_writes: list | None = None) -> int:
+    """:func:`check_data_dependencies` re-planning every command: its accesses checked at
+    once, and walked one by one when that does not show the rule holds."""
     nx = FootprintNumerics()
     ran = []  # per stage that ran, in program order: (stage, t0, read sources, write intervals)
     n = 0
