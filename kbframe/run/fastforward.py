@@ -233,41 +233,39 @@ def run(cfg, wl, kernel, recipes, check: bool, units: dict | None = None) -> Out
 def _phases(runs: Runs, n_a: int, p: int, k_full: int) -> dict | None:
     """The full run's ``tl.phase`` annotations (kbframe.run.phases) from the copies', when
     the axis is the layers their phases are tagged with: per PE, the first copy's phases
-    up to its last layer, that layer's repeated for each skipped one (command ids shifted
-    by a layer's commands, relabelled), then what follows it, shifted by them all. None when
-    the second copy is not what this predicts from the first (the phases are left out)."""
+    up to its last layer, its last period's ``p`` layers repeated for each skipped period
+    (command ids shifted by a period's commands, layers relabelled), then what follows them,
+    shifted by them all. None when the second copy is not what this predicts from the first
+    (the phases are left out)."""
     a, b = runs.sims[0], runs.sims[1]
     if not a.phases:
         return {}
-    if p != 1:
-        return None
 
-    def shifted(entry, by: int, layer=None):
+    def shifted(entry, by: int, layers: int = 0):
         nm, f, l_, inf = entry
         inf = dict(inf)
-        if layer is not None:
-            inf["layer"] = layer
+        if layers and inf.get("layer") is not None:
+            inf["layer"] += layers
         if inf.get("after") is not None:  # a collective's partial: a command id too
             inf["after"] += by
         return nm, f + by, l_ + by, inf
 
-    def predict(ph: list, last: int, extra: int, per: int) -> list:
-        at = [i for i, e in enumerate(ph) if e[3].get("layer") == last]
+    def predict(ph: list, extra: int, per: int) -> list:
+        at = [i for i, e in enumerate(ph) if e[3].get("layer") is not None and n_a - p <= e[3]["layer"] < n_a]
         if not at:
             return ph
         i0, i1 = at[0], at[-1]
         out = ph[:i1 + 1]
         for k in range(1, extra + 1):
-            out += [shifted(e, k * per, last + k) for e in ph[i0:i1 + 1]]
+            out += [shifted(e, k * per, k * p) for e in ph[i0:i1 + 1]]
         return out + [shifted(e, extra * per) for e in ph[i1 + 1:]]
 
     full = {}
     for pe, ph in a.phases.items():
         per = b.engine.pes[pe].cpu.n_commands - a.engine.pes[pe].cpu.n_commands
-        last = n_a - 1
-        if predict(ph, last, 1, per) != b.phases.get(pe):
+        if predict(ph, 1, per) != b.phases.get(pe):
             return None
-        full[pe] = predict(ph, last, k_full, per)
+        full[pe] = predict(ph, k_full, per)
     return full
 
 
@@ -358,7 +356,7 @@ def verify(cfg, wl, kernel, recipes, check: bool, ff: Simulation) -> None:
     """``run.fast_forward=verify``: simulate the bench in full as well (its records kept in
     its table, nothing written) and compare. Raises SanitizerError (rule ``fast_forward``)
     naming the first difference: the first line of the op_log texts of the two tables that
-    differs, or the total, the wait record or the dispatch cycles that differ."""
+    differs, or the total, the wait record, the phases or the dispatch cycles that differ."""
     from ..errors import SanitizerError
     full = simulate(cfg, wl, kernel, recipes, None, None, check, False)
     for i, (la, lb) in enumerate(zip(full.oplog.table.text().splitlines(), ff.oplog.table.text().splitlines())):
@@ -375,6 +373,8 @@ def verify(cfg, wl, kernel, recipes, check: bool, ff: Simulation) -> None:
                              f"{tf[bad[0]]}", "fast_forward")
     if full.oplog.table.buf != ff.oplog.table.buf:
         raise SanitizerError("fast-forward: the wait records differ from the full simulation's", "fast_forward")
+    if (full.phases or {}) != (ff.phases or {}):
+        raise SanitizerError("fast-forward: the phases (tl.phase) differ from the full simulation's", "fast_forward")
     for pe in full.engine.pes.built():
         if pe.cpu.cycles != ff.engine.pes[pe.index].cpu.cycles:
             raise SanitizerError(f"fast-forward: PE{pe.index} dispatch cycles {ff.engine.pes[pe.index].cpu.cycles!r}, "

@@ -333,7 +333,8 @@ def test_a_fused_step_fast_forwards_exactly_on_one_pe_eight_and_across_cubes(tmp
     assert m["fast_forward"]["applied"], m["fast_forward"]["note"]
     want = "54 of 57 periods of 1" if "bench.tp=1" in topology else "8 of 11 periods of 4"
     assert m["fast_forward"]["note"].startswith(f"fast-forwarded {want} layers step(s)"), m["fast_forward"]["note"]
-    assert "verified" in m["fast_forward"]["note"]
+    assert "verified" in m["fast_forward"]["note"]  # the phases too: the step's layers, each one's span
+    assert m["step"]["layers"] == len(m["phases"]["layers_ns"]) == (60 if "bench.tp=1" in topology else 48)
 
 
 def test_a_step_over_its_record_budget_is_refused_with_its_exact_count(tmp_path):
