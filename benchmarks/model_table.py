@@ -22,6 +22,7 @@ stdout as Markdown, progress to stderr.
 """
 from __future__ import annotations
 
+import argparse
 import re
 import sys
 import tempfile
@@ -149,12 +150,20 @@ def check() -> None:
 
 
 def main(argv: list[str]) -> None:
-    if "--check" in argv:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("models", nargs="*", metavar="MODEL",
+                    help=f"models to tabulate ({', '.join(MODELS)}; default both)")
+    ap.add_argument("--quick", action="store_true", help="the first context length only")
+    ap.add_argument("--check", action="store_true", help="compare the extrapolation with whole simulated steps")
+    args = ap.parse_args(argv)
+    for m in args.models:
+        if m not in MODELS:
+            ap.error(f"unknown model {m!r} (known: {', '.join(MODELS)})")
+    if args.check:
         check()
         return
-    quick = "--quick" in argv
-    contexts = CONTEXTS[:1] if quick else CONTEXTS
-    models = [a for a in argv if a in MODELS] or list(MODELS)
+    contexts = CONTEXTS[:1] if args.quick else CONTEXTS
+    models = args.models or list(MODELS)
     cells, start = {}, time.process_time()
     todo = [(m, hw, ctx, b) for m in models for hw in HARDWARE for ctx in contexts for b in BATCHES]
     for i, key in enumerate(todo, 1):

@@ -35,6 +35,7 @@ A foundation module (no simulation layer): the report layer reads the table too.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from struct import Struct
@@ -149,9 +150,13 @@ def repeat_shift(repeat: dict, period: int) -> dict:
     for f, key in SHIFTED.items():
         v = np.asarray(repeat["shift"].get(key, 0), dtype=np.float64 if f in ("t0", "t1", "td") else np.int64)
         if f in ("t0", "t1", "td"):
+            if not np.isfinite(v).all() or (np.abs(v) > 2.0 ** 52 / 1000).any():
+                raise ValueError(f"the repeat line's shift of {key} is not a finite time in ns")
             v = np.round(v * 1000)
         if v.ndim > 1 or (v.ndim == 1 and len(v) != period):
             raise ValueError(f"the repeat line's shift of {key} has {v.size} values, not 1 or {period}")
+        if f in ("cmd", "t0", "t1", "td") and (v < 0).any():
+            raise ValueError(f"the repeat line's shift of {key} is negative: a repetition comes after the one before")
         shift[f] = np.broadcast_to(v.astype(np.int64), (period,)).copy()
     return shift
 
@@ -290,7 +295,10 @@ class RecordTable:
         the path's, else ``op_log``)."""
         if isinstance(source, Path):
             name = name or str(source)
-            source = source.read_text()
+            try:
+                source = source.read_text(encoding="utf-8")
+            except UnicodeDecodeError as e:
+                raise ValueError(f"{name}: not an op_log (not UTF-8 text: {e.reason})") from None
         elif hasattr(source, "getvalue"):
             source = source.getvalue()
         elif hasattr(source, "read"):
@@ -339,30 +347,68 @@ class RecordTable:
     def _directive(self, r: dict) -> None:
         """A periodic op_log's header (the first line) or its ``repeat`` line (right after the
         first period), checked against each other (module doc)."""
-        head = self._header
         if "op_log" in r:
-            if r["op_log"] != "periodic" or len(self) or head is not None:
+            if len(self) or self._header is not None:
                 raise ValueError('the header {"op_log": "periodic", ...} must be the first line')
-            self._header = {k: int(r[k]) for k in ("records", "prefix", "period", "times")}
+            self._header = periodic_header(r)
             return
-        rep = r["repeat"]
-        if head is None or self.form is not None:
+        if self._header is None or self.form is not None:
             raise ValueError("a repeat line without the periodic header, or a second one")
-        if int(rep["records"]) != head["period"] or int(rep["times"]) != head["times"] - 1 \
-                or len(self) != head["prefix"] + head["period"]:
-            raise ValueError(f"the repeat line does not follow the header's {head['prefix']} + {head['period']} "
-                             f"records, {head['times']} times")
-        self.form = Periodic(head["records"], head["prefix"], head["period"], head["times"],
-                             repeat_shift(rep, head["period"]))
+        self.form = repeat_form(r, self._header, len(self))
 
     def _finish(self) -> None:
-        """After the last line: a periodic op_log's repetitions inserted, its count checked."""
+        """After the last line: a periodic op_log's record count checked against its header,
+        then its repetitions inserted."""
         head = self._header
         if head is None:
             return
         self._header = None
         if self.form is None:
             raise ValueError("a periodic op_log with no repeat line")
-        self.expand(self.form)
-        if len(self) != self.form.records:
-            raise ValueError(f"a periodic op_log of {len(self)} records; its header says {self.form.records}")
+        p = self.form
+        written = p.records - p.period * (p.times - 1)
+        if len(self) != written:
+            raise ValueError(f"a periodic op_log of {len(self) + p.period * (p.times - 1)} records; "
+                             f"its header says {p.records}")
+        need, have = 2 * p.records * _B, _available_memory_bytes()  # the repetitions, then the table
+        if have is not None and need > have:
+            raise ValueError(f"a periodic op_log of {p.records:,} records needs {need / 2**30:.1f} GiB to expand, "
+                             f"more than the {have / 2**30:.1f} GiB this machine has free; "
+                             f"python -m kbframe.report.oplog streams it record by record")
+        self.expand(p)
+
+
+def _available_memory_bytes() -> int | None:
+    """Free physical memory now (None where the system does not say)."""
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def periodic_header(r: dict) -> dict:
+    """A periodic op_log's header line (a dict), checked: its ``records``, ``prefix``,
+    ``period`` and ``times`` as ints that fit together. Raises ValueError, KeyError,
+    TypeError."""
+    if r.get("op_log") != "periodic":
+        raise ValueError(f'the first line names op_log form {r.get("op_log")!r}, not "periodic"')
+    head = {k: r[k] for k in ("records", "prefix", "period", "times")}
+    if any(type(v) is not int for v in head.values()):
+        raise ValueError("the header's records, prefix, period and times must be integers")
+    if head["prefix"] < 0 or head["period"] < 1 or head["times"] < 1 \
+            or head["prefix"] + head["period"] * head["times"] > head["records"]:
+        raise ValueError(f"the header's counts do not fit together (records {head['records']}, prefix "
+                         f"{head['prefix']}, period {head['period']}, times {head['times']})")
+    return head
+
+
+def repeat_form(r: dict, head: dict, seen: int) -> Periodic:
+    """The :class:`Periodic` form a ``repeat`` line (a dict) gives after ``seen`` records of
+    an op_log with header ``head`` (:func:`periodic_header`). Raises ValueError, KeyError,
+    TypeError, OverflowError."""
+    rep = r["repeat"]
+    if rep.get("records") != head["period"] or rep.get("times") != head["times"] - 1 \
+            or seen != head["prefix"] + head["period"]:
+        raise ValueError(f"the repeat line does not follow the header's {head['prefix']} + {head['period']} "
+                         f"records, {head['times']} times")
+    return Periodic(head["records"], head["prefix"], head["period"], head["times"], repeat_shift(rep, head["period"]))

@@ -77,6 +77,57 @@ def test_a_broken_periodic_op_log_is_named(line, error):
     assert str(e.value) == error
 
 
+def _periodic_file(tmp_path, edit=lambda lines: lines):
+    """The hand-made table's periodic op_log (header, 2 records, a period of 3, the repeat line,
+    one record), its lines passed through ``edit``."""
+    t = _table(_periodic_rows(7))
+    t.form = find_periodic(t, 3)
+    f = io.StringIO()
+    t.write(f)
+    path = tmp_path / "op_log.jsonl"
+    path.write_text("".join(edit(f.getvalue().splitlines(keepends=True))))
+    return path, t.text()
+
+
+def _swap(i, old, new):
+    return lambda ls: [line.replace(old, new) if j == i else line for j, line in enumerate(ls)]
+
+
+@pytest.mark.parametrize("edit, error", [
+    (lambda ls: ls[:7] + ls[6:], ":8: a second repeat line"),
+    (lambda ls: ls[:6], ": a periodic op_log with no repeat line"),
+    (lambda ls: ls[:-1], ": a periodic op_log of 23 records; its header says 24"),
+    (lambda ls: ls[:-1] + [ls[-1].rstrip("\n")], ":8: the last line is cut short"),
+    (_swap(0, '"records": 24', '"records": 25'), ": a periodic op_log of 24 records; its header says 25"),
+    (_swap(0, '"times": 7', '"times": 0'), ":1: malformed periodic op_log line (the header's counts do not fit "
+                                            "together (records 24, prefix 2, period 3, times 0))"),
+    (_swap(6, '"cmd": 2', '"cmd": -2'), ":7: malformed periodic op_log line (the repeat line's shift of cmd is "
+                                          "negative: a repetition comes after the one before)"),
+    (_swap(6, '"t_start_ns": 0.1', '"t_start_ns": NaN'), ":7: malformed periodic op_log line (the repeat line's "
+                                                           "shift of t_start_ns is not a finite time in ns)"),
+    (_swap(6, '"times": 6', '"times": 5'), ":7: malformed periodic op_log line (the repeat line does not follow "
+                                             "the header's 2 + 3 records, 7 times)"),
+    (lambda ls: ["garbage\n", *ls[1:]], ":1: not an op_log record or a periodic op_log's header"),
+    (lambda ls: ls[1:], ":6: a periodic op_log's line in a record-by-record one"),
+])
+def test_the_reader_stops_at_a_broken_periodic_op_log_with_its_line(tmp_path, edit, error):
+    path, _ = _periodic_file(tmp_path, edit)
+    with pytest.raises(ValueError) as e:
+        list(oplog.lines(path))
+    assert str(e.value) == f"{path}{error}"
+
+
+def test_the_reader_streams_the_records_and_parse_refuses_what_memory_cannot_hold(tmp_path, monkeypatch):
+    path, full = _periodic_file(tmp_path)
+    assert "".join(oplog.lines(path)) == full and oplog.read(tmp_path).text() == full
+    import kbframe.records as records
+    monkeypatch.setattr(records, "_available_memory_bytes", lambda: 1000)
+    with pytest.raises(ValueError) as e:
+        oplog.read(path)
+    assert str(e.value) == (f"{path}: a periodic op_log of 24 records needs 0.0 GiB to expand, more than the 0.0 GiB "
+                            f"this machine has free; python -m kbframe.report.oplog streams it record by record")
+
+
 @pytest.fixture(scope="module")
 def step_runs(tmp_path_factory):
     """The 60-layer step written periodically and simulated in full, and a 120-layer one."""
@@ -119,6 +170,11 @@ def test_a_periodic_runs_files_grow_with_distinct_work_not_repetitions(step_runs
     assert len(reps) == 58 * 8 and {e["name"] for e in reps if e["pid"] == 3} == {f"period {j} of 60"
                                                                                    for j in range(2, 60)}
     assert reps[0]["args"] == {"records": 323, "as": "period 1", "later_us": 4.25825}
+    ends = {}
+    for e in reps:  # one track a PE: its slices follow each other, none overlaps the next
+        t0, t1 = round(e["ts"] * 1e6), round((e["ts"] + e["dur"]) * 1e6)
+        assert t0 >= ends.get(e["pid"], 0)
+        ends[e["pid"]] = t1
 
 
 def test_a_run_that_does_not_repeat_writes_record_by_record(tmp_path):
@@ -134,8 +190,10 @@ def test_the_reader_prints_the_records_and_names_a_bad_file(step_runs, tmp_path)
                          cwd=REPO)
     assert out.returncode == 0 and out.stdout == out.stderr == ""
     assert (tmp_path / "all.jsonl").read_text() == (d / "full" / "op_log.jsonl").read_text()
+    out = subprocess.run([*cmd, str(d / "periodic"), str(tmp_path)], capture_output=True, text=True, cwd=REPO)
+    assert (out.returncode, out.stderr) == (1, f"kbframe: error: OUT '{tmp_path}' is a directory; name a file\n")
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"op_log": "periodic", "records": 2}\n')
     out = subprocess.run([*cmd, str(bad)], capture_output=True, text=True, cwd=REPO)
     assert (out.returncode, out.stdout) == (1, "")
-    assert out.stderr == f"kbframe: error: {bad}:1: malformed periodic op_log header (KeyError('prefix'))\n"
+    assert out.stderr == f"kbframe: error: {bad}:1: malformed periodic op_log line (no 'prefix')\n"

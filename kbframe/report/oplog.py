@@ -13,14 +13,16 @@ or periodic (a fast-forwarded run's: the records before the repeating part, one 
 """
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 from ..files import atomic_write
-from ..records import Periodic, RecordTable, repeat_shift, shift_rows
+from ..records import RecordTable, periodic_header, repeat_form, shift_rows
 
 
 def read(path) -> RecordTable:
@@ -35,49 +37,71 @@ def _file(path) -> Path:
 
 
 def lines(path, chunk: int = 1 << 14) -> Iterator[str]:
-    """The op_log at ``path`` record by record: its own lines when it is written so, else
-    the periodic form's lines with each repetition of its period made (``chunk`` records of
-    text at a time; one period held in memory). Raises OSError, or ValueError naming a
-    malformed header or ``repeat`` line."""
+    """The op_log at ``path`` record by record: its own lines, as written, when it is written
+    so (the first must be a record; :func:`read` parses and checks every one), else the
+    periodic form's lines with each repetition of its
+    period made (``chunk`` records of text at a time; one period held in memory). Raises
+    OSError, or ValueError naming the file and line: a first line that is no op_log record
+    or header, a malformed header, period record or ``repeat`` line, a second one, none, a
+    count that differs from the header's, a last line cut short."""
     p = _file(path)
-    with open(p) as f:
-        first = f.readline()
-        if not first.startswith('{"op_log"'):
-            yield first
-            yield from f
-            return
-        head = _header(first, p)
-        period: list[str] = []
-        seen = 0
-        for lineno, line in enumerate(f, 2):
-            if not line.startswith('{"repeat"'):
-                if head["prefix"] <= seen < head["prefix"] + head["period"]:
-                    period.append(line)
-                seen += 1
-                yield line
-                continue
-            try:
-                rep = json.loads(line)["repeat"]
-                if seen != head["prefix"] + head["period"] or int(rep["times"]) != head["times"] - 1:
-                    raise ValueError(f"it follows {seen} records, not the header's {head['prefix']} + {head['period']}")
-                step = shift_rows(Periodic(head["records"], head["prefix"], head["period"], head["times"],
-                                           repeat_shift(rep, head["period"])))
-            except (ValueError, KeyError, TypeError) as e:
-                raise ValueError(f"{p}:{lineno}: malformed repeat line ({e})") from None
-            block = RecordTable.parse("".join(period), f"{p} (its first period)")
-            first_period, n = block.array(), len(block)
-            for j in range(1, head["times"]):
-                block.buf[:] = (first_period + j * step).tobytes()
-                for lo in range(0, n, chunk):
-                    yield block.text(lo, min(n, lo + chunk))
+    with open(p, encoding="utf-8", errors="strict") as f:
+        try:
+            yield from _lines(f, p, chunk)
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{p}: not an op_log (not UTF-8 text: {e.reason})") from None
 
 
-def _header(line: str, path: Path) -> dict:
+def _lines(f, p: Path, chunk: int) -> Iterator[str]:
+    first = f.readline()
+    if not first:  # an empty op_log: a run of no records
+        return
+    if not first.startswith('{"op_log"'):
+        if first and not first.startswith('{"pe"'):
+            raise ValueError(f"{p}:1: not an op_log record or a periodic op_log's header")
+        for lineno, line in enumerate(itertools.chain([first], f), 1):
+            if not line.endswith("\n") or line.startswith(('{"op_log"', '{"repeat"')):
+                raise ValueError(f"{p}:{lineno}: " + ("the last line is cut short" if not line.endswith("\n")
+                                                      else "a periodic op_log's line in a record-by-record one"))
+            yield line
+        return
+    head = _parsed(first, p, 1, periodic_header)
+    period = RecordTable()
+    form, seen = None, 0
+    for lineno, line in enumerate(f, 2):
+        if not line.endswith("\n"):
+            raise ValueError(f"{p}:{lineno}: the last line is cut short")
+        if not line.startswith('{"repeat"'):
+            if line.startswith('{"op_log"'):
+                raise ValueError(f"{p}:{lineno}: a second header")
+            if form is None and seen >= head["prefix"]:  # a record of the first period, read for its repetitions
+                _parsed(line, p, lineno, period._add)
+            seen += 1
+            yield line
+            continue
+        if form is not None:
+            raise ValueError(f"{p}:{lineno}: a second repeat line")
+        form = _parsed(line, p, lineno, lambda r: repeat_form(r, head, seen))
+        first_period, n = period.array(), len(period)
+        step = shift_rows(form)
+        for j in range(1, form.times):
+            period.buf[:] = (first_period + j * step).tobytes()
+            for lo in range(0, n, chunk):
+                yield period.text(lo, min(n, lo + chunk))
+    if form is None:
+        raise ValueError(f"{p}: a periodic op_log with no repeat line")
+    if seen + form.period * (form.times - 1) != form.records:
+        raise ValueError(f"{p}: a periodic op_log of {seen + form.period * (form.times - 1)} records; "
+                         f"its header says {form.records}")
+
+
+def _parsed(line: str, p: Path, lineno: int, take):
+    """``take(the line's JSON object)``, its errors as one ValueError naming the line."""
     try:
-        head = json.loads(line)
-        return {k: int(head[k]) for k in ("records", "prefix", "period", "times")}
-    except (ValueError, KeyError, TypeError) as e:
-        raise ValueError(f"{path}:1: malformed periodic op_log header ({e!r})") from None
+        return take(json.loads(line))
+    except (ValueError, KeyError, TypeError, OverflowError, AttributeError) as e:
+        why = f"no {e.args[0]!r}" if isinstance(e, KeyError) else str(e)
+        raise ValueError(f"{p}:{lineno}: malformed periodic op_log line ({why})") from None
 
 
 def _write_lines(out: Path, path) -> None:
@@ -86,17 +110,27 @@ def _write_lines(out: Path, path) -> None:
             f.write(text)
 
 
+def _terminated(signum, frame):
+    raise KeyboardInterrupt  # unwinds through atomic_write, which removes its temporary file
+
+
 def main(argv=None) -> int:
     """``python -m kbframe.report.oplog RUN_DIR|op_log.jsonl [OUT]``: the op_log record by
-    record, to standard output or (atomically) to ``OUT``; 1 and one line on an error."""
+    record, to standard output or (atomically: all or nothing, also on Ctrl-C or SIGTERM) to
+    ``OUT``; 1 and one line on an error, 130 when interrupted."""
     args = sys.argv[1:] if argv is None else argv
     if not args or args[0] in ("-h", "--help") or len(args) > 2:
         print("usage: python -m kbframe.report.oplog RUN_DIR|op_log.jsonl [OUT]  "
-              "(the op_log record by record, whichever form it is written in)")
+              "(the op_log record by record, whichever form it is written in)",
+              file=sys.stdout if args and args[0] in ("-h", "--help") else sys.stderr)
         return 0 if args and args[0] in ("-h", "--help") else 2
+    signal.signal(signal.SIGTERM, _terminated)
     try:
         if len(args) == 2:
-            atomic_write(Path(args[1]), lambda tmp: _write_lines(tmp, args[0]))
+            out = Path(args[1])
+            if out.is_dir():
+                raise ValueError(f"OUT '{out}' is a directory; name a file")
+            atomic_write(out, lambda tmp: _write_lines(tmp, args[0]))
         else:
             for text in lines(args[0]):
                 sys.stdout.write(text)
@@ -104,6 +138,9 @@ def main(argv=None) -> int:
     except BrokenPipeError:  # the reader went away (`... | head`): as a tool killed by SIGPIPE
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
+    except KeyboardInterrupt:
+        print("kbframe: interrupted", file=sys.stderr)
+        return 130
     except (OSError, ValueError) as e:
         print(f"kbframe: error: {e}", file=sys.stderr)
         return 1

@@ -96,14 +96,17 @@ def _repeats(table: RecordTable) -> tuple[range, list]:
         return range(0), []
     lo, hi = p.prefix + p.period, p.end - p.period
     pe_of = np.array(table.name_col(0), dtype=np.int64)
-    out = []
+    out, end = [], {}
     for j in range(1, p.times - 1):
         a = lo + (j - 1) * p.period
         c = table.cols(a, a + p.period)
         pe = pe_of[c["name"]]
         for q in np.unique(pe).tolist():
             at = pe == q
-            out.append((q, j + 1, int(c["t0"][at].min()), int(c["t1"][at].max()), int(at.sum())))
+            t0, t1 = int(c["t0"][at].min()), int(c["t1"][at].max())
+            t0 = max(t0, end.get(q, t0))  # slices on one track must not overlap: a repetition starts as
+            end[q] = t1                   # the one before ends, if its first record began earlier
+            out.append((q, j + 1, t0, t1, int(at.sum())))
     return range(lo, hi), out
 
 
