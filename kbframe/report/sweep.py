@@ -61,7 +61,8 @@ def _columns(jobs: list[Job]) -> tuple[list[str], list[str]]:
 
 
 #: a model step's columns, when a job of the sweep has ``metrics.json`` ``step``
-STEP_COLUMNS = ["step.latency_ns", "step.tokens_per_s", "step.layer_ns", "step.binding", "step.analytic_ns"]
+STEP_COLUMNS = ["step.latency_ns", "step.tokens_per_s", "step.layer_ns", "step.binding", "step.analytic_ns",
+                "step.model.latency_ns", "step.model.tokens_per_s"]
 
 
 #: a run's energy (kbframe.run.energy), when a job of the sweep has ``metrics.json`` ``energy``;
@@ -233,13 +234,21 @@ def x_key(jobs: list[Job], x: str | None = None) -> str | None:
 
 
 def write_plot(jobs: list[Job], path: Path, x: str | None = None) -> None:
-    """sweep.png: dispatch cycles per unit of progress and latency against the swept key
+    """sweep.png: dispatch cycles per unit of progress and latency (a model's steps:
+    tokens/s) against the swept key
     :func:`x_key` picks, one line per setting of the other swept keys (bench first); ok
     jobs only (drawn by kbframe.report.sweep_plot)."""
     key = x_key(jobs, x)
     swept = swept_keys(jobs)
     others = [k for k in swept if k != key]
     series, rank = {}, {}
+    # a model's decode steps: tokens/s (the model's whole step when the jobs estimate it) beside
+    # the dispatch cost, instead of the latency
+    ok = [j for j in jobs if j.status == "ok"]
+    has = lambda col: any(dig(j.metrics or {}, col) is not None for j in ok)  # noqa: E731
+    second = ("step.model.tokens_per_s", ("tokens/s, the model's whole step (estimated)", "tokens/s")) \
+        if has("step.model.tokens_per_s") else ("step.tokens_per_s", ("tokens/s", "tokens/s")) \
+        if has("step.tokens_per_s") else ("sim.latency_ns", ("simulated latency", "latency (ns)"))
     for j in jobs:
         if j.status != "ok" or key is None:
             continue
@@ -250,12 +259,12 @@ def write_plot(jobs: list[Job], path: Path, x: str | None = None) -> None:
         # lines in the sweep's bench order, then by the other keys' values (numbers as numbers)
         rank[label] = [sort_key(s[k], swept[k]) for k in others]
         series.setdefault(label, []).append(
-            (s[key], j.get("dispatch.cycles_per_tile"), j.get("sim.latency_ns")))
+            (s[key], j.get("dispatch.cycles_per_tile"), dig(j.metrics or {}, second[0])))
     series = {label: series[label] for label in sorted(series, key=lambda lb: rank[lb])}
     n_bad = sum(j.status != "ok" for j in jobs)
     title = f"kbframe sweep: {len(jobs) - n_bad} ok" + (f", {n_bad} not ok" if n_bad else "")
     xs = sorted(swept.get(key, []), key=lambda v: sort_key(v, swept[key])) if key else []
-    plot_sweep(series, key or "", xs, _unit(jobs), title, path)
+    plot_sweep(series, key or "", xs, _unit(jobs), title, path, second[1])
 
 
 def write_report(sweep_dir: Path | str, echo: bool = True, x: str | None = None) -> Report:

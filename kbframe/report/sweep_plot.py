@@ -15,9 +15,11 @@ def _power_of_two(v: float) -> bool:
     return v > 0 and math.log2(v).is_integer()
 
 
-def plot_sweep(series: dict, x_label: str, xs: list, unit: str, title: str, path: Path) -> None:
+def plot_sweep(series: dict, x_label: str, xs: list, unit: str, title: str, path: Path,
+               second: tuple = ("simulated latency", "latency (ns)")) -> None:
     """Two panels against the swept key: PE_CPU dispatch cycles per unit of progress and
-    simulated latency (ns), one line per label.
+    simulated latency (ns), or what ``second`` (its title, its axis label) names, one line
+    per label.
 
     The x-axis is numeric when every swept value is a number (log₂ when they are all
     powers of two, e.g. R 0.03125..0.25 or a context length 64..131072; log₁₀ when positive and
@@ -25,7 +27,8 @@ def plot_sweep(series: dict, x_label: str, xs: list, unit: str, title: str, path
     order of ``xs``.
 
     Args:
-        series: label → ``[(x, cycles_per_unit, latency_ns), ...]``, drawn in dict order.
+        series: label → ``[(x, cycles_per_unit, latency_ns or the second panel's value), ...]``,
+            drawn in dict order.
         x_label: the swept key on the x-axis. xs: its values, sorted.
         unit: the workload's unit of progress ("KV tile", "output block").
         title: the figure title. path: where the PNG goes (written atomically).
@@ -42,7 +45,7 @@ def plot_sweep(series: dict, x_label: str, xs: list, unit: str, title: str, path
         for ax, i in ((axes[0], 1), (axes[1], 2)):
             ax.plot([pos(p[0]) for p in pts], [p[i] for p in pts], "o-", label=label)
     for ax, name, ylab in ((axes[0], f"PE_CPU dispatch cost per {unit}", f"cycles per {unit}"),
-                           (axes[1], "simulated latency", "latency (ns)")):
+                           (axes[1], *second)):
         ax.set_title(name)
         ax.set_xlabel(x_label)
         ax.set_ylabel(ylab)

@@ -198,6 +198,11 @@ class Workload:
         ``metrics.json`` ``step`` (tokens/s); None (the default): not a model step."""
         return None
 
+    def model_layers(self) -> int | None:
+        """The layer count of the model a step belongs to, when a run simulates fewer of them
+        (``metrics.json`` ``step.model``); None (the default): the run is the whole step."""
+        return None
+
     def extra_metrics(self, inputs: dict | None) -> dict:
         """Workload-specific top-level ``metrics.json`` entries."""
         return {}

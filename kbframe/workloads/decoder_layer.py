@@ -301,6 +301,10 @@ class DecoderLayer(Workload):
     def tokens(self) -> int:
         return int(self.cfg.batch)
 
+    def model_layers(self) -> int | None:
+        m = self.cfg.get("model_layers")
+        return int(m) if m is not None and int(m) > int(self.cfg.layers) else None
+
     def progress_stream(self) -> tuple[str, int]:
         return "w_down", int(self.cfg.F)
 

@@ -16,6 +16,8 @@ class ModelConfig(BenchConfig):
     """A model's dimensions (the preset's comment quotes the published config)."""
 
     model: Optional[str] = param(None, doc="the model preset that set them (named in errors), or None")
+    model_layers: Optional[int] = param(None, lo=1, doc="the model's layer count (a preset sets it): a decoder-layer "
+                                                         "run of fewer layers also estimates the model's whole step")
     arch: str = param("llama", doc="the layer's family: llama (RMSNorm, RoPE, GQA, SwiGLU) or another the preset "
                                    "names")
     H: int = param(8192, lo=1, doc="hidden size")

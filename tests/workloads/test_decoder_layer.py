@@ -352,3 +352,23 @@ def test_a_step_over_its_record_budget_is_refused_with_its_exact_count(tmp_path)
                                           rf"steps, [\d,]+ more with each further one\), over run.max_records={n - 1:,}"):
         run(tmp_path / "over", *args, f"run.max_records={n - 1}", bench="decoder_layer")
     run(tmp_path / "at", *args, f"run.max_records={n}", bench="decoder_layer")
+
+
+def test_a_run_of_fewer_layers_than_its_model_estimates_the_whole_step(tmp_path):
+    """bench.model_layers (a preset sets it): one simulated layer gives the model's step as the
+    run's latency plus the layer's span for each layer not simulated; a run of every layer has
+    no estimate."""
+    args = ("hardware=cube", "bench.tp=2", *SMALL, "bench.model_layers=6", "run.trace=false", "run.check=false")
+    one = run(tmp_path / "one", *args, "bench.layers=1", bench="decoder_layer")
+    six = run(tmp_path / "six", *args, "bench.layers=6", "run.fast_forward=off", bench="decoder_layer")
+    mo = one["step"]["model"]
+    assert mo == {"layers": 6, "latency_ns": one["step"]["latency_ns"] + 5 * one["phases"]["layers_ns"][-1],
+                  "tokens_per_s": 1e9 / mo["latency_ns"],
+                  "estimated": "1 simulated layer(s) and 5 more of the last one's span"}
+    # a tiny layer (7.6 µs) is short against what links two layers: 2.4 % under the simulated
+    # step (a Llama-3-70B layer: 1.6e-5, docs/decoder_layer.md)
+    assert round(mo["latency_ns"] / six["step"]["latency_ns"] - 1, 4) == -0.0237
+    assert "model" not in six["step"]
+    line = [x for x in summary(one, tmp_path).splitlines() if x.startswith("  model ")]
+    assert line == [f"  model       {mo['latency_ns'] / 1e6:.3f} ms, {mo['tokens_per_s']:,.1f} tokens/s for the model's 6 "
+                    f"layers, estimated (1 simulated layer(s) and 5 more of the last one's span)"]
