@@ -325,10 +325,11 @@ def test_a_tile_sweep_is_compared_and_plotted_against_the_tile_in_numeric_order(
     # the plot: x = bench.tile (the only numeric swept key), one line per bench, points by tile
     assert report.x_key(jobs) == "bench.tile"
     seen = {}
-    monkeypatch.setattr(report, "plot_sweep", lambda series, x_label, xs, unit, title, path:
-                        seen.update(series=series, x_label=x_label, xs=xs, unit=unit))
+    monkeypatch.setattr(report, "plot_sweep", lambda series, x_label, xs, unit, title, path, second:
+                        seen.update(series=series, x_label=x_label, xs=xs, unit=unit, second=second))
     report.write_plot(jobs, tmp_path / "sweep.png")
     assert seen["x_label"] == "bench.tile" and seen["xs"] == [128, 256, 1024, 2048] and seen["unit"] == "KV tile"
+    assert seen["second"] == ("simulated latency", "latency (ns)")  # a kernel's sweep: no model step
     assert list(seen["series"]) == ["decode_opt2", "decode_opt3"]
     assert [p[0] for p in seen["series"]["decode_opt2"]] == [256, 128, 2048, 1024]
 
