@@ -376,3 +376,18 @@ def test_report_arguments_are_all_checked_before_any_report_is_written(sweep, tm
     assert err[:2] == [f"kbframe: error: no such sweep directory '{tmp_path / 'nope'}'",
                        "kbframe: error: unknown option '--y' (python -m kbframe.report [DIR ...] [--x KEY])"]
     assert report.main([str(d), "--help"]) == 0
+
+
+def test_a_model_sweeps_plot_draws_the_models_tokens_per_second(tmp_path, monkeypatch):
+    """Jobs of one decoder layer each with step.model (the model's whole step estimated): the
+    second panel is that tokens/s, one point a swept value, in the swept order."""
+    def job(num, s_kv, tps):
+        return sweep_jobs.Job(num, ["+bench=decoder_layer", f"bench.S_kv={s_kv}"], status="ok",
+                   metrics={"step": {"tokens_per_s": 80 * tps, "model": {"tokens_per_s": tps}}},
+                   values={"dispatch.cycles_per_tile": 100.0 + num})
+    seen = {}
+    monkeypatch.setattr(report, "plot_sweep", lambda series, x_label, xs, unit, title, path, second:
+                        seen.update(series=series, xs=xs, second=second))
+    report.write_plot([job(0, 8192, 11.5), job(1, 4096, 12.0)], tmp_path / "sweep.png")
+    assert seen["second"] == ("tokens/s, the model's whole step (estimated)", "tokens/s")
+    assert seen["xs"] == [4096, 8192] and list(seen["series"].values()) == [[(8192, 100.0, 11.5), (4096, 101.0, 12.0)]]
