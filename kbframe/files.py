@@ -10,6 +10,7 @@ import json
 import os
 import secrets
 import stat
+import sys
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -154,3 +155,11 @@ def read_status(job_dir: Path) -> dict | None:
         return st if isinstance(st, dict) else None
     except (OSError, ValueError):
         return None
+
+
+def stdout_gone() -> int:
+    """The reader of standard output went away (``... | head``): standard output is sent to
+    /dev/null, so that Python's flush at exit does not fail again, and the exit status of a
+    tool killed by SIGPIPE (128 + 13) is returned, for the command to exit with quietly."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 141

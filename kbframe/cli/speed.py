@@ -24,6 +24,8 @@ import os
 import sys
 from contextlib import contextmanager
 
+from ..files import stdout_gone
+
 #: young-generation threshold of :func:`tune_gc` (Python's default: 700 allocations)
 GC_YOUNG = 100_000
 
@@ -100,8 +102,6 @@ def main_then_exit(main) -> None:
         code = 0
     except SystemExit as e:
         code = e.code
-    except BrokenPipeError:  # the reader of stdout went away (`... --help | head`): stop quietly,
-        # as a tool killed by SIGPIPE does (128 + 13)
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        code = 141
+    except BrokenPipeError:  # the reader of stdout went away (`... --help | head`): stop quietly
+        code = stdout_gone()
     exit_now(code)

@@ -201,6 +201,14 @@ def plan_key(cmd) -> tuple:
     return tuple([op.shape_sig if "peer" not in op.extra else (op.shape_sig, op.extra["peer"]) for op in cmd.ops])
 
 
+def plan_units_key(units: dict) -> tuple:
+    """What of a PE's units (by role, as a plan takes them) a stage plan reads: which unit
+    serves each role, its type and the GEMM tile. Two PEs with equal keys plan a command
+    alike."""
+    return tuple([(role, u.name, type(u), getattr(u, "tile_m", None), getattr(u, "tile_n", None),
+                   getattr(u, "tile_k", None)) for role, u in units.items()])
+
+
 class PlanCache:
     """Stage plans of timing-only runs, one per command shape (:func:`plan_key`).
 
@@ -235,10 +243,7 @@ class PlanCache:
     def _units_of(self, units: dict) -> tuple:
         got = self._units
         if got is None or got[0] is not units:
-            # what of the units a plan reads: which serves each role, and the GEMM tile
-            key = tuple([(role, u.name, type(u), getattr(u, "tile_m", None), getattr(u, "tile_n", None),
-                          getattr(u, "tile_k", None)) for role, u in units.items()])
-            got = self._units = (units, key, {u.name: u for u in units.values()})
+            got = self._units = (units, plan_units_key(units), {u.name: u for u in units.values()})
         return got
 
     def _template(self, cmd, units: dict, nx) -> tuple:

@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from ..files import atomic_write
+from ..files import atomic_write, stdout_gone
 from ..records import RecordTable, periodic_header, repeat_form, shift_rows
 
 
@@ -135,9 +134,8 @@ def main(argv=None) -> int:
             for text in lines(args[0]):
                 sys.stdout.write(text)
             sys.stdout.flush()
-    except BrokenPipeError:  # the reader went away (`... | head`): as a tool killed by SIGPIPE
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 141
+    except BrokenPipeError:  # the reader went away (`... | head`)
+        return stdout_gone()
     except KeyboardInterrupt:
         print("kbframe: interrupted", file=sys.stderr)
         return 130

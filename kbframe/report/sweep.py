@@ -233,6 +233,12 @@ def x_key(jobs: list[Job], x: str | None = None) -> str | None:
     return None
 
 
+#: sweep.png's second panel: the first of these metrics a job has (its title, its axis label)
+SECOND_PANEL = (("step.model.tokens_per_s", ("tokens/s, the model's whole step (estimated)", "tokens/s")),
+                ("step.tokens_per_s", ("tokens/s", "tokens/s")),
+                ("sim.latency_ns", ("simulated latency", "latency (ns)")))
+
+
 def write_plot(jobs: list[Job], path: Path, x: str | None = None) -> None:
     """sweep.png: dispatch cycles per unit of progress and latency (a model's steps:
     tokens/s) against the swept key
@@ -245,10 +251,8 @@ def write_plot(jobs: list[Job], path: Path, x: str | None = None) -> None:
     # a model's decode steps: tokens/s (the model's whole step when the jobs estimate it) beside
     # the dispatch cost, instead of the latency
     ok = [j for j in jobs if j.status == "ok"]
-    has = lambda col: any(dig(j.metrics or {}, col) is not None for j in ok)  # noqa: E731
-    second = ("step.model.tokens_per_s", ("tokens/s, the model's whole step (estimated)", "tokens/s")) \
-        if has("step.model.tokens_per_s") else ("step.tokens_per_s", ("tokens/s", "tokens/s")) \
-        if has("step.tokens_per_s") else ("sim.latency_ns", ("simulated latency", "latency (ns)"))
+    second = next(c for c in SECOND_PANEL if c[0] == "sim.latency_ns"
+                  or any(dig(j.metrics or {}, c[0]) is not None for j in ok))
     for j in jobs:
         if j.status != "ok" or key is None:
             continue

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..hw.tiling import plan_key
+from ..hw.tiling import plan_key, plan_units_key
 from ..ir.handles import itemsize
 from .footprint import _ADDR_LIMIT, FootprintNumerics, hazard_free_columns, strided
 
@@ -162,16 +162,10 @@ class Templates:
             return None
 
 
-def _units_key(pe) -> tuple:
-    """What of a PE's units a stage plan reads: their names, roles, types and GEMM tile."""
-    return tuple([(name, tuple(u.roles), type(u), getattr(u, "tile_m", None), getattr(u, "tile_n", None),
-                   getattr(u, "tile_k", None)) for name, u in pe.units.items()])
-
-
 def _columns(pe, plan, planner, templates, space_ids):
     per_op: dict = {}  # id(op) -> _op_slots(op): OpSpecs repeat across commands
     units = pe.by_role
-    ukey = _units_key(pe)
+    ukey = plan_units_key(pe.by_role)
     ran, expected = [], []  # the stages that ran, and (id(unit), op_kind, tile) of their plans
     used: dict = {}  # template -> [(first stage's index, first key space, slot bases)] of this PE
     n_keys = 0
