@@ -60,6 +60,19 @@ def cases() -> dict[str, list[str]]:
         out[f"{kernel}_s{s_kv}_nodata"] = [f"+bench=decode_{kernel}", f"bench.S_kv={s_kv}", "bench.data=false"]
     out["heads_s65600_nodata"] = ["+bench=decode_heads", "+model=llama3_70b", "hardware=cube", "bench.S_kv=65600",
                                   "bench.data=false"]
+    # several items on one PE: every item's KV loop grows with the axis
+    out["heads_2items_s65536_nodata"] = ["+bench=decode_heads", "bench.H_q=4", "bench.H_kv=2", "bench.S_kv=65536",
+                                         "bench.data=false"]
+    out["heads_b2_cube_s131072_nodata"] = ["+bench=decode_heads", "+model=llama3_70b", "hardware=cube", "bench.batch=2",
+                                           "bench.S_kv=131072", "bench.data=false"]
+    # a model step's layers: one PE and a cube's 8, unfused and fused
+    small = ["+bench=decoder_layer", "bench.H=32", "bench.H_q=8", "bench.H_kv=8", "bench.d=16", "bench.F=64",
+             "bench.S_kv=40", "bench.layers=60", "bench.data=false"]
+    out["layer_tp1_60_nodata"] = [*small, "bench.tp=1"]
+    out["layer_tp8_none_60_nodata"] = [*small, "hardware=cube", "bench.tp=8", "bench.fusion=none"]
+    out["layer_tp8_fused_48_nodata"] = ["+bench=decoder_layer", "hardware=cube", "bench.tp=8", "bench.H=256",
+                                        "bench.H_q=8", "bench.H_kv=8", "bench.d=128", "bench.F=256",
+                                        "bench.S_kv=512", "bench.layers=48", "bench.data=false"]
     return out
 
 

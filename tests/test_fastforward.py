@@ -182,6 +182,52 @@ def test_a_completion_tied_with_its_own_stage_follows_it():
     assert _completions_after_their_stage(table, codes, nums, settled).tolist() == settled.tolist()
 
 
+def test_several_items_on_one_pe_fast_forward_exactly(tmp_path):
+    """Two (sequence, KV head) items on one PE: a KV tile more per item adds a block to each
+    item's loop in every stream. The blocks are found per item, PE_CPU's run-ahead is seen
+    settling (the copies grow to 64 tiles), the dispatches that tie with stages many tiles
+    later are ordered as they were scheduled, and verify finds the run identical."""
+    m = _ff(tmp_path, "bench.H_q=4", "bench.H_kv=2", "bench.S_kv=65536", "run.check=false", bench="decode_heads")
+    assert m["fast_forward"]["note"] == ("fast-forwarded 957 of 960 periods of 1 S_kv step(s) (34452 of 36900 "
+                                         "records by shifting); verified against the full simulation")
+
+
+def _stream(names: str, moved_from: int | None = None) -> list:
+    """A hand-made stream: one record per letter, its names the letter, its times 10 ps
+    apart; from record ``moved_from`` on 5 ps later (a longer copy's records after the first
+    place it grows)."""
+    return [(i, ((0, "math", ch), (i, -1, 10 * i + 5 * (moved_from is not None and i >= moved_from),
+                                   10 * i + 10, -1, -1))) for i, ch in enumerate(names)]
+
+
+def test_blocks_are_found_per_item_at_the_same_tile():
+    """kbframe.run.periodic._align on hand-made streams (tiles t, an item's epilogue e): one
+    item grows at one place; two items each by a tile, the second block put as far before
+    the place the names part as the first is (the same tile of each item's loop: its records
+    first differ before the last tile), not at the epilogue."""
+    key = (0, "math")
+    assert periodic._align(_stream("pttte"), _stream("ptttte", 3), 1, key) == ([3], 1)
+    assert periodic._align(_stream("ptttepttte"), _stream("ptttteptttte", 3), 2, key) == ([3, 8], 1)
+    assert periodic._align(_stream("pttte"), _stream("pttte", 3), 0, key) == ([3], 0)  # shifted, not grown
+    with pytest.raises(periodic.NotPeriodic, match=r"^the records of math on PE0 are not periodic$"):
+        periodic._align(_stream("ptttepttte"), _stream("pttttepttttx", 3), 2, key)
+
+
+def test_far_ties_are_ordered_as_scheduled():
+    """kbframe.run.periodic._far_ties: records of far-apart periods that end at one instant
+    go in the order their last waits began (a DMA transfer's data phase, else the start);
+    an IPCQ receive among them (no duration) cannot be placed."""
+    import numpy as np
+    nums = np.array([[1, -1, 50, 100, -1, -1],    # a MATH stage from 50
+                     [2, 0, 10, 100, 70, -1],     # a DMA read whose data phase began at 70
+                     [3, -1, 80, 100, -1, -1]])   # a dispatch from 80
+    assert periodic._far_ties(nums, np.array([True, True, True])).tolist() == [50, 70, 80]
+    assert periodic._far_ties(nums, np.array([False, True, False])).tolist() == [0, 70, 0]
+    recv = np.array([[4, -1, 100, 100, -1, -1]])
+    with pytest.raises(periodic.NotPeriodic, match="more than two neighbouring periods"):
+        periodic._far_ties(np.concatenate([nums, recv]), np.array([True] * 4))
+
+
 def test_a_rule_a_short_copy_breaks_leaves_the_run_to_the_full_simulation(monkeypatch):
     """With run.check each short copy is checked (kbframe.run.fastforward._Copies); a rule
     broken there leaves the run to the full simulation, whose sanitizer reports it as it

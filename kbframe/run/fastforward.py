@@ -13,15 +13,19 @@ How, exactly:
    of records (one unit of one PE: its dispatches, its stages, its commands) is compared
    between the first two: the records they share from the start (the prefix), the
    records the second has in excess (one period's block) and the records that follow,
-   the same in both but shifted (the tail). Every integer of a record (command id, tile,
+   the same in both but shifted (the tail); when the period adds records at several places
+   of a stream (a KV tile of each of a PE's items), a block and a shifted stretch per place,
+   each block at the same tile of its item's loop. Every integer of a record (command id, tile,
    times, what it waited for) moves by its own amount per period, read off the copies;
    the streams then interleave by completion time, ties in the order the copies show
-   (records of two neighbouring periods as in the third copy, which holds two).
+   (records of two neighbouring periods as in the third copy, which holds two; records of
+   periods far apart, PE_CPU dispatching many tiles ahead, in the order they were scheduled).
 3. A steady state moves every stream by the same time per period. A stream that moves
    by less (PE_CPU still filling PE_SCHEDULER's queue, dispatching ahead of the units) is
    settling: the copies are tried again :data:`GROWTH` times as long (when that is beyond the
    budget, the longer candidate periods first: a schedule that repeats every few steps
-   looks settling over one). The third and fourth copies
+   looks settling over one). With blocks at several places, each item's records must all
+   move by that item's time. The third and fourth copies
    are predicted from the first two and compared with what was simulated, record by
    record and total by total (counts, bytes, busy time, FLOPs, TCM peak, link traffic).
    Any difference: the next candidate period is tried; when none repeats (PEs

@@ -136,37 +136,112 @@ def _names(rs) -> list:
     return [r[1][0] for r in rs]
 
 
-def _parting(a: list, b: list, m: int, key) -> int:
-    """Where stream ``key``'s records in ``b`` (``m`` more: one period) part from ``a``'s:
-    the first record whose own fields differ. Raises NotPeriodic unless the records after
-    that, and after ``b``'s block, are the same in both."""
+#: most blocks one stream may take per period (every item of a PE's batch a KV tile more)
+MAX_INSERTIONS = 256
+
+
+def _name_codes(*streams) -> list[np.ndarray]:
+    """Each stream's record names as integers, one code per distinct name (shared)."""
+    code: dict = {}
+    return [np.array([code.setdefault(r[1][0], len(code)) for r in s], dtype=np.int64) for s in streams]
+
+
+def _first_difference(x: np.ndarray, y: np.ndarray) -> int:
+    """The first index where ``x`` and ``y`` (at least as long) differ; ``len(x)`` if none."""
+    d = np.flatnonzero(x != y[:len(x)])
+    return int(d[0]) if len(d) else len(x)
+
+
+def _insertions(ca: np.ndarray, cb: np.ndarray, x: int, m: int, n: int) -> list[int] | None:
+    """Where ``n`` blocks of ``m`` records go into the names ``ca`` to make ``cb``: the first
+    before ``ca[x]``; each next one as far before the place where the names part again as
+    the first is before the place where they first part (when ``cb`` repeats its names with
+    period ``m`` over that stretch: the same tile of each item's loop), else at that place;
+    their positions in ``ca``, or None when the names after the last block differ."""
+    back = _first_difference(ca[x:], cb[x:])  # the first block's place before the names part
+    at, i, j = [x], x, x + m
+    while len(at) < n:
+        k = _first_difference(ca[i:], cb[j:])  # cb[j:] holds ca[i:] and the blocks still to come
+        i, j = i + k, j + k
+        r = min(back, k)
+        if r and np.array_equal(cb[j - r:j], cb[j - r + m:j + m]):
+            i, j = i - r, j - r
+        at.append(i)
+        j += m
+    return at if np.array_equal(ca[i:], cb[j:]) else None
+
+
+def _align(a: list, b: list, m_total: int, key) -> tuple[list[int], int]:
+    """Where stream ``key``'s records in ``b`` (``m_total`` more: one period) part from
+    ``a``'s: ``(positions, m)``, ``b`` being ``a`` with a block of ``m`` records before each
+    of ``a``'s records at ``positions`` (in order; one block when the period adds records at
+    one place, e.g. a layer; one per item when every item of a PE grows, e.g. a KV tile of
+    each sequence). The first block starts at the first record whose own fields differ (the
+    records before it are the same in both); the next ones where the names part again. The
+    fewest blocks that make ``b`` are taken. Raises NotPeriodic when none do."""
     x = next((i for i, (ra, rb) in enumerate(zip(a, b)) if _own(ra) != _own(rb)), len(a))
-    if _names(a[x:]) != _names(b[x + m:]):
-        raise NotPeriodic(f"the records of {key[1]} on PE{key[0]} are not periodic")
-    return x
+    ca, cb = _name_codes(a, b)
+    if m_total == 0:
+        if np.array_equal(ca[x:], cb[x:]):
+            return [x], 0
+    else:
+        for n in range(1, min(m_total, MAX_INSERTIONS) + 1):
+            at = _insertions(ca, cb, x, m_total // n, n) if not m_total % n else None
+            if at is not None:
+                return at, m_total // n
+    raise NotPeriodic(f"the records of {key[1]} on PE{key[0]} are not periodic")
 
 
 def precheck(a: tuple, b: tuple) -> None:
     """What the first two copies alone rule out, before the next two are simulated: a
-    stream that does not grow by a period, or whose records after the block are not the
-    same as the shorter copy's (NotPeriodic); a stream whose block moved by another time
-    than the run against the period before it (Settling). ``a``, ``b``: ``(simulation,
-    records, streams)``, as kbframe.run.fastforward's short copies hold them."""
+    stream that does not grow by a period, or whose records do not part from the shorter
+    copy's in blocks (NotPeriodic); a stream whose block moved by another time than the run
+    against the period before it (Settling; only when every stream grows at one place: a
+    block of one of several items moves by that item's time, not the run's). ``a``, ``b``:
+    ``(simulation, records, streams)``, as kbframe.run.fastforward's short copies hold them."""
     delta = b[0].latency_ps - a[0].latency_ps
     sa, sb = a[2], b[2]
     if set(sa) != set(sb):
         raise NotPeriodic("the copies do not have the same streams")
+    settling, several, moves = None, False, {}
     for key in sorted(sa, key=str):
         ra, rb = sa[key], sb[key]
-        m = len(rb) - len(ra)
-        if m < 0:
+        m_total = len(rb) - len(ra)
+        if m_total < 0:
             raise NotPeriodic(f"the records of {key[1]} on PE{key[0]} do not grow by a period")
-        x = _parting(ra, rb, m, key)
-        if 0 < m <= x and _names(rb[x - m:x]) == _names(rb[x:x + m]):
-            moved = _arr([r[1] for r in rb[x:x + m]])[:, 2:4] - _arr([r[1] for r in rb[x - m:x]])[:, 2:4]
-            if (moved != delta).any():
-                raise Settling(f"the records of {key[1]} on PE{key[0]} move {int(moved[moved != delta].min())} ps a "
-                               f"period, the run {delta} ps")
+        try:
+            at, m = _align(ra, rb, m_total, key)
+        except NotPeriodic:
+            if settling is not None and not several:  # the first fault in stream order
+                raise settling from None
+            raise
+        several |= len(at) > 1
+        for j, x in enumerate(at):
+            x += j * m  # the block's place in b, against the m records before it
+            if 0 < m <= x and _names(rb[x - m:x]) == _names(rb[x:x + m]):
+                moved = _arr([r[1] for r in rb[x:x + m]])[:, 2:4] - _arr([r[1] for r in rb[x - m:x]])[:, 2:4]
+                moves.setdefault((key[0], j), []).append((key, moved))
+                if settling is None and j == 0 and (moved != delta).any():
+                    settling = Settling(f"the records of {key[1]} on PE{key[0]} move "
+                                        f"{int(moved[moved != delta].min())} ps a period, the run {delta} ps")
+    if several:
+        _check_moves(moves)
+    elif settling is not None:
+        raise settling
+
+
+def _check_moves(moves: dict) -> None:
+    """When the period adds records at several places of a stream (an item each): every
+    record a block of one item adds on a PE moves by the same time, that item's, in every
+    stream of the PE (``moves``: ``{(pe, block ordinal): [(stream, moved (m, 2)), ...]}``).
+    Raises Settling naming the first stream that moves otherwise (PE_CPU dispatching ahead
+    of its units while it fills PE_SCHEDULER's queue)."""
+    for (pe, j), got in sorted(moves.items(), key=str):
+        t = got[0][1].flat[0] if got[0][1].size else None
+        for key, moved in got:
+            if moved.size and (moved != t).any():
+                raise Settling(f"the records of {key[1]} on PE{pe} move {int(moved[moved != t].min())} ps a period, "
+                               f"item {j + 1}'s other records {int(t)} ps")
 
 
 class Runs:
@@ -174,11 +249,14 @@ class Runs:
 
     Each stream of records (one unit of one PE: its dispatches, its stages, its commands)
     is in the order the unit made them. In the shorter copy ``a`` and the next one ``b`` a
-    stream is the same up to where they part, then ``b`` has one period's records (the
-    block), then both have the same records again (the tail), shifted. Every integer of a
-    record moves by its own amount: a block record by what the third copy shows between
-    its two blocks, a tail record by what ``b`` shows against ``a``. The streams then
-    interleave by completion time, ties in the order ``b`` has them.
+    stream is the same up to where they part; then ``b`` has one period's records (a
+    block), then both have the same records again, shifted (a segment); when the period
+    adds records at several places (every item of a PE a KV tile more), a block and a
+    segment for each (:func:`_align`). Every integer of a record moves by its own amount: a
+    block record by what the third copy shows between its two blocks (and, after another
+    block, by what the third copy shows against ``b``), a segment record by what ``b``
+    shows against ``a``. The streams then interleave by completion time, ties in the order
+    ``b`` has them (:meth:`records`).
     """
 
     def __init__(self, sims: list, recs: list, streams: list):
@@ -186,98 +264,143 @@ class Runs:
         keys = set(streams[0])
         if any(set(st) != keys for st in streams[1:]):
             raise NotPeriodic("the copies do not have the same streams")
-        self.pre, self.blk, self.step, self.suf, self.tail_step = [], [], [], [], []
-        self.in_c: list = [[], [], [], []]  # the third copy's indices of the prefix, both blocks, the tail
+        # segments (the records a period does not add) and blocks (those it adds), every
+        # stream's in order: b's records, the ordinal of the segment or block in its stream,
+        # how they move, the third copy's indices of their representatives
+        self.seg, seg_step, seg_at, seg_c, seg_last = [], [], [], [], []
+        self.blk, self.step, blk_shift, blk_at, blk_c0, blk_c1 = [], [], [], [], [], []
+        several, moves = False, {}
         for key in sorted(keys, key=str):
             a, b, c, d = (st[key] for st in streams)
-            m = len(b) - len(a)
-            if m < 0 or len(c) != len(a) + 2 * m or len(d) != len(a) + 3 * m:
+            m_total = len(b) - len(a)
+            if m_total < 0 or len(c) != len(a) + 2 * m_total or len(d) != len(a) + 3 * m_total:
                 raise NotPeriodic(f"the records of {key[1]} on PE{key[0]} do not grow by a period")
-            x = _parting(a, b, m, key)
-            if _names(b[x:x + m]) != _names(c[x + m:x + 2 * m]) \
-                    or [_own(r) for r in c[:x + m]] != [_own(r) for r in b[:x + m]]:
+            at, m = _align(a, b, m_total, key)
+            several |= len(at) > 1
+            x = at[0]
+            if [_own(r) for r in c[:x + m]] != [_own(r) for r in b[:x + m]]:
                 raise NotPeriodic(f"the records of {key[1]} on PE{key[0]} are not periodic")
-            self.pre += b[:x]
-            self.blk += b[x:x + m]
-            for part, rs in zip(self.in_c, (c[:x], c[x:x + m], c[x + m:x + 2 * m], c[x + 2 * m:])):
-                part += [i for i, _ in rs]
-            self.step.append(_arr([r[1] for r in c[x + m:x + 2 * m]]) - _arr([r[1] for r in c[x:x + m]]))
-            self.suf += b[x + m:]
-            self.tail_step.append(_arr([r[1] for r in b[x + m:]]) - _arr([r[1] for r in a[x:]]))
-        self.step = np.concatenate(self.step) if self.step else np.zeros((0, NUMS), np.int64)
+            for j, lo in enumerate(at):  # block j + 1: in b at lo + j·m, in c at lo + 2j·m
+                bb, cc = lo + j * m, lo + 2 * j * m
+                if _names(b[bb:bb + m]) != _names(c[cc + m:cc + 2 * m]):
+                    raise NotPeriodic(f"the records of {key[1]} on PE{key[0]} are not periodic")
+                self.blk += b[bb:bb + m]
+                c0, c1 = _arr([r[1] for r in c[cc:cc + m]]), _arr([r[1] for r in c[cc + m:cc + 2 * m]])
+                self.step.append(c1 - c0)
+                moves.setdefault((key[0], j), []).append((key, (c1 - c0)[:, 2:4]))
+                blk_shift.append(c0 - _arr([r[1] for r in b[bb:bb + m]]))
+                blk_at += [j + 1] * m
+                blk_c0 += [i for i, _ in c[cc:cc + m]]
+                blk_c1 += [i for i, _ in c[cc + m:cc + 2 * m]]
+            for j, (lo, hi) in enumerate(zip([0, *at], [*at, len(a)])):  # segment j: after block j
+                rb = b[lo + j * m:hi + j * m]
+                self.seg += rb
+                seg_step.append(_arr([r[1] for r in rb]) - _arr([r[1] for r in a[lo:hi]]))
+                seg_at += [j] * (hi - lo)
+                seg_last += [j == len(at)] * (hi - lo)
+                seg_c += [i for i, _ in c[lo + 2 * j * m:hi + 2 * j * m]]
+        empty = np.zeros((0, NUMS), np.int64)
+        self.step = np.concatenate(self.step) if self.step else empty
+        self.blk_shift = np.concatenate(blk_shift) if blk_shift else empty
+        self.seg_step = np.concatenate(seg_step) if seg_step else empty
+        self.seg_at, self.seg_c = np.array(seg_at, dtype=np.int64), np.array(seg_c, dtype=np.int64)
+        self.seg_last = np.array(seg_last, dtype=bool)  # a stream's last segment: no block after it
+        self.blk_at = np.array(blk_at, dtype=np.int64)
+        self.blk_c = (np.array(blk_c0, dtype=np.int64), np.array(blk_c1, dtype=np.int64))
         delta = sims[1].latency_ps - sims[0].latency_ps
         moved = self.step[:, 2:4]
-        if moved.size and not (moved == delta).all():  # a steady state moves every stream by Δ
+        # a steady state moves every stream by Δ (a block of one of several items: by that item's time)
+        if several:
+            _check_moves(moves)
+        elif moved.size and not (moved == delta).all():
             i = int(np.nonzero((moved != delta).any(axis=1))[0][0])
             n = self.blk[i][1][0]
             raise Settling(f"the records of {n[1]} on PE{n[0]} move {int(moved[i][moved[i] != delta][0])} ps a "
                            f"period, the run {delta} ps")
-        self.tail_step = np.concatenate(self.tail_step) if self.tail_step else np.zeros((0, NUMS), np.int64)
         self.totals = [totals(s) for s in sims]
 
     def records(self, k: int) -> tuple[list, np.ndarray, np.ndarray]:
         """The records of the copy with ``k`` periods inserted after the shorter one
         (``k ≥ 1``; the second copy is ``k = 1``), in completion order: ``(table, codes,
-        nums)``, each record's names ``table[code]`` and its integers a row of ``nums``."""
+        nums)``, each record's names ``table[code]`` and its integers a row of ``nums``.
+        A segment record moves ``k - 1`` times its step; instance ``i`` of a block's record
+        ``i`` times its step, and ``k - 1`` times the shift the blocks before it give it."""
         table, code = [], {}
-        for _, r in self.pre + self.blk + self.suf:
+        for _, r in self.seg + self.blk:
             if r[0] not in code:
                 code[r[0]] = len(table)
                 table.append(r[0])
         codes_of = lambda rs: np.array([code[r[0]] for _, r in rs], dtype=np.int64)  # noqa: E731
-        pre = _arr([r for _, r in self.pre])
-        blk = _arr([r for _, r in self.blk])
+        seg = _arr([r for _, r in self.seg]) + (k - 1) * self.seg_step
+        blk = _arr([r for _, r in self.blk]) + (k - 1) * self.blk_shift
         blocks = blk[None, :, :] + np.arange(k, dtype=np.int64)[:, None, None] * self.step[None, :, :]
-        suf = _arr([r for _, r in self.suf]) + (k - 1) * self.tail_step
-        nums = np.concatenate([pre, blocks.reshape(-1, NUMS), suf])
-        codes = np.concatenate([codes_of(self.pre), np.tile(codes_of(self.blk), k), codes_of(self.suf)])
+        nums = np.concatenate([seg, blocks.reshape(-1, NUMS)])
+        codes = np.concatenate([codes_of(self.seg), np.tile(codes_of(self.blk), k)])
         # ties in completion time: the order of the representatives in the second copy
-        rank = np.concatenate([np.array([i for i, _ in self.pre], dtype=np.int64),
-                               np.tile(np.array([i for i, _ in self.blk], dtype=np.int64), k),
-                               np.array([i for i, _ in self.suf], dtype=np.int64)])
+        rank = np.concatenate([np.array([i for i, _ in self.seg], dtype=np.int64),
+                               np.tile(np.array([i for i, _ in self.blk], dtype=np.int64), k)])
         order = np.lexsort((rank, nums[:, 3]))  # by end time, then as in the second copy
         if k >= 2:
-            order = self._ties_as_in_third_copy(k, nums[:, 3], order)
+            order = self._ties_as_in_third_copy(k, nums, order)
         order = _completions_after_their_stage(table, codes, nums, order)
         return table, codes[order], nums[order]
 
-    def _ties_as_in_third_copy(self, k: int, end: np.ndarray, order: np.ndarray) -> np.ndarray:
+    def _ties_as_in_third_copy(self, k: int, nums: np.ndarray, order: np.ndarray) -> np.ndarray:
         """``order`` (records by end time, ties as in the second copy) with each group of
         records that end at one instant in the order the third copy has them, the group
         shifted by whole periods onto it: records of two neighbouring periods (a PE's
         dispatches a period ahead of another PE's stages) tie there as they do in the
-        run, whereas the second copy holds one period. A group its two periods do not hold
-        (three periods, or the first and the last of more) raises NotPeriodic."""
-        n_pre, m, n_suf = len(self.pre), len(self.blk), len(self.suf)
-        e = end[order]
+        run, whereas the second copy holds one period. Per block ordinal j, a group's
+        instances of block j go onto the third copy's two; the segment before block j
+        keeps its place before instance 0, the one after it after instance k - 1. A group
+        its two instances do not hold (three instances, or the first and the last of more)
+        raises NotPeriodic."""
+        n_seg, m = len(self.seg), len(self.blk)
+        e = nums[order, 3]
         tie = np.zeros(len(e), dtype=bool)
         tie[1:] = e[1:] == e[:-1]
         tie[:-1] |= tie[1:]
         at = np.nonzero(tie)[0]
         if not len(at):
             return order
-        pos = order[at]  # places in the prediction: prefix, k blocks, tail
-        part = np.where(pos < n_pre, 0, np.where(pos < n_pre + k * m, 1, 2))
-        inst = np.where(part == 1, (pos - n_pre) // max(m, 1), np.where(part == 2, k, -1))
+        pos = order[at]  # places in the prediction: segments, then k instances of the blocks
+        is_blk = pos >= n_seg
+        b = np.where(is_blk, (pos - n_seg) % max(m, 1), 0)
+        s = np.where(is_blk, 0, np.minimum(pos, max(n_seg - 1, 0)))
+        inst = np.where(is_blk, (pos - n_seg) // max(m, 1), 0)
+        ordinal = np.where(is_blk, self.blk_at[b] if m else 0, self.seg_at[s] if n_seg else 0)
         grp = np.cumsum(np.r_[True, e[at][1:] != e[at][:-1]]) - 1
-        lo = np.full(grp[-1] + 1, k + 1, dtype=np.int64)
-        hi = np.full(grp[-1] + 1, -2, dtype=np.int64)
-        np.minimum.at(lo, grp, inst)
-        np.maximum.at(hi, grp, inst)
-        # a group's periods onto the third copy's two (and its prefix, tail): the tail
-        # keeps its place after period k - 1, the prefix before period 0
-        base = np.where(hi == k, k - 2, np.where(lo == -1, 0, lo))[grp]
-        rel = np.where(part == 1, inst - base, 0)
-        if (rel < 0).any() or (rel > 1).any() or ((lo == -1) & (hi == k) & (k > 2))[grp].any():
-            raise NotPeriodic("records of more than two neighbouring periods end at one instant")
-        c = [np.array(x, dtype=np.int64) for x in self.in_c]
-        j = np.where(part == 0, pos, np.where(part == 1, (pos - n_pre) % max(m, 1), pos - n_pre - k * m))
-        in_c = np.where(part == 0, c[0][np.minimum(j, max(n_pre - 1, 0))] if n_pre else 0,
-                        np.where(part == 2, c[3][np.minimum(j, max(n_suf - 1, 0))] if n_suf else 0,
-                                 np.where(rel == 0, c[1][np.minimum(j, max(m - 1, 0))] if m else 0,
-                                          c[2][np.minimum(j, max(m - 1, 0))] if m else 0)))
+        # each record's instance as block ordinal j sees it: its own (block j), -1 (the
+        # segment before block j of its stream), k (the segment after it)
+        width = int(max(self.blk_at.max(initial=0), self.seg_at.max(initial=0))) + 2
+        before = ~is_blk & ~(self.seg_last[s] if n_seg else False)
+        after = ~is_blk & (ordinal > 0)
+        cell = np.concatenate([grp[is_blk] * width + ordinal[is_blk],
+                               grp[before] * width + ordinal[before] + 1,
+                               grp[after] * width + ordinal[after]])
+        seen = np.concatenate([inst[is_blk], np.full(before.sum(), -1), np.full(after.sum(), k)])
+        n_cells = int(grp[-1] + 1) * width
+        lo = np.full(n_cells, k + 1, dtype=np.int64)
+        hi = np.full(n_cells, -2, dtype=np.int64)
+        np.minimum.at(lo, cell, seen)
+        np.maximum.at(hi, cell, seen)
+        # a cell's instances onto the third copy's two: those with the segment after the
+        # block end on its second, those with the segment before it start on its first
+        base = np.where(hi == k, k - 2, np.where(lo == -1, 0, lo))
+        own = grp * width + ordinal
+        rel = np.where(is_blk, inst - base[own], 0)
+        far = np.zeros(int(grp[-1]) + 1, dtype=bool)  # groups the third copy does not hold
+        far[np.nonzero((lo == -1) & (hi == k) & (k > 2))[0] // width] = True
+        far[grp[(rel < 0) | (rel > 1)]] = True
+        c0, c1 = self.blk_c
+        in_c = np.where(is_blk, np.where(rel == 0, c0[b] if m else 0, c1[b] if m else 0),
+                        self.seg_c[s] if n_seg else 0)
+        began = np.zeros(len(at), dtype=np.int64)
+        if far.any():
+            began = _far_ties(nums[pos], far[grp])
+        in_c[far[grp]] = 0
         out = order.copy()
-        out[at] = order[at][np.lexsort((in_c, grp))]
+        out[at] = order[at][np.lexsort((in_c, began, grp))]
         return out
 
     def table(self, k: int) -> RecordTable:
@@ -318,6 +441,19 @@ class Runs:
         if tot != want:
             bad = next(n for n in (*tot, *want) if tot.get(n) != want.get(n))
             raise NotPeriodic(f"the copy with {k} periods has another total {bad}")
+
+
+def _far_ties(nums: np.ndarray, far: np.ndarray) -> np.ndarray:
+    """The sort key of tied records (``nums``) of groups the third copy does not hold
+    (``far``; others 0): records of periods far apart (PE_CPU dispatching many tiles ahead
+    of its units) ending at one instant. The simulator logs them in the order their last
+    waits were scheduled: a DMA transfer's data phase, else the record's start. An IPCQ
+    receive (no duration) was scheduled by its sender earlier: such a group raises
+    NotPeriodic."""
+    t0, t1, td = nums[:, 2], nums[:, 3], nums[:, 4]
+    if (far & (t1 == t0)).any():
+        raise NotPeriodic("records of more than two neighbouring periods end at one instant")
+    return np.where(far, np.where(td >= 0, td, t0), 0)
 
 
 def _completions_after_their_stage(table: list, codes: np.ndarray, nums: np.ndarray, order: np.ndarray) -> np.ndarray:
