@@ -228,6 +228,23 @@ def test_far_ties_are_ordered_as_scheduled():
         periodic._far_ties(np.concatenate([nums, recv]), np.array([True] * 4))
 
 
+def test_the_far_tie_rule_is_checked_on_the_copies():
+    """kbframe.run.periodic._ties_as_scheduled: a copy whose tied records are in the order
+    their last waits were scheduled (PE_SCHEDULER's and zero-length ones aside) supports the
+    rule; one with a later-scheduled record logged first does not."""
+    from kbframe.records import RecordTable
+
+    def table(rows):
+        t = RecordTable()
+        for unit, t0, t1, td in rows:
+            t.append(t.code(0, unit, "x"), 1, -1, t0, t1, td, 0, -1, -1, -1)
+        return t
+    holds = [("math", 50, 100, -1), ("dma_read", 10, 100, 70), ("scheduler", 5, 100, -1),
+             ("ipcq_recv", 100, 100, -1), ("cpu", 80, 100, -1), ("gemm", 0, 120, -1)]
+    assert periodic._ties_as_scheduled(table(holds))
+    assert not periodic._ties_as_scheduled(table([holds[4], *holds[:4]]))
+
+
 def test_a_rule_a_short_copy_breaks_leaves_the_run_to_the_full_simulation(monkeypatch):
     """With run.check each short copy is checked (kbframe.run.fastforward._Copies); a rule
     broken there leaves the run to the full simulation, whose sanitizer reports it as it

@@ -353,7 +353,9 @@ class Runs:
         run, whereas the second copy holds one period. Per block ordinal j, a group's
         instances of block j go onto the third copy's two; the segment before block j
         keeps its place before instance 0, the one after it after instance k - 1. A group
-        its two instances do not hold (three instances, or the first and the last of more)
+        its two instances do not hold (three instances, or the first and the last of more:
+        records of periods far apart) goes in the order its records were scheduled
+        (:func:`_far_ties`), when the copies show that order for every tie they hold, else
         raises NotPeriodic."""
         n_seg, m = len(self.seg), len(self.blk)
         e = nums[order, 3]
@@ -397,6 +399,8 @@ class Runs:
                         self.seg_c[s] if n_seg else 0)
         began = np.zeros(len(at), dtype=np.int64)
         if far.any():
+            if not all(_ties_as_scheduled(sim.oplog.table) for sim in self.sims):
+                raise NotPeriodic("records of more than two neighbouring periods end at one instant")
             began = _far_ties(nums[pos], far[grp])
         in_c[far[grp]] = 0
         out = order.copy()
@@ -450,10 +454,30 @@ def _far_ties(nums: np.ndarray, far: np.ndarray) -> np.ndarray:
     waits were scheduled: a DMA transfer's data phase, else the record's start. An IPCQ
     receive (no duration) was scheduled by its sender earlier: such a group raises
     NotPeriodic."""
-    t0, t1, td = nums[:, 2], nums[:, 3], nums[:, 4]
-    if (far & (t1 == t0)).any():
+    if (far & (nums[:, 3] == nums[:, 2])).any():
         raise NotPeriodic("records of more than two neighbouring periods end at one instant")
-    return np.where(far, np.where(td >= 0, td, t0), 0)
+    return np.where(far, _scheduled({"t0": nums[:, 2], "td": nums[:, 4]}), 0)
+
+
+def _scheduled(c: dict) -> np.ndarray:
+    """When each record's last wait was scheduled: a DMA transfer's data phase, else its start."""
+    return np.where(c["td"] >= 0, c["td"], c["t0"])
+
+
+def _ties_as_scheduled(table: RecordTable) -> bool:
+    """Whether the records of ``table`` (a simulated copy) that end at one instant are in
+    the order their last waits were scheduled (:func:`_scheduled`), those of PE_SCHEDULER
+    (logged right after their command's last stage) and those without duration (an IPCQ
+    receive, scheduled by its sender) aside: the rule :func:`_far_ties` relies on, seen to
+    hold in the run's own copies before it is used."""
+    if not len(table):
+        return True
+    c = table.cols()
+    sched = np.array([u == "scheduler" for u in table.name_col(1)], dtype=bool)[c["name"]]
+    ok = ~sched & (c["t1"] > c["t0"])
+    end, key = c["t1"][ok], _scheduled(c)[ok]
+    same = end[1:] == end[:-1]  # consecutive records of those, in the order logged
+    return bool((key[1:][same] >= key[:-1][same]).all())
 
 
 def _completions_after_their_stage(table: list, codes: np.ndarray, nums: np.ndarray, order: np.ndarray) -> np.ndarray:
