@@ -182,14 +182,34 @@ def test_a_completion_tied_with_its_own_stage_follows_it():
     assert _completions_after_their_stage(table, codes, nums, settled).tolist() == settled.tolist()
 
 
-def test_several_items_on_one_pe_fast_forward_exactly(tmp_path):
-    """Two (sequence, KV head) items on one PE: a KV tile more per item adds a block to each
-    item's loop in every stream. The blocks are found per item, PE_CPU's run-ahead is seen
-    settling (the copies grow to 64 tiles), the dispatches that tie with stages many tiles
-    later are ordered as they were scheduled, and verify finds the run identical."""
-    m = _ff(tmp_path, "bench.H_q=4", "bench.H_kv=2", "bench.S_kv=65536", "run.check=false", bench="decode_heads")
-    assert m["fast_forward"]["note"] == ("fast-forwarded 957 of 960 periods of 1 S_kv step(s) (34452 of 36900 "
-                                         "records by shifting); verified against the full simulation")
+@pytest.mark.parametrize("items, records", [(2, "34452 of 36900"), (3, "51678 of 55350")])
+def test_several_items_on_one_pe_fast_forward_exactly(tmp_path, items, records):
+    """Two and three (sequence, KV head) items on one PE: a KV tile more per item adds a
+    block to each item's loop in every stream. The blocks are found per item, PE_CPU's
+    run-ahead is seen settling (with three items its dispatches wait for queue room at
+    other commands in the longer copy; the copies grow to 64 tiles), the dispatches that tie
+    with stages many tiles later are ordered as they were scheduled, and verify finds the
+    run identical."""
+    m = _ff(tmp_path, f"bench.H_q={2 * items}", f"bench.H_kv={items}", "bench.S_kv=65536", "run.check=false",
+            bench="decode_heads")
+    assert m["fast_forward"]["note"] == (f"fast-forwarded 957 of 960 periods of 1 S_kv step(s) ({records} "
+                                         f"records by shifting); verified against the full simulation")
+
+
+def test_items_that_move_unlike_the_run_are_settling():
+    """kbframe.run.periodic._check_moves: a stream adding no records (no moves) is passed
+    over; two streams of one item moving differently, or no PE whose items add up to the
+    run's move, are a stream still settling."""
+    import numpy as np
+    none, t = np.zeros((0, 2), np.int64), np.full((2, 2), 300, np.int64)
+    moves = {(0, 0): [((0, "dma_write"), none), ((0, "math"), t)], (0, 1): [((0, "math"), t)]}
+    periodic._check_moves(moves, 600)
+    with pytest.raises(periodic.Settling, match=r"^no PE's items move by the run's 500 ps a period \(PE0's by 600\)$"):
+        periodic._check_moves(moves, 500)
+    moves[(0, 1)].append(((0, "cpu"), t - 100))
+    with pytest.raises(periodic.Settling, match=r"^the records of cpu on PE0 move 200 ps a period, item 2's other "
+                                                r"records 300 ps$"):
+        periodic._check_moves(moves)
 
 
 def _stream(names: str, moved_from: int | None = None) -> list:

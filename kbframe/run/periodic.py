@@ -140,10 +140,12 @@ def _names(rs) -> list:
 MAX_INSERTIONS = 256
 
 
-def _name_codes(*streams) -> list[np.ndarray]:
-    """Each stream's record names as integers, one code per distinct name (shared)."""
+def _name_codes(*streams, waits: bool = True) -> list[np.ndarray]:
+    """Each stream's record names as integers, one code per distinct name (shared);
+    ``waits`` False: the names but what the record waited for."""
     code: dict = {}
-    return [np.array([code.setdefault(r[1][0], len(code)) for r in s], dtype=np.int64) for s in streams]
+    key = (lambda n: n) if waits else (lambda n: n[:6] + n[7:])  # noqa: E731
+    return [np.array([code.setdefault(key(r[1][0]), len(code)) for r in s], dtype=np.int64) for s in streams]
 
 
 def _first_difference(x: np.ndarray, y: np.ndarray) -> int:
@@ -171,25 +173,44 @@ def _insertions(ca: np.ndarray, cb: np.ndarray, x: int, m: int, n: int) -> list[
     return at if np.array_equal(ca[i:], cb[j:]) else None
 
 
-def _align(a: list, b: list, m_total: int, key) -> tuple[list[int], int]:
+def _align(a: list, b: list, m_total: int, key, blocks: int | None = None) -> tuple[list[int], int]:
     """Where stream ``key``'s records in ``b`` (``m_total`` more: one period) part from
     ``a``'s: ``(positions, m)``, ``b`` being ``a`` with a block of ``m`` records before each
     of ``a``'s records at ``positions`` (in order; one block when the period adds records at
     one place, e.g. a layer; one per item when every item of a PE grows, e.g. a KV tile of
     each sequence). The first block starts at the first record whose own fields differ (the
     records before it are the same in both); the next ones where the names part again. The
-    fewest blocks that make ``b`` are taken. Raises NotPeriodic when none do."""
+    fewest blocks that make ``b`` are taken, ``blocks`` of them first when given (as many as
+    the PE's PE_CPU stream took: a stream whose records all have one name would otherwise
+    take one block of several items' records). Raises NotPeriodic when none do, Settling
+    when PE_CPU's would in several blocks but for what its dispatches waited for (still
+    filling PE_SCHEDULER's queue: in the longer copy it waits for room at other commands)."""
     x = next((i for i, (ra, rb) in enumerate(zip(a, b)) if _own(ra) != _own(rb)), len(a))
     ca, cb = _name_codes(a, b)
     if m_total == 0:
         if np.array_equal(ca[x:], cb[x:]):
             return [x], 0
     else:
-        for n in range(1, min(m_total, MAX_INSERTIONS) + 1):
-            at = _insertions(ca, cb, x, m_total // n, n) if not m_total % n else None
-            if at is not None:
-                return at, m_total // n
+        found = _blocks(ca, cb, x, m_total, blocks)
+        if found is not None:
+            return found
+        if key[1] == "cpu":
+            found = _blocks(*_name_codes(a, b, waits=False), x, m_total, blocks)
+            if found is not None and len(found[0]) > 1:
+                raise Settling(f"the records of cpu on PE{key[0]} wait for PE_SCHEDULER's queue at other commands "
+                               f"in the longer copy")
     raise NotPeriodic(f"the records of {key[1]} on PE{key[0]} are not periodic")
+
+
+def _blocks(ca: np.ndarray, cb: np.ndarray, x: int, m_total: int, first: int | None) -> tuple[list[int], int] | None:
+    """:func:`_align`'s ``(positions, m)`` from the names ``ca``, ``cb``: ``first`` blocks
+    tried first, then the fewest that make ``cb``; None if none do."""
+    tries = range(1, min(m_total, MAX_INSERTIONS) + 1)
+    for n in ([first] if first else []) + [n for n in tries if n != first]:
+        at = _insertions(ca, cb, x, m_total // n, n) if not m_total % n else None
+        if at is not None:
+            return at, m_total // n
+    return None
 
 
 def precheck(a: tuple, b: tuple) -> None:
@@ -203,19 +224,21 @@ def precheck(a: tuple, b: tuple) -> None:
     sa, sb = a[2], b[2]
     if set(sa) != set(sb):
         raise NotPeriodic("the copies do not have the same streams")
-    settling, several, moves = None, False, {}
-    for key in sorted(sa, key=str):
+    settling, several, moves, blocks = None, False, {}, {}
+    for key in sorted(sa, key=str):  # a PE's PE_CPU stream before its others
         ra, rb = sa[key], sb[key]
         m_total = len(rb) - len(ra)
         if m_total < 0:
             raise NotPeriodic(f"the records of {key[1]} on PE{key[0]} do not grow by a period")
         try:
-            at, m = _align(ra, rb, m_total, key)
+            at, m = _align(ra, rb, m_total, key, blocks.get(key[0]))
         except NotPeriodic:
             if settling is not None and not several:  # the first fault in stream order
                 raise settling from None
             raise
         several |= len(at) > 1
+        if key[1] == "cpu" and len(at) > 1:
+            blocks[key[0]] = len(at)
         for j, x in enumerate(at):
             x += j * m  # the block's place in b, against the m records before it
             if 0 < m <= x and _names(rb[x - m:x]) == _names(rb[x:x + m]):
@@ -230,18 +253,26 @@ def precheck(a: tuple, b: tuple) -> None:
         raise settling
 
 
-def _check_moves(moves: dict) -> None:
+def _check_moves(moves: dict, delta: int | None = None) -> None:
     """When the period adds records at several places of a stream (an item each): every
     record a block of one item adds on a PE moves by the same time, that item's, in every
-    stream of the PE (``moves``: ``{(pe, block ordinal): [(stream, moved (m, 2)), ...]}``).
-    Raises Settling naming the first stream that moves otherwise (PE_CPU dispatching ahead
-    of its units while it fills PE_SCHEDULER's queue)."""
+    stream of the PE (``moves``: ``{(pe, block ordinal): [(stream, moved (m, 2)), ...]}``),
+    and, given the run's move ``delta``, some PE's items together move by it (the PE that
+    ends the run). Raises Settling naming the first stream that moves otherwise (PE_CPU
+    dispatching ahead of its units while it fills PE_SCHEDULER's queue)."""
+    per_pe: dict = {}
     for (pe, j), got in sorted(moves.items(), key=str):
-        t = got[0][1].flat[0] if got[0][1].size else None
+        some = [moved for _, moved in got if moved.size]
+        if not some:
+            continue
+        t = int(some[0].flat[0])
         for key, moved in got:
             if moved.size and (moved != t).any():
                 raise Settling(f"the records of {key[1]} on PE{pe} move {int(moved[moved != t].min())} ps a period, "
-                               f"item {j + 1}'s other records {int(t)} ps")
+                               f"item {j + 1}'s other records {t} ps")
+        per_pe[pe] = per_pe.get(pe, 0) + t
+    if delta is not None and per_pe and delta not in per_pe.values():
+        raise Settling(f"no PE's items move by the run's {delta} ps a period (PE{min(per_pe)}'s by {per_pe[min(per_pe)]})")
 
 
 class Runs:
@@ -269,14 +300,16 @@ class Runs:
         # how they move, the third copy's indices of their representatives
         self.seg, seg_step, seg_at, seg_c, seg_last = [], [], [], [], []
         self.blk, self.step, blk_shift, blk_at, blk_c0, blk_c1 = [], [], [], [], [], []
-        several, moves = False, {}
-        for key in sorted(keys, key=str):
+        several, moves, blocks = False, {}, {}
+        for key in sorted(keys, key=str):  # a PE's PE_CPU stream before its others
             a, b, c, d = (st[key] for st in streams)
             m_total = len(b) - len(a)
             if m_total < 0 or len(c) != len(a) + 2 * m_total or len(d) != len(a) + 3 * m_total:
                 raise NotPeriodic(f"the records of {key[1]} on PE{key[0]} do not grow by a period")
-            at, m = _align(a, b, m_total, key)
+            at, m = _align(a, b, m_total, key, blocks.get(key[0]))
             several |= len(at) > 1
+            if key[1] == "cpu" and len(at) > 1:
+                blocks[key[0]] = len(at)
             x = at[0]
             if [_own(r) for r in c[:x + m]] != [_own(r) for r in b[:x + m]]:
                 raise NotPeriodic(f"the records of {key[1]} on PE{key[0]} are not periodic")
@@ -311,7 +344,7 @@ class Runs:
         moved = self.step[:, 2:4]
         # a steady state moves every stream by Δ (a block of one of several items: by that item's time)
         if several:
-            _check_moves(moves)
+            _check_moves(moves, delta)
         elif moved.size and not (moved == delta).all():
             i = int(np.nonzero((moved != delta).any(axis=1))[0][0])
             n = self.blk[i][1][0]
