@@ -182,18 +182,21 @@ def test_a_completion_tied_with_its_own_stage_follows_it():
     assert _completions_after_their_stage(table, codes, nums, settled).tolist() == settled.tolist()
 
 
-@pytest.mark.parametrize("items, records", [(2, "34452 of 36900"), (3, "51678 of 55350")])
-def test_several_items_on_one_pe_fast_forward_exactly(tmp_path, items, records):
+@pytest.mark.parametrize("items, inner, note", [
+    (2, "opt2", "957 of 960 periods of 1 S_kv step(s) (34452 of 36900"),
+    (3, "opt2", "957 of 960 periods of 1 S_kv step(s) (51678 of 55350"),
+    (2, "opt3", "1005 of 1008 periods of 1 S_kv step(s) (78390 of 79914")])  # GEMM names repeat across items
+def test_several_items_on_one_pe_fast_forward_exactly(tmp_path, items, inner, note):
     """Two and three (sequence, KV head) items on one PE: a KV tile more per item adds a
     block to each item's loop in every stream. The blocks are found per item, PE_CPU's
     run-ahead is seen settling (with three items its dispatches wait for queue room at
     other commands in the longer copy; the copies grow to 64 tiles), the dispatches that tie
     with stages many tiles later are ordered as they were scheduled, and verify finds the
     run identical."""
-    m = _ff(tmp_path, f"bench.H_q={2 * items}", f"bench.H_kv={items}", "bench.S_kv=65536", "run.check=false",
-            bench="decode_heads")
-    assert m["fast_forward"]["note"] == (f"fast-forwarded 957 of 960 periods of 1 S_kv step(s) ({records} "
-                                         f"records by shifting); verified against the full simulation")
+    m = _ff(tmp_path, f"bench.H_q={2 * items}", f"bench.H_kv={items}", "bench.S_kv=65536", f"bench.inner={inner}",
+            "run.check=false", bench="decode_heads")
+    assert m["fast_forward"]["note"] == (f"fast-forwarded {note} records by shifting); verified against the full "
+                                         f"simulation")
 
 
 def test_items_that_move_unlike_the_run_are_settling():

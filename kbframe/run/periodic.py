@@ -154,35 +154,49 @@ def _first_difference(x: np.ndarray, y: np.ndarray) -> int:
     return int(d[0]) if len(d) else len(x)
 
 
-def _insertions(ca: np.ndarray, cb: np.ndarray, x: int, m: int, n: int) -> list[int] | None:
+def _insertions(ca: np.ndarray, cb: np.ndarray, x: int, m: int, n: int,
+                cmds: tuple | None = None) -> list[int] | None:
     """Where ``n`` blocks of ``m`` records go into the names ``ca`` to make ``cb``: the first
     before ``ca[x]``; each next one as far before the place where the names part again as
     the first is before the place where they first part (when ``cb`` repeats its names with
     period ``m`` over that stretch: the same tile of each item's loop), else at that place;
-    their positions in ``ca``, or None when the names after the last block differ."""
+    their positions in ``ca``, or None when the names after the last block differ.
+    ``cmds``: ``(command ids of a, of b, commands a block adds)``: a record after ``j``
+    blocks has the same name and its command id ``j`` blocks' commands later in ``b``, and a
+    block goes where that first fails (for a stream whose names repeat across items)."""
+    if cmds is not None:
+        ka, kb, per = cmds
+        span = int(max(ka.max(initial=0), kb.max(initial=0))) + per * (n + 1) + 1
+        ca, cb = ca * span + ka, cb * span + kb  # one key: the name, then the command id
     back = _first_difference(ca[x:], cb[x:])  # the first block's place before the names part
     at, i, j = [x], x, x + m
     while len(at) < n:
-        k = _first_difference(ca[i:], cb[j:])  # cb[j:] holds ca[i:] and the blocks still to come
-        i, j = i + k, j + k
-        r = min(back, k)
-        if r and np.array_equal(cb[j - r:j], cb[j - r + m:j + m]):
-            i, j = i - r, j - r
+        if cmds is not None:  # later blocks' records come their commands later
+            k = _first_difference(ca[i:] + len(at) * per, cb[j:])
+            i, j = i + k, j + k
+        else:
+            k = _first_difference(ca[i:], cb[j:])  # cb[j:] holds ca[i:] and the blocks still to come
+            i, j = i + k, j + k
+            r = min(back, k)
+            if r and np.array_equal(cb[j - r:j], cb[j - r + m:j + m]):
+                i, j = i - r, j - r
         at.append(i)
         j += m
-    return at if np.array_equal(ca[i:], cb[j:]) else None
+    return at if np.array_equal(ca[i:] + (n * per if cmds is not None else 0), cb[j:]) else None
 
 
-def _align(a: list, b: list, m_total: int, key, blocks: int | None = None) -> tuple[list[int], int]:
+def _align(a: list, b: list, m_total: int, key, blocks: tuple | None = None) -> tuple[list[int], int]:
     """Where stream ``key``'s records in ``b`` (``m_total`` more: one period) part from
     ``a``'s: ``(positions, m)``, ``b`` being ``a`` with a block of ``m`` records before each
     of ``a``'s records at ``positions`` (in order; one block when the period adds records at
     one place, e.g. a layer; one per item when every item of a PE grows, e.g. a KV tile of
     each sequence). The first block starts at the first record whose own fields differ (the
     records before it are the same in both); the next ones where the names part again. The
-    fewest blocks that make ``b`` are taken, ``blocks`` of them first when given (as many as
-    the PE's PE_CPU stream took: a stream whose records all have one name would otherwise
-    take one block of several items' records). Raises NotPeriodic when none do, Settling
+    fewest blocks that make ``b`` are taken; ``blocks``, ``(blocks, commands per block)`` of
+    the PE's PE_CPU stream (one record per command), tried first when given, and placed
+    where the command ids part when names would put two blocks in one place (a stream whose
+    names repeat across items, opt3's GEMMs, would otherwise take one block of several
+    items' records). Raises NotPeriodic when none do, Settling
     when PE_CPU's would in several blocks but for what its dispatches waited for (still
     filling PE_SCHEDULER's queue: in the longer copy it waits for room at other commands)."""
     x = next((i for i, (ra, rb) in enumerate(zip(a, b)) if _own(ra) != _own(rb)), len(a))
@@ -191,23 +205,34 @@ def _align(a: list, b: list, m_total: int, key, blocks: int | None = None) -> tu
         if np.array_equal(ca[x:], cb[x:]):
             return [x], 0
     else:
-        found = _blocks(ca, cb, x, m_total, blocks)
+        cmds = None
+        if blocks:
+            cmds = (np.array([r[1][1][0] for r in a], dtype=np.int64),
+                    np.array([r[1][1][0] for r in b], dtype=np.int64), blocks[1])
+        found = _blocks(ca, cb, x, m_total, blocks[0] if blocks else None, cmds)
         if found is not None:
             return found
         if key[1] == "cpu":
-            found = _blocks(*_name_codes(a, b, waits=False), x, m_total, blocks)
+            found = _blocks(*_name_codes(a, b, waits=False), x, m_total, None)
             if found is not None and len(found[0]) > 1:
                 raise Settling(f"the records of cpu on PE{key[0]} wait for PE_SCHEDULER's queue at other commands "
                                f"in the longer copy")
     raise NotPeriodic(f"the records of {key[1]} on PE{key[0]} are not periodic")
 
 
-def _blocks(ca: np.ndarray, cb: np.ndarray, x: int, m_total: int, first: int | None) -> tuple[list[int], int] | None:
+def _blocks(ca: np.ndarray, cb: np.ndarray, x: int, m_total: int, first: int | None,
+            cmds: tuple | None = None) -> tuple[list[int], int] | None:
     """:func:`_align`'s ``(positions, m)`` from the names ``ca``, ``cb``: ``first`` blocks
-    tried first, then the fewest that make ``cb``; None if none do."""
-    tries = range(1, min(m_total, MAX_INSERTIONS) + 1)
-    for n in ([first] if first else []) + [n for n in tries if n != first]:
-        at = _insertions(ca, cb, x, m_total // n, n) if not m_total % n else None
+    tried first (by names; by command ids, ``cmds``, when names put two blocks in one
+    place), then the fewest that make ``cb`` by names; None if none do."""
+    if first and not m_total % first:
+        at = _insertions(ca, cb, x, m_total // first, first)
+        if (at is None or len(set(at)) < len(at)) and cmds is not None:  # names repeat across items
+            at = _insertions(ca, cb, x, m_total // first, first, cmds) or at
+        if at is not None:
+            return at, m_total // first
+    for n in range(1, min(m_total, MAX_INSERTIONS) + 1):
+        at = _insertions(ca, cb, x, m_total // n, n) if not m_total % n and n != first else None
         if at is not None:
             return at, m_total // n
     return None
@@ -238,7 +263,7 @@ def precheck(a: tuple, b: tuple) -> None:
             raise
         several |= len(at) > 1
         if key[1] == "cpu" and len(at) > 1:
-            blocks[key[0]] = len(at)
+            blocks[key[0]] = (len(at), m)
         for j, x in enumerate(at):
             x += j * m  # the block's place in b, against the m records before it
             if 0 < m <= x and _names(rb[x - m:x]) == _names(rb[x:x + m]):
@@ -309,7 +334,7 @@ class Runs:
             at, m = _align(a, b, m_total, key, blocks.get(key[0]))
             several |= len(at) > 1
             if key[1] == "cpu" and len(at) > 1:
-                blocks[key[0]] = len(at)
+                blocks[key[0]] = (len(at), m)
             x = at[0]
             if [_own(r) for r in c[:x + m]] != [_own(r) for r in b[:x + m]]:
                 raise NotPeriodic(f"the records of {key[1]} on PE{key[0]} are not periodic")
