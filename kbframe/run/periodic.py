@@ -168,7 +168,8 @@ def _insertions(ca: np.ndarray, cb: np.ndarray, x: int, m: int, n: int,
         ka, kb, per = cmds
         span = int(max(ka.max(initial=0), kb.max(initial=0))) + per * (n + 1) + 1
         ca, cb = ca * span + ka, cb * span + kb  # one key: the name, then the command id
-    back = _first_difference(ca[x:], cb[x:])  # the first block's place before the names part
+    # the first block's place before the names part
+    back = _first_difference(ca[x:], cb[x:]) if cmds is None else 0
     at, i, j = [x], x, x + m
     while len(at) < n:
         if cmds is not None:  # later blocks' records come their commands later
@@ -196,9 +197,9 @@ def _align(a: list, b: list, m_total: int, key, blocks: tuple | None = None) -> 
     the PE's PE_CPU stream (one record per command), tried first when given, and placed
     where the command ids part when names would put two blocks in one place (a stream whose
     names repeat across items, opt3's GEMMs, would otherwise take one block of several
-    items' records). Raises NotPeriodic when none do, Settling
-    when PE_CPU's would in several blocks but for what its dispatches waited for (still
-    filling PE_SCHEDULER's queue: in the longer copy it waits for room at other commands)."""
+    items' records). Raises NotPeriodic when none do, Settling when PE_CPU's would in
+    several blocks but for what its dispatches waited for (still filling PE_SCHEDULER's
+    queue: in the longer copy it waits for room at other commands)."""
     x = next((i for i, (ra, rb) in enumerate(zip(a, b)) if _own(ra) != _own(rb)), len(a))
     ca, cb = _name_codes(a, b)
     if m_total == 0:
