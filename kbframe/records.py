@@ -30,13 +30,21 @@ The op_log is written in one of two forms (:attr:`RecordTable.form`):
   records after it. Expanding it gives exactly the record-by-record file's records
   (:meth:`RecordTable.parse` expands it; :mod:`kbframe.report.oplog` streams it).
 
+  A table may have several repeating sections, one after another (a fast-forwarded run whose
+  PEs each work through several items, each item's loop repeating). The header then names
+  the first section as above and the others in a list
+  ``"sections": [[B, M, R], ...]``: ``B`` records after the previous section's repetitions,
+  then ``R`` repetitions of an ``M``-record period. Each section is written as the records
+  before it, its first period and its own ``repeat`` line; the records after the last
+  section's repetitions end the file. With one section there is no ``sections`` key.
+
 A foundation module (no simulation layer): the report layer reads the table too.
 """
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from struct import Struct
 
@@ -83,22 +91,35 @@ WRITTEN = ("name", *SHIFTED)
 class Periodic:
     """A table's periodic form: records ``[prefix, prefix + period * times)`` are ``times``
     repetitions of the first ``period`` of them, repetition ``j`` shifted by ``j *
-    shift`` (:attr:`shift`: per written field, ``(period,)`` int64, ps for times)."""
+    shift`` (:attr:`shift`: per written field, ``(period,)`` int64, ps for times): its first
+    repeating section; :attr:`rest` the others, after it."""
 
     records: int
     prefix: int
     period: int
     times: int
     shift: dict
+    #: the table's further repeating sections, in record order, each a :class:`Periodic`
+    #: whose ``prefix`` is its first record's index (their own ``rest`` empty)
+    rest: tuple = ()
 
     @property
     def end(self) -> int:
         """The index after the last repeated record."""
         return self.prefix + self.period * self.times
 
+    @property
+    def sections(self) -> tuple:
+        """Every repeating section, this one first."""
+        return (self, *self.rest)
+
     def header(self) -> str:
-        return json.dumps({"op_log": "periodic", "records": self.records, "prefix": self.prefix,
-                           "period": self.period, "times": self.times}) + "\n"
+        head = {"op_log": "periodic", "records": self.records, "prefix": self.prefix,
+                "period": self.period, "times": self.times}
+        if self.rest:
+            head["sections"] = [[s.prefix - before.end, s.period, s.times]
+                                for before, s in zip(self.sections, self.rest)]
+        return json.dumps(head) + "\n"
 
     def repeat_line(self) -> str:
         """The ``repeat`` line: each field's shift, one integer when every record of the
@@ -115,32 +136,71 @@ class Periodic:
                 f'"shift": {{{", ".join(parts)}}}}}}}\n')
 
 
-def find_periodic(table: "RecordTable", period: int, min_times: int = 3) -> Periodic | None:
-    """The longest run of ``period``-record windows of ``table`` each the one before shifted
-    by the same amount per record (every written field, :data:`WRITTEN`; the name not at
-    all), or None when there are fewer than ``min_times`` such windows. Its records need not
-    come from any particular mechanism: the windows are found in the table (linear time,
-    one column at a time)."""
-    n, m = len(table), period
-    if m <= 0 or n < min_times * m:
-        return None
-    ok = np.ones(n - 2 * m, dtype=bool)  # ok[i]: record i + 2m - record i + m == record i + m - record i
+#: :func:`find_periodic` tries the given period and its parts ``period // k``, ``k`` up to this
+#: (a run whose period works through ``k`` items, one after the other, repeats each item's
+#: share of it: ``period // k`` records)
+SPLITS = 8
+#: at most this many repeating sections
+MAX_SECTIONS = 64
+
+
+def _windows_ok(table: "RecordTable", m: int) -> np.ndarray:
+    """``ok[i]``: record ``i + 2m`` minus record ``i + m`` equals record ``i + m`` minus record
+    ``i`` in every written field (the name equal), one column at a time."""
+    n = len(table)
+    ok = np.ones(n - 2 * m, dtype=bool)
     for f in WRITTEN:
         c = table.column(f)
         if f == "name":
             ok &= (c[m:-m] == c[:-2 * m]) & (c[2 * m:] == c[:-2 * m])
         else:
             ok &= (c[2 * m:] - c[m:-m]) == (c[m:-m] - c[:-2 * m])
-    edges = np.diff(np.concatenate(([0], ok.view(np.int8), [0])))
-    starts, ends = np.nonzero(edges == 1)[0], np.nonzero(edges == -1)[0]
-    if not len(starts):
+    return ok
+
+
+def find_periodic(table: "RecordTable", period: int, min_times: int = 3) -> Periodic | None:
+    """The table's repeating sections: runs of windows of ``period`` records (or of a part
+    ``period // k`` of it, :data:`SPLITS`), each window the one before shifted by the same
+    amount per record (every written field, :data:`WRITTEN`; the name not at all), at least
+    ``min_times`` windows each, taken greedily: the run that leaves out the most records,
+    then the same in the records no run holds yet, up to :data:`MAX_SECTIONS`. The first in
+    record order, the others its :attr:`~Periodic.rest`; None when there is no such run. Its
+    records need not come from any particular mechanism: the windows are found in the table
+    (linear time a window size and a section, a column at a time)."""
+    n = len(table)
+    runs = {}  # window size → (starts, ends) of the runs of i whose ok (_windows_ok) holds, long enough
+    for m in [period // k for k in range(1, SPLITS + 1) if period > 0 and period % k == 0]:
+        if n >= min_times * m:
+            ok = _windows_ok(table, m)
+            edges = np.diff(np.concatenate(([0], ok.view(np.int8), [0])))
+            runs[m] = np.nonzero(edges == 1)[0], np.nonzero(edges == -1)[0]
+    found = []
+    while len(found) < MAX_SECTIONS:
+        best = None
+        for m, (starts, ends) in runs.items():
+            keep = (ends - starts) // m + 2 >= min_times
+            starts, ends = runs[m] = starts[keep], ends[keep]
+            if not len(starts):
+                continue
+            times = (ends - starts) // m + 2
+            i = int(np.lexsort((-starts, ends - starts, times))[-1])  # most windows, then longest, then first
+            key = ((int(times[i]) - 1) * m, m, int(ends[i] - starts[i]), -int(starts[i]))
+            if best is None or key > best[0]:  # most records left out, then the larger window
+                best = (key, int(starts[i]), m, int(times[i]))
+        if best is None:
+            break
+        _, a, m, times = best
+        found.append((a, m, times))
+        b = a + m * times  # records [a, b) taken: runs keep the i whose records i, i + w, i + 2w lie outside
+        for w, (starts, ends) in runs.items():
+            left, right = np.minimum(ends, a - 2 * w), np.maximum(starts, b)
+            runs[w] = (np.concatenate((starts[left > starts], right[ends > right])),
+                       np.concatenate((left[left > starts], ends[ends > right])))
+    if not found:
         return None
-    i = int(np.argmax(ends - starts))
-    a, times = int(starts[i]), int(ends[i] - starts[i]) // m + 2
-    if times < min_times:
-        return None
-    shift = {f: table.column(f, a + m, a + 2 * m) - table.column(f, a, a + m) for f in SHIFTED}
-    return Periodic(n, a, m, times, shift)
+    forms = [Periodic(n, a, m, times, {f: table.column(f, a + m, a + 2 * m) - table.column(f, a, a + m)
+                                       for f in SHIFTED}) for a, m, times in sorted(found)]
+    return replace(forms[0], rest=tuple(forms[1:]))
 
 
 def repeat_shift(repeat: dict, period: int) -> dict:
@@ -184,6 +244,7 @@ class RecordTable:
         #: how its op_log is written: None record by record, else its :class:`Periodic` form
         self.form: Periodic | None = None
         self._header: dict | None = None  # a periodic op_log's header, while it is parsed
+        self._forms: list = []  # its sections' forms read so far (their repeat lines)
 
     def code(self, pe: int, unit: str, op_kind: str) -> int:
         """The code of a record name ``(pe, unit, op_kind)``; callers cache it."""
@@ -260,13 +321,18 @@ class RecordTable:
         """Write the op_log of every record to the text stream ``f`` in the table's
         :attr:`form` (module doc), ``chunk`` records a write; the lines written."""
         p, n = self.form, len(self)
-        parts = [(0, n)] if p is None else [(0, p.prefix + p.period), None, (p.end, n)]
+        parts, at = [], 0
+        for s in () if p is None else p.sections:  # the records before a section and its first period, its repeat line
+            parts += [(at, s.prefix + s.period), s]
+            at = s.end
+        parts.append((at, n))
         if p is not None:
             f.write(p.header())
-        lines = 0 if p is None else 2
+        lines = 0 if p is None else 1
         for part in parts:
-            if part is None:
-                f.write(p.repeat_line())
+            if isinstance(part, Periodic):
+                f.write(part.repeat_line())
+                lines += 1
                 continue
             for lo in range(part[0], part[1], chunk):
                 f.write(self.text(lo, min(part[1], lo + chunk)))
@@ -274,17 +340,22 @@ class RecordTable:
         return lines
 
     def expand(self, form: Periodic) -> None:
-        """Insert the repetitions a periodic op_log's ``repeat`` line stands for: the table
-        holds the records up to the first period's end (``form.prefix + form.period``)
-        and, after them, the records after the repeated part."""
-        p = form
-        head = self.array(0, p.prefix + p.period)
-        tail = self.array(p.prefix + p.period)
-        block = head[p.prefix:]
-        reps = block[None] + np.arange(1, p.times, dtype=np.int64)[:, None, None] * shift_rows(p)[None]
-        del self.buf[(p.prefix + p.period) * _B:]
-        self.extend(reps.reshape(-1, N))
-        self.extend(tail)
+        """Insert the repetitions a periodic op_log's ``repeat`` lines stand for: the table
+        holds the records it writes (module doc: each section's first period, the records
+        between sections, before the first and after the last)."""
+        written = self.array()
+        del self.buf[:]
+        w = at = 0  # the next written record; its index in the expanded table
+        for s in form.sections:
+            stop = w + s.prefix - at + s.period  # the written index after the section's first period
+            self.extend(written[w:stop])
+            block = written[stop - s.period:stop]
+            step = shift_rows(s)
+            for j in range(1, s.times, max(1, (1 << 20) // s.period)):  # about a million records at a time
+                js = np.arange(j, min(s.times, j + max(1, (1 << 20) // s.period)), dtype=np.int64)
+                self.extend((block[None] + js[:, None, None] * step[None]).reshape(-1, N))
+            w, at = stop, s.end
+        self.extend(written[w:])
 
     @classmethod
     def parse(cls, source, name: str | None = None) -> "RecordTable":
@@ -345,16 +416,19 @@ class RecordTable:
         self.buf += ROW.pack(self.code(pe, unit, kind), cmd, tile, t0, t1, td, nbytes, int(r.get("peer", -1)), -1, -1)
 
     def _directive(self, r: dict) -> None:
-        """A periodic op_log's header (the first line) or its ``repeat`` line (right after the
-        first period), checked against each other (module doc)."""
+        """A periodic op_log's header (the first line) or one of its ``repeat`` lines (each
+        right after its section's first period), checked against each other (module doc)."""
         if "op_log" in r:
             if len(self) or self._header is not None:
                 raise ValueError('the header {"op_log": "periodic", ...} must be the first line')
             self._header = periodic_header(r)
+            self._forms = []
             return
-        if self._header is None or self.form is not None:
-            raise ValueError("a repeat line without the periodic header, or a second one")
-        self.form = repeat_form(r, self._header, len(self))
+        if self._header is None or len(self._forms) == len(self._header["sections"]):
+            raise ValueError("a repeat line without the periodic header, or a second one"
+                             if self._header is None or len(self._forms) == 1 else
+                             f"a repeat line after the header's {len(self._forms)} sections' ones")
+        self._forms.append(repeat_form(r, self._header, len(self), len(self._forms)))
 
     def _finish(self) -> None:
         """After the last line: a periodic op_log's record count checked against its header,
@@ -363,18 +437,21 @@ class RecordTable:
         if head is None:
             return
         self._header = None
-        if self.form is None:
-            raise ValueError("a periodic op_log with no repeat line")
-        p = self.form
-        written = p.records - p.period * (p.times - 1)
+        forms, want = self._forms, len(head["sections"])
+        if len(forms) < want:
+            raise ValueError("a periodic op_log with no repeat line" if not forms else
+                             f"a periodic op_log with {len(forms)} of its {want} sections' repeat lines")
+        p = replace(forms[0], rest=tuple(forms[1:]))
+        written = p.records - sum(s.period * (s.times - 1) for s in forms)
         if len(self) != written:
-            raise ValueError(f"a periodic op_log of {len(self) + p.period * (p.times - 1)} records; "
+            raise ValueError(f"a periodic op_log of {len(self) + p.records - written} records; "
                              f"its header says {p.records}")
         need, have = 2 * p.records * _B, _available_memory_bytes()  # the repetitions, then the table
         if have is not None and need > have:
             raise ValueError(f"a periodic op_log of {p.records:,} records needs {need / 2**30:.1f} GiB to expand, "
                              f"more than the {have / 2**30:.1f} GiB this machine has free; "
                              f"python -m kbframe.report.oplog streams it record by record")
+        self.form = p
         self.expand(p)
 
 
@@ -388,27 +465,42 @@ def _available_memory_bytes() -> int | None:
 
 def periodic_header(r: dict) -> dict:
     """A periodic op_log's header line (a dict), checked: its ``records``, ``prefix``,
-    ``period`` and ``times`` as ints that fit together. Raises ValueError, KeyError,
-    TypeError."""
+    ``period``, ``times`` and ``sections`` (if any) as ints that fit together; with
+    ``"sections"``: per section (the first too) ``(first record's index, period, times,
+    records before it since the previous section, written records before it)``. Raises
+    ValueError, KeyError, TypeError."""
     if r.get("op_log") != "periodic":
         raise ValueError(f'the first line names op_log form {r.get("op_log")!r}, not "periodic"')
     head = {k: r[k] for k in ("records", "prefix", "period", "times")}
     if any(type(v) is not int for v in head.values()):
         raise ValueError("the header's records, prefix, period and times must be integers")
-    if head["prefix"] < 0 or head["period"] < 1 or head["times"] < 1 \
-            or head["prefix"] + head["period"] * head["times"] > head["records"]:
+    more = r.get("sections", [])
+    if "sections" in r and (type(more) is not list or not more or any(
+            type(s) is not list or len(s) != 3 or any(type(v) is not int for v in s) for s in more)):
+        raise ValueError("the header's sections must be a list of [records before, period, times] integer triples")
+    secs, at, w = [], 0, 0
+    for before, period, times in [(head["prefix"], head["period"], head["times"]), *more]:
+        if before < 0 or period < 1 or times < 1:
+            at = -1
+            break
+        secs.append((at + before, period, times, before, w + before))
+        at += before + period * times
+        w += before + period
+    if at < 0 or at > head["records"]:
         raise ValueError(f"the header's counts do not fit together (records {head['records']}, prefix "
-                         f"{head['prefix']}, period {head['period']}, times {head['times']})")
+                         f"{head['prefix']}, period {head['period']}, times {head['times']}"
+                         + (f", sections {more})" if more else ")"))
+    head["sections"] = secs
     return head
 
 
-def repeat_form(r: dict, head: dict, seen: int) -> Periodic:
-    """The :class:`Periodic` form a ``repeat`` line (a dict) gives after ``seen`` records of
-    an op_log with header ``head`` (:func:`periodic_header`). Raises ValueError, KeyError,
-    TypeError, OverflowError."""
+def repeat_form(r: dict, head: dict, seen: int, k: int = 0) -> Periodic:
+    """The :class:`Periodic` form of section ``k`` a ``repeat`` line (a dict) gives after
+    ``seen`` written records of an op_log with header ``head`` (:func:`periodic_header`).
+    Raises ValueError, KeyError, TypeError, OverflowError."""
     rep = r["repeat"]
-    if rep.get("records") != head["period"] or rep.get("times") != head["times"] - 1 \
-            or seen != head["prefix"] + head["period"]:
-        raise ValueError(f"the repeat line does not follow the header's {head['prefix']} + {head['period']} "
-                         f"records, {head['times']} times")
-    return Periodic(head["records"], head["prefix"], head["period"], head["times"], repeat_shift(rep, head["period"]))
+    prefix, period, times, before, written = head["sections"][k]
+    if rep.get("records") != period or rep.get("times") != times - 1 or seen != written + period:
+        raise ValueError(f"the repeat line does not follow the header's {before} + {period} "
+                         f"records, {times} times")
+    return Periodic(head["records"], prefix, period, times, repeat_shift(rep, period))

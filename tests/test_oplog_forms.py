@@ -197,3 +197,128 @@ def test_the_reader_prints_the_records_and_names_a_bad_file(step_runs, tmp_path)
     out = subprocess.run([*cmd, str(bad)], capture_output=True, text=True, cwd=REPO)
     assert (out.returncode, out.stdout) == (1, "")
     assert out.stderr == f"kbframe: error: {bad}:1: malformed periodic op_log line (no 'prefix')\n"
+
+
+def _two_section_rows() -> list:
+    """Two records before, 5 periods of three records (as :func:`_periodic_rows`), two records
+    between, 4 periods of two records (cmd +1, times +50 ps), one record after."""
+    rows = _periodic_rows(5)[:-1]
+    rows += [[2, 20, -1, 600, 610, -1, 0, -1, -1, -1], [0, 21, -1, 610, 611, -1, 8, -1, -1, -1]]
+    for j in range(4):
+        rows += [[1, 30 + j, 7, 700 + 50 * j, 740 + 50 * j, 710 + 50 * j, 2048, -1, -1, -1],
+                 [2, 30 + j, -1, 740 + 50 * j, 745 + 50 * j, -1, 0, -1, -1, -1]]
+    return rows + [[2, 99, -1, 1000, 1001, -1, 0, -1, -1, -1]]
+
+
+def test_a_table_with_two_repeating_sections_writes_each_once_and_reads_back_exactly(tmp_path):
+    t = _table(_two_section_rows())
+    form = find_periodic(t, 6)  # neither repeats 6 records at a time: the parts 3 and 2 of 6 do
+    assert [(s.prefix, s.period, s.times) for s in form.sections] == [(2, 3, 5), (19, 2, 4)]
+    full = t.text()
+    t.form = form
+    f = io.StringIO()
+    assert t.write(f) == 13  # header, 2 records, 3, repeat line, 2 between, 2, repeat line, 1 after
+    text = f.getvalue().splitlines()
+    assert text[0] == ('{"op_log": "periodic", "records": 28, "prefix": 2, "period": 3, "times": 5, '
+                       '"sections": [[2, 2, 4]]}')
+    assert text[6].startswith('{"repeat": {"records": 3, "times": 4, ')
+    assert text[11] == ('{"repeat": {"records": 2, "times": 3, "shift": {"cmd": 1, "t_start_ns": 0.05, '
+                        '"t_end_ns": 0.05, "t_data_ns": [0.05, 0.0]}}}')
+    back = RecordTable.parse(f.getvalue())
+    assert back.text() == full
+    assert [(s.records, s.prefix, s.period, s.times) for s in back.form.sections] == [(28, 2, 3, 5), (28, 19, 2, 4)]
+    path = tmp_path / "op_log.jsonl"
+    path.write_text(f.getvalue())
+    assert "".join(oplog.lines(path, chunk=1)) == full
+
+
+def _two_section_file(tmp_path, edit):
+    t = _table(_two_section_rows())
+    t.form = find_periodic(t, 6)
+    f = io.StringIO()
+    t.write(f)
+    path = tmp_path / "op_log.jsonl"
+    path.write_text("".join(edit(f.getvalue().splitlines(keepends=True))))
+    return path
+
+
+@pytest.mark.parametrize("edit, error", [
+    (_swap(0, "[[2, 2, 4]]", "[[2, 2]]"), ":1: malformed periodic op_log line (the header's sections must be a list "
+                                          "of [records before, period, times] integer triples)"),
+    (_swap(0, "[[2, 2, 4]]", "[]"), ":1: malformed periodic op_log line (the header's sections must be a list "
+                                    "of [records before, period, times] integer triples)"),
+    (_swap(0, "[[2, 2, 4]]", "[[2, 2, 5]]"), ":1: malformed periodic op_log line (the header's counts do not fit "
+                                             "together (records 28, prefix 2, period 3, times 5, sections "
+                                             "[[2, 2, 5]]))"),
+    (_swap(0, "[[2, 2, 4]]", "[[-1, 2, 4]]"), ":1: malformed periodic op_log line (the header's counts do not fit "
+                                              "together (records 28, prefix 2, period 3, times 5, sections "
+                                              "[[-1, 2, 4]]))"),
+    (_swap(0, "[[2, 2, 4]]", "[[3, 2, 4]]"), ":12: malformed periodic op_log line (the repeat line does not follow "
+                                             "the header's 3 + 2 records, 4 times)"),
+    (_swap(0, "[[2, 2, 4]]", "[[2, 2, 3]]"), ":12: malformed periodic op_log line (the repeat line does not follow "
+                                             "the header's 2 + 2 records, 3 times)"),
+    (lambda ls: ls[:11] + ls[12:], ": a periodic op_log with 1 of its 2 sections' repeat lines"),
+    (lambda ls: ls[:12] + ls[11:], ":13: a repeat line after the header's 2 sections' ones"),
+    (_swap(0, ', "sections": [[2, 2, 4]]', ""), ":12: a second repeat line"),
+])
+def test_a_broken_two_section_op_log_is_named(tmp_path, edit, error):
+    path = _two_section_file(tmp_path, edit)
+    with pytest.raises(ValueError) as e:
+        list(oplog.lines(path))
+    assert str(e.value) == f"{path}{error}"
+
+
+@pytest.mark.parametrize("edit, error", [
+    (_swap(0, "[[2, 2, 4]]", "[[2, 2]]"), "op_log:1: malformed op_log record (ValueError(\"the header's sections must "
+                                          "be a list of [records before, period, times] integer triples\"))"),
+    (lambda ls: ls[:11] + ls[12:], "op_log: a periodic op_log with 1 of its 2 sections' repeat lines"),
+    (lambda ls: ls[:12] + ls[11:], "op_log:13: malformed op_log record (ValueError(\"a repeat line after the "
+                                   "header's 2 sections' ones\"))"),
+    (lambda ls: ls[:-1], "op_log: a periodic op_log of 27 records; its header says 28"),
+])
+def test_parse_names_a_broken_two_section_op_log(tmp_path, edit, error):
+    path = _two_section_file(tmp_path, edit)
+    with pytest.raises(ValueError) as e:
+        RecordTable.parse(path.read_text())
+    assert str(e.value) == error
+
+
+#: a PE with two items (decode_heads: 4 query heads over 2 KV heads on one PE): each item's
+#: KV loop repeats, one after the other
+ITEMS = ("bench.H_q=4", "bench.H_kv=2", "bench.S_kv=65536", "bench.data=false")
+
+
+@pytest.fixture(scope="module")
+def item_runs(tmp_path_factory):
+    d = tmp_path_factory.mktemp("items")
+    m = {"periodic": run(d / "periodic", *ITEMS, "run.oplog=periodic", bench="decode_heads"),
+         "full": run(d / "full", *ITEMS, "run.fast_forward=off", bench="decode_heads")}
+    return d, m
+
+
+def test_a_run_of_several_items_writes_each_repeating_section_once(item_runs, tmp_path):
+    d, m = item_runs
+    assert m["periodic"]["fast_forward"]["applied"] and not m["full"]["fast_forward"]["applied"]
+    assert m["periodic"]["op_log"] == {"form": "periodic", "records": 36900, "lines": 1138, "prefix": 416,
+                                       "period": 18, "times": 972, "sections": [[71, 18, 28], [62, 18, 990]]}
+    full = (d / "full" / "op_log.jsonl").read_text()
+    assert len(full.splitlines()) == 36900
+    assert len((d / "periodic" / "op_log.jsonl").read_text().splitlines()) == 1138
+    out = subprocess.run([sys.executable, "-m", "kbframe.report.oplog", str(d / "periodic"),
+                          str(tmp_path / "all.jsonl")], capture_output=True, text=True, cwd=REPO)
+    assert out.returncode == 0 and (tmp_path / "all.jsonl").read_text() == full
+    back = RecordTable.parse(d / "periodic" / "op_log.jsonl")
+    assert back.text() == full and len(back.form.sections) == 3
+    for key in ("latency_ns", "critical_path", "units"):
+        assert m["periodic"].get(key) == m["full"].get(key), key
+    trace = json.loads((d / "periodic" / "trace.json").read_text())["traceEvents"]
+    reps = [e for e in trace if e.get("cat") == "repeated"]
+    assert [sum(e["args"]["section"] == k for e in reps) for k in (1, 2, 3)] == [970, 26, 988]
+    assert {e["name"] for e in reps if e["args"]["section"] == 2} == {f"section 2 period {j} of 28"
+                                                                      for j in range(2, 28)}
+    ends = 0
+    for e in reps:  # one track: its slices follow each other, section after section
+        t0 = round(e["ts"] * 1e6)
+        assert t0 >= ends
+        ends = round((e["ts"] + e["dur"]) * 1e6)
+    assert (d / "full" / "trace.json").stat().st_size > 10 * (d / "periodic" / "trace.json").stat().st_size

@@ -1,6 +1,6 @@
 """Reading a run's ``op_log.jsonl`` in either of its forms (kbframe.records): record by record,
-or periodic (a fast-forwarded run's: the records before the repeating part, one period, a
-``repeat`` line with each field's shift, the records after it).
+or periodic (a fast-forwarded run's: per repeating section, the records before it, its first
+period and a ``repeat`` line with each field's shift; then the records after the last).
 
 * :func:`read`: the whole run's :class:`~kbframe.records.RecordTable` (the periodic form
   expanded; its ``form`` says how the file was written), what the sanitizer and
@@ -38,11 +38,11 @@ def _file(path) -> Path:
 def lines(path, chunk: int = 1 << 14) -> Iterator[str]:
     """The op_log at ``path`` record by record: its own lines, as written, when it is written
     so (the first must be a record; :func:`read` parses and checks every one), else the
-    periodic form's lines with each repetition of its
-    period made (``chunk`` records of text at a time; one period held in memory). Raises
-    OSError, or ValueError naming the file and line: a first line that is no op_log record
-    or header, a malformed header, period record or ``repeat`` line, a second one, none, a
-    count that differs from the header's, a last line cut short."""
+    periodic form's lines with each repetition of each section's period made (``chunk``
+    records of text at a time; one period held in memory). Raises OSError, or ValueError
+    naming the file and line: a first line that is no op_log record or header, a malformed
+    header, period record or ``repeat`` line, more or fewer ``repeat`` lines than sections,
+    a count that differs from the header's, a last line cut short."""
     p = _file(path)
     with open(p, encoding="utf-8", errors="strict") as f:
         try:
@@ -65,33 +65,38 @@ def _lines(f, p: Path, chunk: int) -> Iterator[str]:
             yield line
         return
     head = _parsed(first, p, 1, periodic_header)
+    secs = head["sections"]
     period = RecordTable()
-    form, seen = None, 0
+    forms, seen = [], 0
     for lineno, line in enumerate(f, 2):
         if not line.endswith("\n"):
             raise ValueError(f"{p}:{lineno}: the last line is cut short")
         if not line.startswith('{"repeat"'):
             if line.startswith('{"op_log"'):
                 raise ValueError(f"{p}:{lineno}: a second header")
-            if form is None and seen >= head["prefix"]:  # a record of the first period, read for its repetitions
+            if len(forms) < len(secs) and seen >= secs[len(forms)][4]:  # a record of a section's first period
                 _parsed(line, p, lineno, period._add)
             seen += 1
             yield line
             continue
-        if form is not None:
-            raise ValueError(f"{p}:{lineno}: a second repeat line")
-        form = _parsed(line, p, lineno, lambda r: repeat_form(r, head, seen))
+        if len(forms) == len(secs):
+            raise ValueError(f"{p}:{lineno}: " + ("a second repeat line" if len(secs) == 1 else
+                                                  f"a repeat line after the header's {len(secs)} sections' ones"))
+        form = _parsed(line, p, lineno, lambda r: repeat_form(r, head, seen, len(forms)))
+        forms.append(form)
         first_period, n = period.array(), len(period)
         step = shift_rows(form)
         for j in range(1, form.times):
             period.buf[:] = (first_period + j * step).tobytes()
             for lo in range(0, n, chunk):
                 yield period.text(lo, min(n, lo + chunk))
-    if form is None:
-        raise ValueError(f"{p}: a periodic op_log with no repeat line")
-    if seen + form.period * (form.times - 1) != form.records:
-        raise ValueError(f"{p}: a periodic op_log of {seen + form.period * (form.times - 1)} records; "
-                         f"its header says {form.records}")
+        period = RecordTable()
+    if len(forms) < len(secs):
+        raise ValueError(f"{p}: a periodic op_log with no repeat line" if not forms else
+                         f"{p}: a periodic op_log with {len(forms)} of its {len(secs)} sections' repeat lines")
+    total = seen + sum(s.period * (s.times - 1) for s in forms)
+    if total != head["records"]:
+        raise ValueError(f"{p}: a periodic op_log of {total} records; its header says {head['records']}")
 
 
 def _parsed(line: str, p: Path, lineno: int, take):

@@ -32,11 +32,12 @@ JSON layout is read into one first), a chunk of columns at a time, and events ar
 as they are made; only the commands still in flight are held (the records are in
 completion order, and a command's ``scheduler`` record follows its stages).
 
-A table in periodic form (a fast-forwarded run's op_log, kbframe.records) is drawn with its
-first and last periods in full; each repetition between them is one slice per PE on a track
-``repeated`` (``name`` ``period j of R``, ``args`` its records and its shift from the first
-period), and the phases and flows that lie within them are left out: the trace grows with
-the run's distinct work, not with its repetitions.
+A table in periodic form (a fast-forwarded run's op_log, kbframe.records) is drawn with the
+first and last periods of each repeating section in full; each repetition between them is
+one slice per PE on a track ``repeated`` (``name`` ``period j of R``, or ``section k period
+j of R`` when there are several sections; ``args`` its records and its shift from the
+section's first period), and the phases and flows that lie within them are left out: the
+trace grows with the run's distinct work, not with its repetitions.
 """
 from __future__ import annotations
 
@@ -87,27 +88,32 @@ PHASE_TID = 900 * LANE_STRIDE
 REPEAT_TID = 899 * LANE_STRIDE
 
 
-def _repeats(table: RecordTable) -> tuple[range, list]:
-    """A table in periodic form (kbframe.records.Periodic): the indices of the records the
-    trace leaves out (every repetition but the first and last) and, per left-out repetition
-    and PE, ``(pe, j, t0_ps, t1_ps, records)``: the span of its records on that PE."""
+def _repeats(table: RecordTable) -> tuple[list, list]:
+    """A table in periodic form (kbframe.records.Periodic): per repeating section, the
+    indices of the records the trace leaves out (every repetition but the first and last),
+    and, per left-out repetition and PE, ``(section, pe, j, t0_ps, t1_ps, records)``: the
+    span of its records on that PE."""
     p = table.form
-    if p is None or p.times < 3:
-        return range(0), []
-    lo, hi = p.prefix + p.period, p.end - p.period
+    if p is None:
+        return [], []
     pe_of = np.array(table.name_col(0), dtype=np.int64)
-    out, end = [], {}
-    for j in range(1, p.times - 1):
-        a = lo + (j - 1) * p.period
-        c = table.cols(a, a + p.period)
-        pe = pe_of[c["name"]]
-        for q in np.unique(pe).tolist():
-            at = pe == q
-            t0, t1 = int(c["t0"][at].min()), int(c["t1"][at].max())
-            t0 = max(t0, end.get(q, t0))  # slices on one track must not overlap: a repetition starts as
-            end[q] = t1                   # the one before ends, if its first record began earlier
-            out.append((q, j + 1, t0, t1, int(at.sum())))
-    return range(lo, hi), out
+    left_out, out, end = [], [], {}
+    for k, s in enumerate(p.sections):
+        if s.times < 3:
+            continue
+        lo, hi = s.prefix + s.period, s.end - s.period
+        for j in range(1, s.times - 1):
+            a = lo + (j - 1) * s.period
+            c = table.cols(a, a + s.period)
+            pe = pe_of[c["name"]]
+            for q in np.unique(pe).tolist():
+                at = pe == q
+                t0, t1 = int(c["t0"][at].min()), int(c["t1"][at].max())
+                t0 = max(t0, end.get(q, t0))  # slices on one track must not overlap: a repetition starts as
+                end[q] = t1                   # the one before ends, if its first record began earlier
+                out.append((k, q, j + 1, t0, t1, int(at.sum())))
+        left_out.append(range(lo, hi))
+    return left_out, out
 
 
 def _busy(table: RecordTable, lo: int, hi: int) -> list:
@@ -122,18 +128,26 @@ def _busy(table: RecordTable, lo: int, hi: int) -> list:
 
 
 def _write_repeats(write, repeats: list, form, dumps) -> set:
-    """Write the slices of the left-out repetitions (:func:`_repeats`): each is period 1's
-    records shifted, ``later_us`` later when every record moves by the same time (a steady
-    state); the PEs they are on."""
-    dt = form.shift["t1"] if repeats else None
-    per_us = float(dt[0]) / 1e6 if repeats and (dt == dt[0]).all() else None
-    for pe, j, t0, t1, n in repeats:
+    """Write the slices of the left-out repetitions (:func:`_repeats`): each is its
+    section's period 1's records shifted, ``later_us`` later when every record moves by the
+    same time (a steady state); with several sections, named and marked by their section
+    (1 the first). The PEs they are on."""
+    per_us = {}
+    for k, s in enumerate(form.sections if repeats else ()):
+        dt = s.shift["t1"]
+        per_us[k] = float(dt[0]) / 1e6 if (dt == dt[0]).all() else None
+    several = form is not None and len(form.sections) > 1
+    for k, pe, j, t0, t1, n in repeats:
         args = {"records": n, "as": "period 1"}
-        if per_us is not None:
-            args["later_us"] = per_us * (j - 1)
-        write(',\n{"name":"period %d of %d","cat":"repeated","ph":"X","ts":%s,"dur":%s,"pid":%d,"tid":%d,"args":%s}'
-              % (j, form.times, _us(t0), _us(t1 - t0), pe, REPEAT_TID, dumps(args)))
-    return {pe for pe, *_ in repeats}
+        if several:
+            args["section"] = k + 1
+        if per_us[k] is not None:
+            args["later_us"] = per_us[k] * (j - 1)
+        name = (f"section {k + 1} period {j} of {form.sections[k].times}" if several
+                else f"period {j} of {form.times}")
+        write(',\n{"name":"%s","cat":"repeated","ph":"X","ts":%s,"dur":%s,"pid":%d,"tid":%d,"args":%s}'
+              % (name, _us(t0), _us(t1 - t0), pe, REPEAT_TID, dumps(args)))
+    return {pe for _, pe, *_ in repeats}
 
 
 def _write_phases(write, phases, dumps) -> set:
@@ -307,16 +321,27 @@ def write_trace(records, out: Path | str, tracks: dict | None = None, critical=N
     left_out, repeats = _repeats(records)
     parts = [(0, len(records))]
     if left_out:  # the left-out repetitions: record indices after them move up; phases within them go
-        lo, hi = left_out.start, left_out.stop
-        parts = [(0, lo), (None, None), (hi, len(records))]
-        critical = {i if i < lo else i - (hi - lo) for i in critical if not lo <= i < hi}
+        parts, at = [], 0
+        for r in left_out:
+            parts += [(at, r.start), (None, None)]
+            at = r.stop
+        parts.append((at, len(records)))
+        starts = np.array([r.start for r in left_out], dtype=np.int64)
+        stops = np.array([r.stop for r in left_out], dtype=np.int64)
+        gone = np.concatenate(([0], np.cumsum(stops - starts)))  # records left out before each section's, after
+        c = np.fromiter(critical, dtype=np.int64)
+        k = np.searchsorted(starts, c, side="right") - 1  # the last left-out range starting at or before
+        inside = (k >= 0) & (c < stops[np.maximum(k, 0)])
+        critical = set((c - np.where(k >= 0, gone[k + 1], 0))[~inside].tolist())
         span = {}
-        for pe, _, t0, t1, _ in repeats:
-            a, b = span.get(pe, (t0, t1))
-            span[pe] = (min(a, t0), max(b, t1))
-        phases = [ph for ph in phases if not (ph[0] in span and span[ph[0]][0] <= ph[2] and ph[3] <= span[ph[0]][1])]
+        for sec, pe, _, t0, t1, _ in repeats:
+            a, b = span.get((sec, pe), (t0, t1))
+            span[(sec, pe)] = (min(a, t0), max(b, t1))
+        phases = [ph for ph in phases if not any(q == ph[0] and a <= ph[2] and ph[3] <= b
+                                                  for (_, q), (a, b) in span.items())]
         if busy is not None:
-            busy += _busy(records, lo, hi)
+            for r in left_out:
+                busy += _busy(records, r.start, r.stop)
     try:
         with open(tmp, "xt", buffering=1 << 20) as f:
             # the records' text is gathered and written a chunk at a time: a write call

@@ -96,7 +96,8 @@ class Outcome:
 
     sim: Simulation | None
     note: str
-    #: records one period adds (every stream's block): the period of its op_log's periodic form
+    #: records one period adds (every stream's block): its op_log's periodic form repeats
+    #: windows of this many records or of a part of it (kbframe.records.find_periodic)
     period_records: int = 0
 
     def write_oplog(self, path, form: str = "auto") -> int:

@@ -178,7 +178,10 @@ def summary(metrics: dict, out_dir: Path) -> str:
     lines.append(f"  files       {out_dir}/{{{', '.join(metrics['files'])}}}")
     form = metrics.get("op_log")
     if form:
+        reps = [(form["times"], form["period"])] + [(t, m) for _, m, t in form.get("sections", [])]
+        what = "; ".join(f"{t} repetitions of {m:,}" for t, m in reps)
+        if len(reps) > 1:
+            what = f"{len(reps)} sections: {what}"
         lines.append(f"  op_log      periodic: {form['records']:,} records in {form['lines']:,} lines "
-                     f"({form['times']} repetitions of {form['period']:,}); "
-                     f"python -m kbframe.report.oplog {out_dir} prints them all")
+                     f"({what}); python -m kbframe.report.oplog {out_dir} prints them all")
     return "\n".join(lines)
