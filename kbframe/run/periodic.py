@@ -224,14 +224,13 @@ def _align(a: list, b: list, m_total: int, key, blocks: tuple | None = None) -> 
 def _blocks(ca: np.ndarray, cb: np.ndarray, x: int, m_total: int, first: int | None,
             cmds: tuple | None = None) -> tuple[list[int], int] | None:
     """:func:`_align`'s ``(positions, m)`` from the names ``ca``, ``cb``: ``first`` blocks
-    tried first (by names; by command ids, ``cmds``, when names put two blocks in one
-    place), then the fewest that make ``cb`` by names; None if none do."""
+    tried first, each in its own place (by names, else by command ids, ``cmds``), then the
+    fewest that make ``cb`` by names; None if none do."""
     if first and not m_total % first:
-        at = _insertions(ca, cb, x, m_total // first, first)
-        if (at is None or len(set(at)) < len(at)) and cmds is not None:  # names repeat across items
-            at = _insertions(ca, cb, x, m_total // first, first, cmds) or at
-        if at is not None:
-            return at, m_total // first
+        for by in (None, cmds) if cmds is not None else (None,):  # by command ids when names repeat across items
+            at = _insertions(ca, cb, x, m_total // first, first, by)
+            if at is not None and len(set(at)) == len(at):
+                return at, m_total // first
     for n in range(1, min(m_total, MAX_INSERTIONS) + 1):
         at = _insertions(ca, cb, x, m_total // n, n) if not m_total % n and n != first else None
         if at is not None:
