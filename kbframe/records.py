@@ -113,12 +113,17 @@ class Periodic:
         """Every repeating section, this one first."""
         return (self, *self.rest)
 
+    @property
+    def more(self) -> list:
+        """The header's ``sections``: per further section ``[records before it since the
+        previous section's repetitions, period, times]``."""
+        return [[s.prefix - before.end, s.period, s.times] for before, s in zip(self.sections, self.rest)]
+
     def header(self) -> str:
         head = {"op_log": "periodic", "records": self.records, "prefix": self.prefix,
                 "period": self.period, "times": self.times}
         if self.rest:
-            head["sections"] = [[s.prefix - before.end, s.period, s.times]
-                                for before, s in zip(self.sections, self.rest)]
+            head["sections"] = self.more
         return json.dumps(head) + "\n"
 
     def repeat_line(self) -> str:

@@ -303,8 +303,7 @@ def _simulate(run: _Run, rd: RunDir) -> None:
         run.oplog_form = {"form": "periodic", "records": form.records, "lines": lines, "prefix": form.prefix,
                           "period": form.period, "times": form.times}
         if form.rest:  # the other repeating sections, as the header names them
-            run.oplog_form["sections"] = [[s.prefix - before.end, s.period, s.times]
-                                          for before, s in zip(form.sections, form.rest)]
+            run.oplog_form["sections"] = form.more
     run.sanitizer = run.sim.sanitizer
     if run.ff == "verify":
         fastforward.verify(run.cfg, run.wl, run.kernel, run.recipes, run.check, run.sim)
