@@ -356,8 +356,9 @@ class RecordTable:
             self.extend(written[w:stop])
             block = written[stop - s.period:stop]
             step = shift_rows(s)
-            for j in range(1, s.times, max(1, (1 << 20) // s.period)):  # about a million records at a time
-                js = np.arange(j, min(s.times, j + max(1, (1 << 20) // s.period)), dtype=np.int64)
+            per = max(1, (1 << 20) // s.period)  # repetitions at a time: about a million records
+            for j in range(1, s.times, per):
+                js = np.arange(j, min(s.times, j + per), dtype=np.int64)
                 self.extend((block[None] + js[:, None, None] * step[None]).reshape(-1, N))
             w, at = stop, s.end
         self.extend(written[w:])

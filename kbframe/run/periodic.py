@@ -186,15 +186,16 @@ def _insertions(ca: np.ndarray, cb: np.ndarray, x: int, m: int, n: int,
     return at if np.array_equal(ca[i:] + (n * per if cmds is not None else 0), cb[j:]) else None
 
 
-def _align(a: list, b: list, m_total: int, key, blocks: tuple | None = None) -> tuple[list[int], int]:
+def _align(a: list, b: list, m_total: int, key, hints: dict | None = None) -> tuple[list[int], int]:
     """Where stream ``key``'s records in ``b`` (``m_total`` more: one period) part from
     ``a``'s: ``(positions, m)``, ``b`` being ``a`` with a block of ``m`` records before each
     of ``a``'s records at ``positions`` (in order; one block when the period adds records at
     one place, e.g. a layer; one per item when every item of a PE grows, e.g. a KV tile of
     each sequence). The first block starts at the first record whose own fields differ (the
     records before it are the same in both); the next ones where the names part again. The
-    fewest blocks that make ``b`` are taken; ``blocks``, ``(blocks, commands per block)`` of
-    the PE's PE_CPU stream (one record per command), tried first when given, and placed
+    fewest blocks that make ``b`` are taken; ``hints[pe]``, ``(blocks, commands per block)`` of
+    the PE's PE_CPU stream (one record per command; set here when ``key`` is that stream,
+    so a PE's PE_CPU stream is aligned first), tried first when given, and placed
     where the command ids part when names would put two blocks in one place (a stream whose
     names repeat across items, opt3's GEMMs, would otherwise take one block of several
     items' records). Raises NotPeriodic when none do, Settling when PE_CPU's would in
@@ -202,6 +203,7 @@ def _align(a: list, b: list, m_total: int, key, blocks: tuple | None = None) -> 
     queue: in the longer copy it waits for room at other commands)."""
     x = next((i for i, (ra, rb) in enumerate(zip(a, b)) if _own(ra) != _own(rb)), len(a))
     ca, cb = _name_codes(a, b)
+    blocks = (hints or {}).get(key[0])
     if m_total == 0:
         if np.array_equal(ca[x:], cb[x:]):
             return [x], 0
@@ -212,6 +214,8 @@ def _align(a: list, b: list, m_total: int, key, blocks: tuple | None = None) -> 
                     np.array([r[1][1][0] for r in b], dtype=np.int64), blocks[1])
         found = _blocks(ca, cb, x, m_total, blocks[0] if blocks else None, cmds)
         if found is not None:
+            if key[1] == "cpu" and len(found[0]) > 1 and hints is not None:
+                hints[key[0]] = (len(found[0]), found[1])
             return found
         if key[1] == "cpu":
             found = _blocks(*_name_codes(a, b, waits=False), x, m_total, None)
@@ -249,21 +253,19 @@ def precheck(a: tuple, b: tuple) -> None:
     sa, sb = a[2], b[2]
     if set(sa) != set(sb):
         raise NotPeriodic("the copies do not have the same streams")
-    settling, several, moves, blocks = None, False, {}, {}
+    settling, several, moves, hints = None, False, {}, {}
     for key in sorted(sa, key=str):  # a PE's PE_CPU stream before its others
         ra, rb = sa[key], sb[key]
         m_total = len(rb) - len(ra)
         if m_total < 0:
             raise NotPeriodic(f"the records of {key[1]} on PE{key[0]} do not grow by a period")
         try:
-            at, m = _align(ra, rb, m_total, key, blocks.get(key[0]))
+            at, m = _align(ra, rb, m_total, key, hints)
         except NotPeriodic:
             if settling is not None and not several:  # the first fault in stream order
                 raise settling from None
             raise
         several |= len(at) > 1
-        if key[1] == "cpu" and len(at) > 1:
-            blocks[key[0]] = (len(at), m)
         for j, x in enumerate(at):
             x += j * m  # the block's place in b, against the m records before it
             if 0 < m <= x and _names(rb[x - m:x]) == _names(rb[x:x + m]):
@@ -325,16 +327,14 @@ class Runs:
         # how they move, the third copy's indices of their representatives
         self.seg, seg_step, seg_at, seg_c, seg_last = [], [], [], [], []
         self.blk, self.step, blk_shift, blk_at, blk_c0, blk_c1 = [], [], [], [], [], []
-        several, moves, blocks = False, {}, {}
+        several, moves, hints = False, {}, {}
         for key in sorted(keys, key=str):  # a PE's PE_CPU stream before its others
             a, b, c, d = (st[key] for st in streams)
             m_total = len(b) - len(a)
             if m_total < 0 or len(c) != len(a) + 2 * m_total or len(d) != len(a) + 3 * m_total:
                 raise NotPeriodic(f"the records of {key[1]} on PE{key[0]} do not grow by a period")
-            at, m = _align(a, b, m_total, key, blocks.get(key[0]))
+            at, m = _align(a, b, m_total, key, hints)
             several |= len(at) > 1
-            if key[1] == "cpu" and len(at) > 1:
-                blocks[key[0]] = (len(at), m)
             x = at[0]
             if [_own(r) for r in c[:x + m]] != [_own(r) for r in b[:x + m]]:
                 raise NotPeriodic(f"the records of {key[1]} on PE{key[0]} are not periodic")
@@ -376,6 +376,7 @@ class Runs:
             raise Settling(f"the records of {n[1]} on PE{n[0]} move {int(moved[i][moved[i] != delta][0])} ps a "
                            f"period, the run {delta} ps")
         self.totals = [totals(s) for s in sims]
+        self._as_scheduled: bool | None = None  # whether every copy's ties are as scheduled (_ties_as_scheduled)
 
     def records(self, k: int) -> tuple[list, np.ndarray, np.ndarray]:
         """The records of the copy with ``k`` periods inserted after the shorter one
@@ -457,7 +458,9 @@ class Runs:
                         self.seg_c[s] if n_seg else 0)
         began = np.zeros(len(at), dtype=np.int64)
         if far.any():
-            if not all(_ties_as_scheduled(sim.oplog.table) for sim in self.sims):
+            if self._as_scheduled is None:  # the copies' verdict, once (records is made for k = 2, 3 and the run)
+                self._as_scheduled = all(_ties_as_scheduled(sim.oplog.table) for sim in self.sims)
+            if not self._as_scheduled:
                 raise NotPeriodic("records of more than two neighbouring periods end at one instant")
             began = _far_ties(nums[pos], far[grp])
         in_c[far[grp]] = 0
@@ -514,12 +517,12 @@ def _far_ties(nums: np.ndarray, far: np.ndarray) -> np.ndarray:
     NotPeriodic."""
     if (far & (nums[:, 3] == nums[:, 2])).any():
         raise NotPeriodic("records of more than two neighbouring periods end at one instant")
-    return np.where(far, _scheduled({"t0": nums[:, 2], "td": nums[:, 4]}), 0)
+    return np.where(far, _scheduled(nums[:, 2], nums[:, 4]), 0)
 
 
-def _scheduled(c: dict) -> np.ndarray:
+def _scheduled(t0: np.ndarray, td: np.ndarray) -> np.ndarray:
     """When each record's last wait was scheduled: a DMA transfer's data phase, else its start."""
-    return np.where(c["td"] >= 0, c["td"], c["t0"])
+    return np.where(td >= 0, td, t0)
 
 
 def _ties_as_scheduled(table: RecordTable) -> bool:
@@ -533,7 +536,7 @@ def _ties_as_scheduled(table: RecordTable) -> bool:
     c = table.cols()
     sched = np.array([u == "scheduler" for u in table.name_col(1)], dtype=bool)[c["name"]]
     ok = ~sched & (c["t1"] > c["t0"])
-    end, key = c["t1"][ok], _scheduled(c)[ok]
+    end, key = c["t1"][ok], _scheduled(c["t0"], c["td"])[ok]
     same = end[1:] == end[:-1]  # consecutive records of those, in the order logged
     return bool((key[1:][same] >= key[:-1][same]).all())
 
