@@ -590,7 +590,7 @@ def test_templates_miss_no_hazard_the_walk_finds(tmp_path, monkeypatch):
     monkeypatch.setattr(sanitizer, "check", lambda engine, records: held.setdefault("engine", engine) and {})
     run(tmp_path, "bench.S_kv=600", "bench.data=false", "run.fast_forward=off", "run.progress=false",
         "run.trace=false", bench="decode_opt2")
-    pe, plan = next(sanitizer._plans(held["engine"]))
+    pe, plan = next(sanitizer.plans(held["engine"]))
     assert Templates().columns(pe, plan, sanitizer.plan_stages)[0] == sanitizer._walk_data_dependencies(pe, plan)
     rng = np.random.default_rng(1)
     found = 0

@@ -29,6 +29,7 @@ class PE:
 
     def __init__(self, env, index: int, units: dict, numerics, oplog):
         self.env, self.index, self.numerics, self.oplog = env, index, numerics, oplog
+        self.steady = None  # the engine's kbframe.sim.steady.Steady, when a run may skip a steady stretch
         self.units = dict(units)
         self.by_role = {}
         for name, unit in self.units.items():

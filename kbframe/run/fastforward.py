@@ -60,9 +60,11 @@ from ..errors import KbframeError
 from ..sim.engine import build_units
 from ..records import RecordTable, find_periodic
 from ..sim import sanitizer
+from ..sim.steady import Steady
 from ..timebase import MAX_PS
 from . import preflight
-from .periodic import NotPeriodic, Runs, Settling, precheck, records_of, streams_of, totals
+from . import skipped
+from .periodic import NotPeriodic, Runs, Settling, precheck, records_of, running_totals, streams_of, totals
 from .simulate import Simulation, simulate
 
 #: steps the first short copies keep before the periods they vary (warm-up reached by
@@ -228,11 +230,72 @@ def run(cfg, wl, kernel, recipes, check: bool, units: dict | None = None) -> Out
         return Outcome(None, "simulated in full: the workload names no periodic axis")
     key, step = axis
     q = int(cfg.bench[key]) // step
-    copies = _Copies(cfg, wl, kernel, recipes, check, units if units is not None else build_units(cfg.hardware))
+    units = units if units is not None else build_units(cfg.hardware)
+    one = _in_one(cfg, wl, kernel, recipes, check, units, key, q, t_start)
+    if one.sim is not None:
+        return one
+    copies = _Copies(cfg, wl, kernel, recipes, check, units)
     try:
-        return _run(copies, q, key, t_start, wl.ff_min_steps or MIN_STEPS, wl.ff_budget)
+        out = _run(copies, q, key, t_start, wl.ff_min_steps or MIN_STEPS, wl.ff_budget)
     finally:
         copies.close()
+    if out.sim is None and one.note:
+        out.note += f" (in one simulation: {one.note})"
+    return out
+
+
+def _in_one(cfg, wl, kernel, recipes, check: bool, units: dict, key: str, q: int, t_start: float) -> Outcome:
+    """Fast-forward in one simulation (kbframe.run.skipped); ``Outcome.sim`` None when the
+    run is too short to leave anything out (``note`` empty) or the simulated run does not
+    show that what it left out was steady (``note`` says why)."""
+    periods = wl.ff_periods or PERIODS
+    steady = Steady(key, periods, wl.ff_min_steps or MIN_STEPS, _snapshot)
+    if q < steady.min_steps + steady.tail + 2 * steady.multiple:
+        return Outcome(None, "")
+    try:
+        sim = simulate(cfg, wl, kernel, recipes, None, None, check, False, copy.deepcopy(units), check_later=check,
+                       steady=steady)
+        made = skipped.make(sim, steady, periods, totals(sim))
+    except skipped.NotSteady as e:
+        return Outcome(None, str(e))
+    except KbframeError as e:
+        return Outcome(None, f"the run failed ({e})")
+    preflight.check_forwarded_records(cfg, wl, int(made.tot["n_records"]))
+    if made.latency_ps >= MAX_PS or any(isinstance(n, tuple) and n[-1] == "busy_ps" and v >= MAX_PS
+                                         for n, v in made.tot.items()):
+        return Outcome(None, "the run ends beyond the time base")
+    if check:  # the simulated records checked; the counts of what was put back added
+        sim.sanitizer = _check(sim.engine, sim.oplog.table)
+        for f, v in _sanitized(sim, made).items():
+            made.tot[("sanitizer", f)] = sim.sanitizer[f] + v
+    _apply(sim, made.tot, made.table)
+    sim.phases = made.phases
+    sim.engine.wall_s = time.perf_counter() - t_start
+    return Outcome(sim, made.note, made.period)
+
+
+def _snapshot(engine) -> tuple:
+    """What kbframe.sim.steady keeps at an iteration's start: the records so far, the totals,
+    per PE the commands dispatched but not completed, and those completed."""
+    tot = running_totals(engine, engine.oplog)
+    done = {pe.index: tot.get(("oplog", (pe.index, "scheduler"), "count"), 0) for pe in engine.pes.built()}
+    flight = tuple(tot[("cpu", pe, "n_commands")] - n for pe, n in done.items())
+    return len(engine.oplog.table), tot, flight, done
+
+
+def _sanitized(sim: Simulation, made) -> dict:
+    """The sanitizer's counts (commands, stages, accesses) of the periods ``made`` put back:
+    per jump, those of the commands of the period before it, times the periods."""
+    out = {"commands": 0, "stages": 0, "accesses": 0}
+    plans = dict((pe.index, plan) for pe, plan in sanitizer.plans(sim.engine))
+    for _x, _P, X, inst, per_period in made.jumps:
+        for pe, n in per_period.items():
+            hi = inst.ids[pe][inst.J]
+            sub = [(cmd, st) for cmd, st in plans.get(pe, []) if hi - n <= cmd.id < hi]
+            out["commands"] += X * len(sub)
+            out["stages"] += X * sum(len(st) for _, st in sub)
+            out["accesses"] += X * sanitizer.check_data_dependencies(sim.engine.pes[pe], sub)
+    return out
 
 
 def _phases(runs: Runs, n_a: int, p: int, k_full: int) -> dict | None:

@@ -93,8 +93,17 @@ def global_refs(table: list, codes: np.ndarray, nums: np.ndarray) -> np.ndarray:
 def totals(sim: Simulation) -> dict:
     """Every integer a metric is made of, by name: they grow by the same amount each period,
     but peaks (TCM high water, a link's deepest queue), which stay."""
-    e, o = sim.engine, sim.oplog
-    t = {"latency_ps": sim.latency_ps, **o.totals()}
+    t = {"latency_ps": sim.latency_ps, **running_totals(sim.engine, sim.oplog)}
+    for f in ("commands", "stages", "accesses"):
+        if sim.sanitizer is not None and f in sim.sanitizer:  # None: not checked, or its verdict not yet in
+            t[("sanitizer", f)] = sim.sanitizer[f]
+    return t
+
+
+def running_totals(e, o) -> dict:
+    """:func:`totals` but the latency and the sanitizer's counts: what a simulation has
+    summed so far (engine ``e``, op_log ``o``)."""
+    t = o.totals()
     for pe in e.pes.built():
         t[("cpu", pe.index, "n_commands")] = pe.cpu.n_commands
         t[("cpu", pe.index, "busy_ps")] = pe.cpu.busy_ps
@@ -103,13 +112,10 @@ def totals(sim: Simulation) -> dict:
         for f in ln.COUNTERS:
             t[("link", key, f)] = getattr(ln, f)
         t[("link", key, "max_outstanding")] = ln.max_outstanding
-    for f in ("commands", "stages", "accesses"):
-        if sim.sanitizer is not None and f in sim.sanitizer:  # None: not checked, or its verdict not yet in
-            t[("sanitizer", f)] = sim.sanitizer[f]
     return t
 
 
-def _is_constant(name) -> bool:
+def is_peak(name) -> bool:
     return isinstance(name, tuple) and (name[0] == "tcm" or name[-1] == "max_outstanding")
 
 
@@ -480,7 +486,7 @@ class Runs:
         ta, tb = self.totals[0], self.totals[1]
         if ta.keys() != tb.keys():
             raise NotPeriodic("the copies do not have the same units, links or PEs")
-        return {n: (ta[n] if _is_constant(n) else ta[n] + k * (tb[n] - ta[n])) for n in ta}
+        return {n: (ta[n] if is_peak(n) else ta[n] + k * (tb[n] - ta[n])) for n in ta}
 
     def verify(self) -> None:
         """The third and fourth copies must be what the first two predict. A copy whose

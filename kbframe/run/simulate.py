@@ -35,19 +35,22 @@ class Simulation:
 
 
 def simulate(cfg, wl, kernel, recipes, inp, oplog_path, check: bool, show: bool,
-             units: dict | None = None, check_later: bool = False) -> Simulation:
+             units: dict | None = None, check_later: bool = False, steady=None) -> Simulation:
     """Run ``wl`` (validated from ``cfg``) with ``kernel``; op_log records go to
     ``oplog_path`` (a path or a text stream; None: nowhere, the records stay in
     ``oplog.table``); ``units``: one PE's unbound units (default: built from
     ``cfg.hardware``). With ``check_later`` the sanitizer records what it needs but the
     caller checks (``kbframe.sim.sanitizer.check(sim.engine, sim.oplog.table)``) and
-    ``Simulation.sanitizer`` is None. Raises what the run raises (ValidationError,
+    ``Simulation.sanitizer`` is None. ``steady``: a :class:`~kbframe.sim.steady.Steady` whose
+    loops may leave out a steady stretch (kbframe.run.skipped). Raises what the run raises (ValidationError,
     TcmOverflowError, DeadlockError, SanitizerError)."""
     b = cfg.bench
     oplog = OpLog(oplog_path)
     numerics = NumpyNumerics(b.data_dtype) if b.data else Numerics()
     try:
         engine = Engine(cfg.hardware, numerics, oplog, units)
+        if steady is not None:
+            engine.steady, steady.engine = steady, engine
         if check:
             sanitizer.enable(engine)
         for name, shape in wl.tensors().items():

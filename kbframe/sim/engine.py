@@ -221,6 +221,7 @@ class PEs(Sequence):
             units = self._units if self._n == 1 else copy.deepcopy(self._units)
             pe = self._built[i] = PE(eng.env, i, units, eng.numerics, eng.oplog)
             pe.fabric = eng.fabric
+            pe.steady = eng.steady
             pe.scheduler.share_plans(eng.shape_plans)  # copies of one PE's units: one plan per shape for all
             if eng.shared_hbm:  # one data server per cube (kbframe.hw.hbm)
                 port = eng.hbm_ports.get(i // eng.ppc)
@@ -256,6 +257,7 @@ class Engine:
         self.numerics = numerics
         self.oplog = oplog
         self.keep_stage_records = False  # set by kbframe.sim.sanitizer.enable
+        self.steady = None  # a kbframe.sim.steady.Steady: loops may skip a steady stretch (set before run)
         self.shape_plans: dict = {}  # timing-only stage plans, shared by the PEs (kbframe.hw.tiling.PlanCache)
         n = int(hw.n_pes)
         if not 1 <= n <= MAX_PES:

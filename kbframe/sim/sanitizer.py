@@ -94,7 +94,7 @@ def check(engine, records) -> dict:
     n_cmds = n_stages = n_acc = 0
     hbm_writes: list = []
     templates = access_templates.Templates()  # rule 6: each command shape re-planned once
-    for pe, plan in _plans(engine):
+    for pe, plan in plans(engine):
         spans, dispatches = record_rules.rules_1_to_3(pe, per_pe.get(pe.index, per_pe[None]), plan)
         check_tcm_no_overlap(pe.index, pe.tcm.allocations, pe.tcm.capacity_bytes, dispatches)
         check_rw_no_interleave(pe.index, plan, spans)
@@ -112,7 +112,7 @@ def check(engine, records) -> dict:
             "stages": n_stages, "accesses": n_acc}
 
 
-def _plans(engine):
+def plans(engine):
     """``(pe, plan)`` per built PE in order, the plan sorted by command id (raises
     SanitizerError at the first PE that kept no stage record)."""
     for pe in engine.pes.built():

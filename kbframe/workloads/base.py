@@ -96,6 +96,8 @@ class Workload:
     #: fast-forward's defaults (made for KV tiles: thousands of short steps)
     ff_min_steps: int | None = None
     ff_budget: float | None = None
+    #: candidate periods, in steps of the periodic axis (None: fast-forward's, 1 to 8)
+    ff_periods: tuple | None = None
 
     def __init__(self, cfg, n_pes: int = 1, hardware=None):
         self.cfg = cfg

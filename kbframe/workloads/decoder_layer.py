@@ -87,6 +87,7 @@ class DecoderLayer(Workload):
     # candidates are ruled out, are 54 of Llama-3-70B's 80
     ff_min_steps = 3
     ff_budget = 0.7
+    ff_periods = (1, 2, 4)  # what a jump in one simulation is a multiple of (kbframe.sim.steady)
 
     # ---- checks ----------------------------------------------------------------------
     def validate(self) -> None:

@@ -1,0 +1,218 @@
+"""Fast-forward in one simulation: the run is simulated once with a :class:`~kbframe.sim.steady.Steady`
+on its engine, whose loops along the periodic axis leave out a steady stretch of ``R``
+iterations (kbframe.sim.steady), and the full run is made from it here by putting the
+stretch back. Tried before the short copies of :mod:`kbframe.run.fastforward`, which remain
+what a run that this cannot make falls back on.
+
+Why it holds: the engine is deterministic and shift-invariant, and a loop whose every
+iteration lowers alike, entered in a state that repeats every ``p`` iterations, runs the
+same whether ``R`` (a multiple of ``p``) more iterations come first or not, only later. So
+the simulated run is the full run with ``R / p`` periods taken out where the loop jumped.
+What is checked before they are put back, per loop that jumped:
+
+* the records around the jump repeat, one period after the other (from the first of
+  the iterations the totals are taken at to two periods after the jump, every field of
+  every record, what it waited for included), each moved by the rules below;
+* every total (records, bytes, busy time, FLOPs, dispatches, link traffic) grows by the
+  same amount over each of the two periods before the jump, and the records between
+  those snapshots are one period's;
+* every PE with records after the jump jumped with the loop, by the same ``R``.
+
+A period later, a record has moved thus: its times by the period's time; its command id
+(and a command-id ``ref``) by the commands its PE issues in a period, when the command is
+the loop's or later (at or after the loop's first command on that PE); a record-index
+``ref`` by the period's records, when the record it names is the loop's or later. The full
+run's records are those before the jump, ``R / p`` periods made by moving the period
+before it, then the rest moved by all of them (numpy, a column at a time); its totals
+grow by ``R / p`` times a period's, its ``tl.phase`` annotations the same way.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..records import FIELDS, RecordTable
+from ..sim.steady import Steady
+from ..sim.waits import WAIT_CODE
+from .periodic import is_peak
+
+_CMD, _T0, _T1, _TD, _WHY, _REF = (FIELDS.index(f) for f in ("cmd", "t0", "t1", "td", "why", "ref"))
+#: wait kinds whose ``ref`` is a command id (the others name a record, kbframe.sim.waits)
+_CMD_REFS = np.array([WAIT_CODE[k] for k in ("room", "wait", "dispatch", "hazard", "fifo", "admit")])
+#: ... and those whose ``ref`` is a record index (a stage's raw kinds -1 and -2 too)
+_RECORD_REFS = np.array([WAIT_CODE[k] for k in ("cpu", "dep", "unit", "link")] + [-1, -2])
+
+
+class NotSteady(Exception):
+    """The simulated run does not show the stretch it left out was steady (module doc)."""
+
+
+class _Mover:
+    """Moves records of a table by whole periods of one jump (module doc's rules)."""
+
+    def __init__(self, table: RecordTable, pe_of: np.ndarray, first: dict, per_period: dict, dt: int, P: int):
+        """``first``: the loop's first command id per PE that jumped; ``per_period``: the
+        commands such a PE issues in a period; ``dt``, ``P``: a period's ps and records."""
+        n_pes = int(pe_of.max()) + 1 if len(pe_of) else 1
+        self.pe_of = pe_of
+        self.first = np.full(n_pes, np.iinfo(np.int64).max, dtype=np.int64)
+        self.dcmd = np.zeros(n_pes, dtype=np.int64)
+        for pe, c in first.items():
+            self.first[pe], self.dcmd[pe] = c, per_period[pe]
+        self.dt, self.P = dt, P
+        self.of(table.array())
+
+    def of(self, rows: np.ndarray) -> None:
+        """Take ``rows`` as the table the records to move are in (their record refs name its records)."""
+        self.looped = rows[:, _CMD] >= self.first[self.pe_of[rows[:, 0]]]  # per record: the loop's or later
+
+    def move(self, rows: np.ndarray, k: int) -> np.ndarray:
+        """``rows`` (of the table :meth:`of` took) moved by ``k`` periods (a copy)."""
+        out = rows.copy()
+        out[:, _T0] += k * self.dt
+        out[:, _T1] += k * self.dt
+        out[:, _TD] += np.where(out[:, _TD] >= 0, k * self.dt, 0)
+        pe = self.pe_of[out[:, 0]]
+        first, dcmd = self.first[pe], self.dcmd[pe]
+        out[:, _CMD] += np.where(out[:, _CMD] >= first, k * dcmd, 0)
+        why, ref = out[:, _WHY], out[:, _REF]
+        by_cmd = np.isin(why, _CMD_REFS) & (ref >= first)
+        by_rec = np.isin(why, _RECORD_REFS) & (ref >= 0)
+        by_rec[by_rec] = self.looped[ref[by_rec]]
+        out[:, _REF] += np.where(by_cmd, k * dcmd, 0) + np.where(by_rec, k * self.P, 0)
+        return out
+
+
+def _check(table: RecordTable, pe_of: np.ndarray, k: int, inst, p: int) -> tuple:
+    """Check the records around one jump (module doc) for period ``p`` and return
+    ``(x, P, dt, mover)``: the first record after the jump, the records and ps of a period,
+    and how records move. Raises NotSteady."""
+    J = inst.J
+    snaps = inst.snaps
+    if any(J - j not in snaps for j in (0, p, 2 * p)):
+        raise NotSteady(f"loop {k}: no totals {2 * p} iterations before its jump")
+    n0, n1, n2 = snaps[J - 2 * p][0], snaps[J - p][0], snaps[J][0]
+    P = n2 - n1
+    if P <= 0 or n1 - n0 != P:
+        raise NotSteady(f"loop {k}: {n1 - n0} then {P} records over the last two periods of {p} before its jump")
+    per_period = {pe: ids[J] - ids[J - p] for pe, ids in inst.ids.items()}
+    first = {pe: inst.first[pe] for pe in inst.jumped}
+    rows = table.array()
+    pe = pe_of[rows[:, 0]]
+    after = np.zeros(len(rows), dtype=bool)
+    for q in inst.jumped:
+        after |= (pe == q) & (rows[:, _CMD] >= inst.ids[q][J])
+    if not after.any():
+        raise NotSteady(f"loop {k}: no record after its jump")
+    x = int(np.argmax(after))
+    lo, hi = min(n1, x - P), x + 2 * P
+    if lo - P < 0 or hi > len(rows):
+        raise NotSteady(f"loop {k}: fewer than two periods of {p} on each side of its jump")
+    late = np.unique(pe[x:])
+    others = sorted(set(late.tolist()) - set(inst.jumped))
+    if others:
+        raise NotSteady(f"loop {k}: PE{others[0]} works after the jump but did not jump")
+    dt = int(rows[lo, _T0] - rows[lo - P, _T0])
+    mover = _Mover(table, pe_of, first, per_period, dt, P)
+    moved = mover.move(rows[lo - P:hi - P], 1)
+    bad = np.nonzero((moved != rows[lo:hi]).any(axis=1))[0]
+    if len(bad):
+        i = lo + int(bad[0])
+        f = FIELDS[int(np.nonzero(moved[bad[0]] != rows[i])[0][0])]
+        raise NotSteady(f"loop {k}: record {i} is not record {i - P} a period of {p} later ({f})")
+    return x, P, dt, mover
+
+
+def _delta(a: dict, b: dict) -> dict:
+    return {n: b[n] - a.get(n, 0) for n in b if not is_peak(n)}
+
+
+class Made:
+    """The full run made from a run that skipped: its record table, totals (by name, as
+    kbframe.run.periodic.totals names them), latency (ps), ``tl.phase`` annotations, the
+    summary's note, the records of the shortest period, and per jump ``(first record after
+    it, records of a period, periods put back, the loop's Instance, commands a period per
+    PE)``."""
+
+    def __init__(self, table, tot, latency_ps, phases, note, period, jumps):
+        self.table, self.tot, self.latency_ps, self.phases = table, tot, latency_ps, phases
+        self.note, self.period, self.jumps = note, period, jumps
+
+
+def make(sim, steady: Steady, periods: tuple, tot: dict) -> Made:
+    """Put back what ``sim`` (simulated with ``steady``) left out (module doc); ``tot``:
+    its totals (kbframe.run.periodic.totals). Raises NotSteady."""
+    if steady.broken:
+        raise NotSteady(steady.broken)
+    jumps = steady.jumps
+    if not jumps:
+        raise NotSteady("no loop reached a steady state it could leave out")
+    table = sim.oplog.table
+    pe_of = np.array(table.name_col(0), dtype=np.int64)
+    tot = dict(tot)
+    found = []
+    for jump in jumps:
+        k, inst = jump
+        why = None
+        for p in periods:
+            if inst.R % p:
+                continue
+            try:
+                x, P, dt, mover = _check(table, pe_of, k, inst, p)
+            except NotSteady as e:
+                why = why or e
+                continue
+            a, b, c = (inst.snaps[inst.J - j][1] for j in (2 * p, p, 0))
+            d = _delta(b, c)
+            if d != _delta(a, b) or any(c[n] != b[n] for n in c if is_peak(n)):
+                why = why or NotSteady(f"loop {k}: the totals grow unevenly over two periods of {p}")
+                continue
+            per_period = {pe: ids[inst.J] - ids[inst.J - p] for pe, ids in inst.ids.items()}
+            found.append((x, P, dt, mover, inst.R // p, p, d, inst, per_period))
+            break
+        else:
+            raise why or NotSteady(f"loop {k}: no candidate period divides its jump of {inst.R}")
+    rows = table.array()
+    latency = sim.latency_ps
+    phases = {pe: list(ph) for pe, ph in (sim.phases or {}).items()}
+    for x, P, dt, mover, X, p, d, inst, _ in sorted(found, key=lambda f: -f[0]):
+        mover.of(rows)
+        ext = [mover.move(rows[x - P:x], j) for j in range(1, X + 1)]
+        rows = np.concatenate([rows[:x], *ext, mover.move(rows[x:], X)])
+        latency += X * dt
+        for n, v in d.items():
+            tot[n] += X * v
+        for pe in inst.jumped:
+            if pe in phases:
+                phases[pe] = _phases(phases[pe], inst, pe, p, X)
+    tot["latency_ps"] = latency
+    skipped = sum(f[4] for f in found)
+    note = (f"fast-forwarded in one simulation: {skipped} period(s) of "
+            f"{'/'.join(sorted({str(f[5]) for f in found}))} step(s) left out of {len(found)} loop(s) "
+            f"({len(rows) - len(table)} of {len(rows)} records by shifting)")
+    return Made(RecordTable.of_rows(table.names, rows), tot, latency, phases, note, min(f[1] for f in found),
+                [(f[0], f[1], f[4], f[7], f[8]) for f in found])
+
+
+def _phases(ph: list, inst, pe: int, p: int, X: int) -> list:
+    """A PE's ``tl.phase`` annotations with the ``X`` periods of ``p`` iterations put back:
+    those of the period before the jump repeated (ids moved, a layer label by ``p`` a
+    period), the later ones moved by all of them."""
+    J = inst.J
+    lo, hi = inst.ids[pe][J - p], inst.ids[pe][J]
+    per = hi - lo
+
+    def moved(entry, j: int, since: int, layers: int = 0):
+        nm, f, l_, info = entry
+        info = dict(info)
+        if layers and info.get("layer") is not None:
+            info["layer"] += layers
+        if info.get("after") is not None and info["after"] >= since:  # a collective's partial: a command id
+            info["after"] += j * per
+        return nm, f + j * per, l_ + j * per, info
+
+    inside = [e for e in ph if lo <= e[1] and e[2] < hi]
+    out = [e for e in ph if e[1] < hi]
+    out = [e if e[2] < hi else (e[0], e[1], e[2] + X * per, e[3]) for e in out]
+    for j in range(1, X + 1):
+        out += [moved(e, j, lo, j * p) for e in inside]
+    return out + [moved(e, X, hi) for e in ph if e[1] >= hi]

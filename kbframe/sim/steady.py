@@ -1,0 +1,153 @@
+"""Skipping a steady stretch inside one simulation: the loops of a kernel along the
+workload's periodic axis (:meth:`~kbframe.workloads.base.Workload.periodic_axis`) go through
+:meth:`kbframe.tl.context.TL.steps`, and while a :class:`Steady` is installed on the engine
+(``Engine.steady``) such a loop may leave out a stretch of its iterations.
+
+Per loop instance (the ``k``-th loop of the axis a PE enters; the PEs of an SPMD kernel
+enter theirs together), the first PE to reach iteration ``i`` decides: when ``i`` is past
+:attr:`Steady.min_steps` and the times at which this PE's kernel reached its last
+iterations repeat with some candidate period ``p`` (three equal spans of ``p`` iterations,
+PE_CPU no longer filling PE_SCHEDULER's queue), the loop jumps from ``J = i`` to ``J + R``
+on every PE that runs the instance, ``R`` a multiple of every candidate period, leaving
+:attr:`Steady.tail` iterations and the epilogue to simulate. Command ids go on without a
+gap, so the run is exactly a run of the workload with ``R`` fewer steps: what it leaves out
+is put back, and checked, by :mod:`kbframe.run.skipped`.
+
+It only decides; the time of each iteration's start, each PE's command ids and a snapshot
+of the run's totals (``snapshot``, given by the run layer) at the iterations before the
+jump are what :mod:`kbframe.run.skipped` needs to put the stretch back.
+"""
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Instance:
+    """The ``k``-th loop of the axis on each PE. ``n``: its iterations; ``J``, ``R``: the
+    jump (None: none); ``lead``: the PE that decided it; ``first[pe]``: the first command
+    id the loop issued on ``pe``; ``ids[pe][i]``: the next command id when ``pe`` reached
+    iteration ``i`` (iterations ``J - window .. J``), ``ids[pe][J]`` the first command after
+    the jump; ``snaps``: ``{i: (records so far, totals)}`` when the first PE reached
+    iteration ``i`` (the same iterations); ``times``: when the first PE reached the last
+    iterations (ps)."""
+
+    n: int
+    J: int | None = None
+    R: int = 0
+    lead: int | None = None
+    furthest: int = -1
+    first: dict = field(default_factory=dict)
+    ids: dict = field(default_factory=dict)
+    snaps: dict = field(default_factory=dict)
+    times: deque = None
+    jumped: set = field(default_factory=set)
+
+
+class Steady:
+    """The controller of one simulation's jumps (module doc).
+
+    Args:
+        key: the periodic axis's bench key (a loop of another axis is left alone).
+        periods: candidate periods, in iterations; a jump is a multiple of all of them.
+        min_steps: iterations simulated before a jump may be decided.
+        snapshot: ``(engine) -> (records so far, totals dict, commands in flight per PE,
+            {pe: commands completed})``, taken at each iteration start before a jump
+            (kbframe.run.skipped).
+    """
+
+    def __init__(self, key: str, periods: tuple, min_steps: int, snapshot):
+        self.key = key
+        self.periods = tuple(sorted(periods))
+        self.multiple = math.lcm(*self.periods)
+        self.pmax = self.periods[-1]
+        self.window = 3 * self.pmax  # iterations before J whose ids and totals are kept
+        self.tail = 2 * self.pmax + 2  # iterations after the jump: two periods checked, and the end
+        self.min_steps = max(int(min_steps), self.window)
+        self.snapshot = snapshot
+        self.engine = None  # set by the engine it is installed on (kbframe.run.simulate)
+        self.instances: list[Instance] = []
+        self._entered: dict = {}
+        self.broken: str | None = None  # why this run cannot stand for the full one
+
+    def steps(self, tl, key: str, n: int):
+        """The iterations of a loop of ``n`` along ``key`` on ``tl``'s PE (TL.steps)."""
+        if key != self.key:
+            return range(n)
+        return self._iterate(tl, n)
+
+    def _jump_for(self, n: int) -> int:
+        return max(0, (n - self.min_steps - self.tail) // self.multiple * self.multiple)
+
+    def _iterate(self, tl, n: int):
+        pe = tl.pe.index
+        k = self._entered.get(pe, 0)
+        self._entered[pe] = k + 1
+        if k == len(self.instances):
+            self.instances.append(Instance(n, times=deque(maxlen=self.window + 1)))
+        inst = self.instances[k]
+        if inst.n != n:
+            self.broken = f"loop {k} of {self.key} has {n} iterations on PE{pe}, {inst.n} on another"
+        inst.first[pe] = tl.last_cmd_id + 1
+        if self._jump_for(n) < 2 * self.multiple:  # too short to leave anything out
+            yield from range(n)
+            return
+        env = tl.pe.env
+        ids: dict = {}
+        i = 0
+        while i < n:
+            if inst.J is None or i <= inst.J:
+                ids[i] = tl.last_cmd_id + 1
+                ids.pop(i - self.window - 1, None)
+            if inst.J is None and i > inst.furthest:  # first to reach i: follow the run, and decide
+                inst.furthest = i
+                inst.times.append(env.now)
+                if i >= self.min_steps - self.window:
+                    inst.snaps[i] = self.snapshot(self.engine)
+                    inst.snaps.pop(i - self.window - 1, None)
+                if i >= self.min_steps and self._steady(inst, i):
+                    R = (n - i - self.tail) // self.multiple * self.multiple
+                    if R >= 2 * self.multiple:
+                        inst.J, inst.R, inst.lead = i, R, pe
+            if i == inst.J:
+                inst.jumped.add(pe)
+                inst.ids[pe] = dict(ids)
+                if len(ids) != self.window + 1:
+                    self.broken = f"loop {k} of {self.key} on PE{pe} jumped before {self.window} iterations"
+                i += inst.R
+            yield i
+            i += 1
+
+    def _steady(self, inst: Instance, i: int) -> bool:
+        """Whether the run looks steady at iteration ``i``: for a candidate period, the last
+        three periods took equal times and added equal numbers of records, the last two
+        grew every total alike, and each PE had as many commands in flight at their ends
+        (PE_CPU filling PE_SCHEDULER's queue dispatches at an even pace too, but faster
+        than the units complete commands); and the loop's first command had completed
+        on each PE when the three began (PE_CPU runs ahead of the units: the records of
+        the loop's first iterations may come after those of what preceded it)."""
+        t, snaps = list(inst.times), inst.snaps
+        for p in self.periods:
+            if len(t) <= 3 * p or i - 3 * p not in snaps:
+                continue
+            if not t[-1] - t[-1 - p] == t[-1 - p] - t[-1 - 2 * p] == t[-1 - 2 * p] - t[-1 - 3 * p]:
+                continue
+            n = [snaps[i - j * p][0] for j in range(4)]
+            if not n[0] - n[1] == n[1] - n[2] == n[2] - n[3] > 0:
+                continue
+            if not snaps[i][2] == snaps[i - p][2] == snaps[i - 2 * p][2]:
+                continue
+            done = snaps[i - 3 * p][3]  # the loop's own commands ran in all three periods
+            if any(done.get(pe, 0) < first for pe, first in inst.first.items()):
+                continue
+            a, b, c = (snaps[i - j * p][1] for j in (2, 1, 0))
+            if all(c[k] - b[k] == b[k] - a.get(k, 0) for k in c):
+                return True
+        return False
+
+    @property
+    def jumps(self) -> list:
+        """``(k, instance)`` of every loop that jumped."""
+        return [(k, inst) for k, inst in enumerate(self.instances) if inst.J is not None]
