@@ -24,12 +24,27 @@ def any_cost(monkeypatch, request):
         monkeypatch.setattr(fastforward, "SETTLING_BUDGET", float("inf"))
 
 
+@pytest.fixture
+def copies(monkeypatch):
+    """The short copies only (kbframe.run.fastforward): fast-forward in one simulation
+    (kbframe.run.skipped, tried first) is not tried."""
+    monkeypatch.setattr(fastforward, "_in_one", lambda *a, **k: fastforward.Outcome(None, ""))
+
+
+@pytest.fixture(params=["one", "copies"])
+def mechanism(request, monkeypatch):
+    """Each way of fast-forwarding: in one simulation (tried first), and the short copies."""
+    if request.param == "copies":
+        monkeypatch.setattr(fastforward, "_in_one", lambda *a, **k: fastforward.Outcome(None, ""))
+    return request.param
+
+
 def _ff(tmp_path, *overrides, bench="decode_opt2", mode="verify"):
     return run(tmp_path, *overrides, "bench.data=false", f"run.fast_forward={mode}", bench=bench)
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_verify_on_every_golden_case(tmp_path, case):
+def test_verify_on_every_golden_case(tmp_path, case, mechanism):
     """Timing only, each golden shape: fast-forward either applies and equals the full
     simulation (verify raises otherwise) or says why it simulated in full."""
     bench, overrides = CASES[case]
@@ -54,7 +69,7 @@ def test_verify_on_every_golden_case(tmp_path, case):
     # test_on_writes_the_files_off_writes)
     ("decode_opt3", ("bench.S_kv=8192", "run.check=false")),
 ])
-def test_periodic_schedules_fast_forward_exactly(tmp_path, bench, overrides):
+def test_periodic_schedules_fast_forward_exactly(tmp_path, bench, overrides, mechanism):
     """verify: op_log, wait records, totals and dispatch cycles equal the full simulation's."""
     m = _ff(tmp_path, *overrides, bench=bench)
     assert m["fast_forward"]["applied"], m["fast_forward"]["note"]
@@ -92,6 +107,7 @@ def test_a_schedule_with_contention_falls_back_and_says_so(tmp_path):
     assert f"  fast-fwd    {ff['note']}" in summary(m, tmp_path)
 
 
+@pytest.mark.usefixtures("copies")
 def test_verify_catches_a_wrong_shift(tmp_path, monkeypatch):
     """A record shifted 1 ps too far when written: verify names the op_log line."""
     real = periodic._table_rows
@@ -119,6 +135,7 @@ def test_data_mode_and_off_simulate_every_tile(tmp_path):
         compose_cfg("run.fast_forward=maybe", "run.progress=false", bench="decode_opt3")
 
 
+@pytest.mark.usefixtures("copies")
 def test_a_run_whose_copies_would_cost_too_much_is_simulated_in_full_budget(tmp_path):
     """opt2 at 16384 keys (256 tiles): its first copies already cost more than a tenth of
     the run. At 51200 keys (800 tiles) PE_CPU is seen settling (it runs ahead of the units
@@ -182,6 +199,7 @@ def test_a_completion_tied_with_its_own_stage_follows_it():
     assert _completions_after_their_stage(table, codes, nums, settled).tolist() == settled.tolist()
 
 
+@pytest.mark.usefixtures("copies")
 @pytest.mark.parametrize("items, inner, note", [
     (2, "opt2", "957 of 960 periods of 1 S_kv step(s) (34452 of 36900"),
     (3, "opt2", "957 of 960 periods of 1 S_kv step(s) (51678 of 55350"),
@@ -268,6 +286,7 @@ def test_the_far_tie_rule_is_checked_on_the_copies():
     assert not periodic._ties_as_scheduled(table([holds[4], *holds[:4]]))
 
 
+@pytest.mark.usefixtures("copies")
 def test_a_rule_a_short_copy_breaks_leaves_the_run_to_the_full_simulation(monkeypatch):
     """With run.check each short copy is checked (kbframe.run.fastforward._Copies); a rule
     broken there leaves the run to the full simulation, whose sanitizer reports it as it
@@ -284,6 +303,7 @@ def test_a_rule_a_short_copy_breaks_leaves_the_run_to_the_full_simulation(monkey
     assert out.note == "simulated in full: a short copy failed (sanitizer: unit_capacity: planted, 645 records)"
 
 
+@pytest.mark.usefixtures("copies")
 def test_a_rule_broken_in_a_copy_of_a_candidate_ruled_out_still_counts(monkeypatch):
     """decode_opt2's first copies (16 and 17 KV tiles) are ruled out (PE_CPU still
     settling); the sanitizer's verdict on them is taken all the same before the run is
@@ -306,6 +326,7 @@ def test_a_rule_broken_in_a_copy_of_a_candidate_ruled_out_still_counts(monkeypat
     assert out.note == "fast-forwarded 73 of 76 periods of 1 S_kv step(s) (1314 of 2538 records by shifting)"
 
 
+@pytest.mark.usefixtures("copies")
 def test_the_last_copys_verdict_taken_after_the_full_records_still_counts(monkeypatch):
     """The fourth copy of the candidate that verifies is checked after the full run's
     records are made (kbframe.run.fastforward._run); a rule broken only there still sends

@@ -265,7 +265,10 @@ def _in_one(cfg, wl, kernel, recipes, check: bool, units: dict, key: str, q: int
                                          for n, v in made.tot.items()):
         return Outcome(None, "the run ends beyond the time base")
     if check:  # the simulated records checked; the counts of what was put back added
-        sim.sanitizer = _check(sim.engine, sim.oplog.table)
+        try:
+            sim.sanitizer = _check(sim.engine, sim.oplog.table)
+        except KbframeError as e:  # the full simulation reports it as it would
+            return Outcome(None, f"the run failed ({e})")
         for f, v in _sanitized(sim, made).items():
             made.tot[("sanitizer", f)] = sim.sanitizer[f] + v
     _apply(sim, made.tot, made.table)

@@ -187,8 +187,8 @@ def make(sim, steady: Steady, periods: tuple, tot: dict) -> Made:
     tot["latency_ps"] = latency
     skipped = sum(f[4] for f in found)
     note = (f"fast-forwarded in one simulation: {skipped} period(s) of "
-            f"{'/'.join(sorted({str(f[5]) for f in found}))} step(s) left out of {len(found)} loop(s) "
-            f"({len(rows) - len(table)} of {len(rows)} records by shifting)")
+            f"{'/'.join(str(p) for p in sorted({f[5] for f in found}))} {steady.key} step(s) left out of "
+            f"{len(found)} loop(s) ({len(rows) - len(table)} of {len(rows)} records by shifting)")
     return Made(RecordTable.of_rows(table.names, rows), tot, latency, phases, note, min(f[1] for f in found),
                 [(f[0], f[1], f[4], f[7], f[8]) for f in found])
 

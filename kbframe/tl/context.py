@@ -44,7 +44,7 @@ class TL:
 
     def steps(self, key: str, n: int):
         """The iterations ``0 .. n - 1`` of a loop along the workload's periodic axis
-        ``key`` (a bench key: ``"S_kv"`` for the KV tiles, ``"layers"``). A timing-only
+        ``key`` (a bench key: the KV length for KV tiles, ``"layers"``). A timing-only
         run that fast-forwards in one simulation (kbframe.sim.steady) may leave out a
         steady stretch of them: the loop body must lower every iteration alike, its
         buffers chosen by ``index % k`` for ``k`` dividing the candidate periods."""

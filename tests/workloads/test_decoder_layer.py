@@ -298,13 +298,15 @@ def test_a_step_of_many_layers_fast_forwards_exactly(tmp_path):
                                        "bench.fusion=none")], ids=["tp1", "tp8", "tp8-2x2-cubes"])
 def test_a_step_fast_forwards_exactly_on_one_pe_eight_and_across_cubes(tmp_path, topology):
     """One PE, a cube's 8 PEs, and 8 PEs dealt over 2×2 cubes (all-reduces across the
-    die-to-die links): 60 layers of a small model are written from copies of 3 to 6 layers
-    and run.fast_forward=verify finds them identical to the full simulation."""
+    die-to-die links): 60 layers of a small model are simulated as 24, the layer loop
+    leaving out 36 once steady (kbframe.sim.steady), and run.fast_forward=verify finds the
+    step made from them identical to the full simulation."""
     m = run(tmp_path, *topology, "bench.H=32", "bench.H_q=8", "bench.H_kv=8", "bench.d=16", "bench.F=64",
             "bench.S_kv=40", "bench.layers=60", "bench.data=false", "run.fast_forward=verify", "run.check=false",
             "run.trace=false", bench="decoder_layer")
     assert m["fast_forward"]["applied"], m["fast_forward"]["note"]
-    assert m["fast_forward"]["note"].startswith("fast-forwarded 54 of 57 periods of 1 layers step(s)")
+    assert m["fast_forward"]["note"].startswith("fast-forwarded in one simulation: 36 period(s) of 1 layers step(s) "
+                                                "left out of 1 loop(s)"), m["fast_forward"]["note"]
     assert "verified" in m["fast_forward"]["note"] and m["step"]["layers"] == 60
 
 
@@ -317,22 +319,31 @@ FUSED_8 = ("bench.H=256", "bench.H_q=8", "bench.H_kv=8", "bench.d=128", "bench.F
                                       ("hardware=cube", "bench.tp=8", *FUSED_8),
                                       ("hardware=cube_mesh", "bench.tp=8", "bench.placement=spread", *FUSED_8)],
                          ids=["tp1", "tp8", "tp8-2x2-cubes"])
-def test_a_fused_step_fast_forwards_exactly_on_one_pe_eight_and_across_cubes(tmp_path, topology, monkeypatch):
+@pytest.mark.parametrize("mechanism", ["one", "copies"])
+def test_a_fused_step_fast_forwards_exactly_on_one_pe_eight_and_across_cubes(tmp_path, topology, mechanism,
+                                                                              monkeypatch):
     """Fused layers (rank 0's residual epilogues) on one PE repeat every layer; on 8 PEs, a
-    cube's or dealt over 2×2 cubes, every 4 layers (each fourth 2 ns later than the other three),
-    and a period of one layer first looks like a stream
-    settling: the longer periods are tried on the same short copies before longer copies,
-    and the ties between two PEs' records of neighbouring periods are ordered as in the
-    copy that holds two. run.fast_forward=verify finds the written step identical to the
-    full simulation. (48 layers are fewer than a model's: the copies of a 4-layer period,
-    49 layers with the candidates ruled out before it, may cost more than the step here.)"""
+    cube's or dealt over 2×2 cubes, every 4 layers (each fourth 2 ns later than the other three).
+    In one simulation the layer loop leaves out whole periods of 4. With short copies, a
+    period of one layer first looks like a stream settling: the longer periods are tried on
+    the same short copies before longer copies, and the ties between two PEs' records of
+    neighbouring periods are ordered as in the copy that holds two. run.fast_forward=verify
+    finds the written step identical to the full simulation. (48 layers are fewer than a
+    model's: the copies of a 4-layer period, 49 layers with the candidates ruled out before
+    it, may cost more than the step here.)"""
+    from kbframe.run import fastforward
     from kbframe.workloads.decoder_layer import DecoderLayer
     monkeypatch.setattr(DecoderLayer, "ff_budget", 1.2)
+    if mechanism == "copies":
+        monkeypatch.setattr(fastforward, "_in_one", lambda *a, **k: fastforward.Outcome(None, ""))
     m = run(tmp_path, *topology, "bench.data=false", "run.fast_forward=verify", "run.check=false", "run.trace=false",
             bench="decoder_layer")
     assert m["fast_forward"]["applied"], m["fast_forward"]["note"]
-    want = "54 of 57 periods of 1" if "bench.tp=1" in topology else "8 of 11 periods of 4"
-    assert m["fast_forward"]["note"].startswith(f"fast-forwarded {want} layers step(s)"), m["fast_forward"]["note"]
+    want = {("one", True): "in one simulation: 36 period(s) of 1 layers step(s) left out",
+            ("one", False): "in one simulation: 6 period(s) of 4 layers step(s) left out",
+            ("copies", True): "54 of 57 periods of 1 layers step(s)",
+            ("copies", False): "8 of 11 periods of 4 layers step(s)"}[mechanism, "bench.tp=1" in topology]
+    assert m["fast_forward"]["note"].startswith(f"fast-forwarded {want}"), m["fast_forward"]["note"]
     assert "verified" in m["fast_forward"]["note"]  # the phases too: the step's layers, each one's span
     assert m["step"]["layers"] == len(m["phases"]["layers_ns"]) == (60 if "bench.tp=1" in topology else 48)
 
