@@ -88,9 +88,11 @@ class Steady:
         if k == len(self.instances):
             self.instances.append(Instance(n, times=deque(maxlen=self.window + 1)))
         inst = self.instances[k]
-        if inst.n != n:
-            self.broken = f"loop {k} of {self.key} has {n} iterations on PE{pe}, {inst.n} on another"
         inst.first[pe] = tl.last_cmd_id + 1
+        if inst.n != n:  # not one loop: nothing is left out of it here
+            self.broken = f"loop {k} of {self.key} has {n} iterations on PE{pe}, {inst.n} on another"
+            yield from range(n)
+            return
         if self._jump_for(n) < 2 * self.multiple:  # too short to leave anything out
             yield from range(n)
             return

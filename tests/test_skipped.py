@@ -1,0 +1,119 @@
+"""Fast-forward in one simulation (kbframe.sim.steady, kbframe.run.skipped): loops along the
+periodic axis leave out a steady stretch, and the full run is made by putting it back,
+byte for byte what the full simulation writes (verify mode checks it)."""
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from conftest import compose_cfg, run
+from kbframe.records import RecordTable
+from kbframe.run import fastforward, skipped
+from kbframe.run.bench import validate
+from kbframe.run.periodic import totals
+from kbframe.run.simulate import simulate
+from kbframe.sim.steady import Instance, Steady
+from kbframe.sim.targets import resolve_kernel
+from kbframe.sim.waits import WAIT_CODE
+from kbframe.tl.recipe import load_recipes
+
+
+def _skipping(*overrides, bench):
+    """``(simulation, its Steady)`` of a timing-only bench whose KV loops may jump."""
+    cfg = compose_cfg(*overrides, "bench.data=false", "run.progress=false", bench=bench)
+    steady = Steady("S_kv", fastforward.PERIODS, fastforward.MIN_STEPS, fastforward._snapshot)
+    sim = simulate(cfg, validate(cfg), resolve_kernel(cfg.bench.kernel), load_recipes(cfg.recipes), None, None,
+                   False, False, steady=steady)
+    return sim, steady
+
+
+@pytest.mark.parametrize("bench, overrides, note", [
+    ("decode_heads", ("bench.H_q=4", "bench.H_kv=2", "bench.S_kv=65536"),  # two items, one after the other
+     "1896 period(s) of 1 S_kv step(s) left out of 2 loop(s) (34128 of 36900"),
+    ("decode_heads", ("bench.H_q=4", "bench.H_kv=2", "bench.S_kv=8191", "bench.inner=opt3"),  # ragged last tile
+     "144 period(s) of 1 S_kv step(s) left out of 2 loop(s) (5616 of 10026"),
+    ("decode_heads", ("hardware=cube", "bench.H_q=16", "bench.H_kv=16", "bench.S_kv=16384",
+                      "bench.mapping=round_robin"),  # 16 items on 8 PEs, their loops in step
+     "360 period(s) of 1 S_kv step(s) left out of 2 loop(s) (51840 of 74016"),
+    ("decode_splitk", ("hardware=cube", "bench.S_kv=65536"),  # 8 splits, then merges over IPCQ
+     "48 period(s) of 1 S_kv step(s) left out of 1 loop(s) (6912 of 18749"),
+])
+def test_a_loop_leaves_out_a_steady_stretch_exactly(tmp_path, bench, overrides, note):
+    m = run(tmp_path, *overrides, "bench.data=false", "run.fast_forward=verify", "run.trace=false", bench=bench)
+    assert m["fast_forward"]["note"] == (f"fast-forwarded in one simulation: {note} records by shifting); "
+                                         f"verified against the full simulation")
+
+
+def test_the_jump_waits_for_pe_cpu_to_settle():
+    """decode_opt2's PE_CPU fills PE_SCHEDULER's queue for ~48 KV tiles, at an even pace:
+    the loop jumps only once the units complete what it dispatches (at tile 53), leaving
+    168 of its 256 tiles out, a multiple of every candidate period (24), with 35 after."""
+    sim, steady = _skipping("bench.S_kv=16384", bench="decode_opt2")
+    assert [(k, inst.n, inst.J, inst.R, sorted(inst.jumped)) for k, inst in steady.jumps] == [(0, 256, 53, 168, [0])]
+    assert steady.broken is None and len(sim.oplog.table) == 1602
+
+
+def test_loops_of_unequal_length_leave_nothing_out():
+    """Two sequences of 8192 and 6000 keys on two PEs: not one loop; nothing is left out
+    of it and the run cannot stand for the full one."""
+    sim, steady = _skipping("hardware=cube", "bench.H_q=2", "bench.H_kv=2", "bench.S_kv=[8192,6000]",
+                            bench="decode_heads")
+    assert steady.broken == "loop 0 of S_kv has 94 iterations on PE7, 128 on another"
+    with pytest.raises(skipped.NotSteady, match="^loop 0 of S_kv has 94 iterations on PE7, 128 on another$"):
+        skipped.make(sim, steady, fastforward.PERIODS, totals(sim))
+
+
+def test_a_record_that_does_not_repeat_is_caught():
+    """One record's end 1 ps late, just after the jump: no candidate period holds, and the
+    first candidate's first difference is named."""
+    sim, steady = _skipping("bench.S_kv=16384", bench="decode_opt2")
+    made = skipped.make(sim, steady, fastforward.PERIODS, totals(sim))
+    x = made.jumps[0][0]
+    rows = sim.oplog.table.array().copy()
+    rows[x + 1, 4] += 1  # t1 (kbframe.records.FIELDS)
+    bad = SimpleNamespace(oplog=SimpleNamespace(table=RecordTable.of_rows(sim.oplog.table.names, rows)),
+                          latency_ps=sim.latency_ps, phases=sim.phases)
+    with pytest.raises(skipped.NotSteady, match=rf"^loop 0: record {x + 1} is not record {x + 1 - 18} a period "
+                                                r"of 1 later \(t1\)$"):
+        skipped.make(bad, steady, fastforward.PERIODS, totals(sim))
+
+
+def test_records_move_by_the_rules():
+    """Times by the period's; a command id, and a command ``ref``, by its PE's commands a
+    period when it is the loop's (at or after its first command there); a record ``ref`` by
+    the period's records when the record it names is the loop's."""
+    names = [(0, "cpu", "composite"), (0, "gemm", "gemm"), (1, "cpu", "composite")]
+    t = RecordTable()
+    for nm in names:
+        t.code(*nm)
+    #       name cmd tile t0  t1  td  bytes peer why                     ref
+    rows = [[0, 5, -1, 0, 10, -1, 0, -1, WAIT_CODE["start"], -1],
+            [1, 10, 0, 10, 20, 12, 0, -1, -1, 0],       # a stage readied by a record before the loop
+            [2, 20, -1, 20, 30, -1, 0, -1, WAIT_CODE["hazard"], 19],  # PE1: a command before its loop
+            [1, 11, 1, 30, 40, 35, 0, -1, -1, 1],       # readied by a record of the loop
+            [0, 12, -1, 40, 50, -1, 0, -1, WAIT_CODE["room"], 10],
+            [2, 21, -1, 50, 60, -1, 0, -1, WAIT_CODE["cpu"], 2]]
+    table = RecordTable.of_rows(t.names, np.array(rows, dtype=np.int64))
+    pe_of = np.array(table.name_col(0), dtype=np.int64)
+    mover = skipped._Mover(table, pe_of, {0: 10, 1: 20}, {0: 2, 1: 3}, 100, 4)
+    assert mover.move(table.array(1, 6), 2).tolist() == [
+        [1, 14, 0, 210, 220, 212, 0, -1, -1, 0],
+        [2, 26, -1, 220, 230, -1, 0, -1, WAIT_CODE["hazard"], 19],
+        [1, 15, 1, 230, 240, 235, 0, -1, -1, 9],
+        [0, 16, -1, 240, 250, -1, 0, -1, WAIT_CODE["room"], 14],
+        [2, 27, -1, 250, 260, -1, 0, -1, WAIT_CODE["cpu"], 10]]
+
+
+def test_phases_of_the_layers_left_out_are_put_back():
+    """The period before the jump (layers 4 and 5, commands 40..49) is repeated twice, ids
+    and layers moved; a phase spanning the jump ends later; later ones move by both periods."""
+    inst = Instance(n=20, J=6, R=4)
+    inst.ids = {0: {4: 40, 5: 45, 6: 50}}
+    ph = [("load", 1, 3, {}), ("attention", 30, 52, {}), ("norm", 40, 44, {"layer": 4}),
+          ("ffn", 45, 49, {"layer": 5}), ("norm", 50, 54, {"layer": 10}), ("all_reduce", 55, 60, {"after": 52})]
+    assert skipped._phases(ph, inst, 0, 2, 2) == [
+        ("load", 1, 3, {}), ("attention", 30, 72, {}), ("norm", 40, 44, {"layer": 4}), ("ffn", 45, 49, {"layer": 5}),
+        ("norm", 50, 54, {"layer": 6}), ("ffn", 55, 59, {"layer": 7}),
+        ("norm", 60, 64, {"layer": 8}), ("ffn", 65, 69, {"layer": 9}),
+        ("norm", 70, 74, {"layer": 10}), ("all_reduce", 75, 80, {"after": 72})]
