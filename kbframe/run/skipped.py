@@ -88,8 +88,8 @@ def _check(table: RecordTable, pe_of: np.ndarray, k: int, inst, p: int) -> tuple
     and how records move. Raises NotSteady."""
     J = inst.J
     snaps = inst.snaps
-    if any(J - j not in snaps for j in (0, p, 2 * p)):
-        raise NotSteady(f"loop {k}: no totals {2 * p} iterations before its jump")
+    if any(J - j not in snaps or any(J - j not in ids for ids in inst.ids.values()) for j in (0, p, 2 * p)):
+        raise NotSteady(f"loop {k}: jumped {J} iterations in, before two periods of {p}")
     n0, n1, n2 = snaps[J - 2 * p][0], snaps[J - p][0], snaps[J][0]
     P = n2 - n1
     if P <= 0 or n1 - n0 != P:
