@@ -11,7 +11,7 @@ the simulated run is the full run with ``R / p`` periods taken out where the loo
 What is checked before they are put back, per loop that jumped:
 
 * the records around the jump repeat, one period after the other (from the first of
-  the iterations the totals are taken at to two periods after the jump, every field of
+  the iterations the totals are taken at to a period after the jump, every field of
   every record, what it waited for included), each moved by the rules below;
 * every total (records, bytes, busy time, FLOPs, dispatches, link traffic) grows by the
   same amount over each of the two periods before the jump, and the records between
@@ -104,9 +104,9 @@ def _check(table: RecordTable, pe_of: np.ndarray, k: int, inst, p: int) -> tuple
     if not after.any():
         raise NotSteady(f"loop {k}: no record after its jump")
     x = int(np.argmax(after))
-    lo, hi = min(n1, x - P), x + 2 * P
+    lo, hi = min(n1, x - P), x + P
     if lo - P < 0 or hi > len(rows):
-        raise NotSteady(f"loop {k}: fewer than two periods of {p} on each side of its jump")
+        raise NotSteady(f"loop {k}: fewer than two periods of {p} before its jump or one after")
     late = np.unique(pe[x:])
     others = sorted(set(late.tolist()) - set(inst.jumped))
     if others:

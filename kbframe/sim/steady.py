@@ -64,7 +64,7 @@ class Steady:
         self.multiple = math.lcm(*self.periods)
         self.pmax = self.periods[-1]
         self.window = 3 * self.pmax  # iterations before J whose ids and totals are kept
-        self.tail = 2 * self.pmax + 2  # iterations after the jump: two periods checked, and the end
+        self.tail = self.pmax + 2  # iterations after the jump: a period checked, and the end
         self.min_steps = int(min_steps)  # a period p is judged from iteration 3p on (_steady)
         self.snapshot = snapshot
         self.engine = None  # set by the engine it is installed on (kbframe.run.simulate)
