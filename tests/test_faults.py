@@ -111,6 +111,7 @@ def test_two_runs_into_one_directory(tmp_path):
     directory; the first's files are whole and its own (op_log lines = events)."""
     out = tmp_path / "run"
     a = subprocess.Popen([*CLI, "+bench=decode_opt2", "bench.S_kv=131072", "bench.data=false", "calibration.R=0.25",
+                          "run.fast_forward=off",  # every tile simulated: it holds the directory for seconds
                           f"hydra.run.dir={out}"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     _wait_running(a, out)
     b = subprocess.run([*CLI, "+bench=decode_opt2", "bench.S_kv=16384", "calibration.R=0.0625",
