@@ -117,3 +117,20 @@ def test_phases_of_the_layers_left_out_are_put_back():
         ("norm", 50, 54, {"layer": 6}), ("ffn", 55, 59, {"layer": 7}),
         ("norm", 60, 64, {"layer": 8}), ("ffn", 65, 69, {"layer": 9}),
         ("norm", 70, 74, {"layer": 10}), ("all_reduce", 75, 80, {"after": 72})]
+
+
+def test_a_run_that_never_looks_steady_is_its_own_full_simulation(tmp_path):
+    """Shared HBM: the PEs contend for the cube's port, no KV loop looks steady, and the one
+    simulation, which left nothing out, is written as the full run: the same bytes as
+    run.fast_forward=off writes, and the sanitizer's verdict taken on it."""
+    args = ("+model=llama3_70b", "hardware=cube", "hardware.hbm_mode=shared", "bench.S_kv=8192", "bench.data=false")
+    on = run(tmp_path / "on", *args, bench="decode_heads")
+    off = run(tmp_path / "off", *args, "run.fast_forward=off", bench="decode_heads")
+    assert on["fast_forward"] == {"mode": "on", "applied": False, "note": "simulated in full: no loop along S_kv "
+                                                                          "looked steady with a stretch to leave out"}
+    assert on["sanitizer"] == off["sanitizer"] and on["sanitizer"]["rules_checked"] > 0
+    for name in ("op_log.jsonl", "trace.json"):
+        assert (tmp_path / "on" / name).read_bytes() == (tmp_path / "off" / name).read_bytes(), name
+    for m in (on, off):
+        del m["sim"]["wall_s"], m["fast_forward"], m["files"]
+    assert on == off

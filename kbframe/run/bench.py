@@ -279,7 +279,7 @@ def _plan(run: _Run) -> None:
         preflight.check_hbm(cfg, wl)
         preflight.check_records_estimate(cfg, wl, run.kernel, run.recipes, run.units)
     if run.ff != "off" and not run.data:  # timing only: a periodic schedule is written, not simulated
-        out = fastforward.run(cfg, wl, run.kernel, run.recipes, run.check, run.units)  # writes nothing
+        out = fastforward.run(cfg, wl, run.kernel, run.recipes, run.check, run.units, run.show)  # writes nothing
         run.ff_note = out.note
         if out.sim is not None:
             run.forwarded, run.sim = out, out.sim
@@ -305,7 +305,7 @@ def _simulate(run: _Run, rd: RunDir) -> None:
         if form.rest:  # the other repeating sections, as the header names them
             run.oplog_form["sections"] = form.more
     run.sanitizer = run.sim.sanitizer
-    if run.ff == "verify":
+    if run.ff == "verify" and not run.forwarded.whole:
         fastforward.verify(run.cfg, run.wl, run.kernel, run.recipes, run.check, run.sim)
         run.ff_note += "; verified against the full simulation"
 
@@ -313,7 +313,7 @@ def _simulate(run: _Run, rd: RunDir) -> None:
 def _check(run: _Run) -> None:
     """The sanitizer's verdict on a simulated run (``run.check``; a fast-forwarded run's
     short copies were checked, and its counts extrapolated)."""
-    if run.forwarded is not None:
+    if run.forwarded is not None and not run.forwarded.whole:
         return
     run.sanitizer = sanitizer.check(run.sim.engine, run.sim.oplog.table) if run.check else {"rules_checked": 0}
 
@@ -336,7 +336,8 @@ def _report(run: _Run, rd: RunDir) -> dict:
                     phases=slices, power=power, source=run.oplog_path.name)
     metrics["sanitizer"] = run.sanitizer
     # how the run was made, not a result (check_identical and verify leave it out, as wall_s)
-    metrics["fast_forward"] = {"mode": run.ff, "applied": run.forwarded is not None, "note": run.ff_note}
+    metrics["fast_forward"] = {"mode": run.ff, "applied": run.forwarded is not None and not run.forwarded.whole,
+                              "note": run.ff_note}
     if run.oplog_form is not None:
         metrics["op_log"] = run.oplog_form
     metrics.update(wl.extra_metrics(run.inputs))

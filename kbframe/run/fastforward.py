@@ -101,6 +101,9 @@ class Outcome:
     #: records one period adds (every stream's block): its op_log's periodic form repeats
     #: windows of this many records or of a part of it (kbframe.records.find_periodic)
     period_records: int = 0
+    #: ``sim`` is the run simulated in full (in one simulation, no loop left anything out):
+    #: nothing was made; its sanitizer verdict is still to be taken
+    whole: bool = False
 
     def write_oplog(self, path, form: str = "auto") -> int:
         """The full run's ``op_log.jsonl`` text, written to ``path`` from its record table
@@ -110,7 +113,7 @@ class Outcome:
         which the trace draws too); the lines written."""
         t = time.perf_counter()
         table = self.sim.oplog.table
-        if form == "periodic" or (form == "auto" and len(table) >= PERIODIC_FROM):
+        if not self.whole and (form == "periodic" or (form == "auto" and len(table) >= PERIODIC_FROM)):
             table.form = find_periodic(table, self.period_records)
         lines = self.sim.oplog.write(path)
         self.sim.engine.wall_s += time.perf_counter() - t
@@ -213,11 +216,14 @@ class _Copies:
         return runs
 
 
-def run(cfg, wl, kernel, recipes, check: bool, units: dict | None = None) -> Outcome:
-    """Fast-forward the bench; ``Outcome.sim`` is None (simulate it in full, ``note`` says
-    why) when the workload has no periodic axis, too few periods or none that verifies,
-    when a short copy fails (the full run's pre-flight checks and simulation then report
-    the error as they would) or when the extrapolated run ends beyond the time base.
+def run(cfg, wl, kernel, recipes, check: bool, units: dict | None = None, show: bool = False) -> Outcome:
+    """Fast-forward the bench: in one simulation (:func:`_in_one`), else from short copies.
+    ``Outcome.sim`` is None (simulate it in full, ``note`` says why) when the workload has
+    no periodic axis, too few periods or none that verifies, when a short copy fails (the
+    full run's pre-flight checks and simulation then report the error as they would) or when
+    the extrapolated run ends beyond the time base; ``Outcome.whole`` when the one
+    simulation left nothing out, and so is the full run. ``show``: the progress bar of that
+    simulation.
 
     Writes nothing: :meth:`Outcome.write_oplog` writes the op_log. ``units``: one PE's
     unbound units (kbframe.sim.engine.build_units), copied for each short copy. The short copies start
@@ -231,7 +237,7 @@ def run(cfg, wl, kernel, recipes, check: bool, units: dict | None = None) -> Out
     key, step = axis
     q = int(cfg.bench[key]) // step
     units = units if units is not None else build_units(cfg.hardware)
-    one = _in_one(cfg, wl, kernel, recipes, check, units, key, q, t_start)
+    one = _in_one(cfg, wl, kernel, recipes, check, units, key, q, t_start, show)
     if one.sim is not None:
         return one
     copies = _Copies(cfg, wl, kernel, recipes, check, units)
@@ -244,17 +250,22 @@ def run(cfg, wl, kernel, recipes, check: bool, units: dict | None = None) -> Out
     return out
 
 
-def _in_one(cfg, wl, kernel, recipes, check: bool, units: dict, key: str, q: int, t_start: float) -> Outcome:
+def _in_one(cfg, wl, kernel, recipes, check: bool, units: dict, key: str, q: int, t_start: float,
+            show: bool = False) -> Outcome:
     """Fast-forward in one simulation (kbframe.run.skipped); ``Outcome.sim`` None when the
     run is too short to leave anything out (``note`` empty) or the simulated run does not
-    show that what it left out was steady (``note`` says why)."""
+    show that what it left out was steady (``note`` says why). A simulation that left
+    nothing out is the full run (``Outcome.whole``)."""
     periods = wl.ff_periods or PERIODS
     steady = Steady(key, periods, wl.ff_min_steps or MIN_STEPS, _snapshot)
     if q < steady.min_steps + steady.tail + 2 * steady.multiple:
         return Outcome(None, "")
     try:
-        sim = simulate(cfg, wl, kernel, recipes, None, None, check, False, copy.deepcopy(units), check_later=check,
+        sim = simulate(cfg, wl, kernel, recipes, None, None, check, show, copy.deepcopy(units), check_later=check,
                        steady=steady)
+        if not steady.jumps:  # nothing left out: this is the full simulation
+            return Outcome(sim, f"simulated in full: no loop along {key} looked steady with a stretch to leave out",
+                           whole=True)
         made = skipped.make(sim, steady, periods, totals(sim))
     except skipped.NotSteady as e:
         return Outcome(None, str(e))
