@@ -134,3 +134,21 @@ def test_a_run_that_never_looks_steady_is_its_own_full_simulation(tmp_path):
     for m in (on, off):
         del m["sim"]["wall_s"], m["fast_forward"], m["files"]
     assert on == off
+
+
+@pytest.mark.parametrize("overrides, note", [
+    (("++bench.s_buffers=5",), "fast-forwarded in one simulation: 120 period(s) of 1 S_kv step(s) left out of 1 "
+                               "loop(s) (2160 of 4626 records by shifting)"),
+    (("++bench.s_buffers=7", "++bench.k_prefetch=6"),
+     "fast-forwarded in one simulation: 168 period(s) of 1 S_kv step(s) left out of 1 loop(s) (3024 of 4626 records "
+     "by shifting)"),
+])
+def test_a_jump_is_a_multiple_of_the_loops_buffer_rings(tmp_path, overrides, note):
+    """opt2 takes its S buffer by the tile's index modulo s_buffers: a jump that is not a
+    multiple of the ring's size would lower the tiles after it into other buffers, and their
+    write-after-read waits on other tiles, than the full run does (tiles later, where the
+    check around the jump does not look). The loop names its rings (tl.steps), and the jump
+    is a multiple of 120 = lcm(24, 5) and 168 = lcm(24, 7) tiles."""
+    m = run(tmp_path, "bench.S_kv=16384", *overrides, "bench.data=false", "run.fast_forward=verify", "run.trace=false",
+            bench="decode_opt2")
+    assert m["fast_forward"]["note"] == note + "; verified against the full simulation"

@@ -54,7 +54,7 @@ def partial_opt3(tl, q_h, k_h, v_h, *, G: int, d: int, S_kv: int, tile: int, sca
                 tl.load(v_h[j0:j1], out=vbuf[j % 2][0:n]))
 
     nxt = issue(0)
-    for j in tl.steps("S_kv", len(tiles)):
+    for j in tl.steps("S_kv", len(tiles), rings=(2,)):
         k_j, v_j = nxt
         if j + 1 < len(tiles):
             nxt = issue(j + 1)
@@ -120,7 +120,7 @@ def partial_opt2(tl, q_h, k_h, v_h, *, G: int, d: int, S_kv: int, tile: int, sca
         return s_j, v_j
 
     ahead = [issue(j) for j in range(min(k_prefetch, len(tiles)))]
-    for j in tl.steps("S_kv", len(tiles)):
+    for j in tl.steps("S_kv", len(tiles), rings=(s_buffers, v_buffers if prefetch_v else 1)):
         if j + k_prefetch < len(tiles):
             ahead.append(issue(j + k_prefetch))
         s_j, v_j = ahead.pop(0)

@@ -100,7 +100,7 @@ def decoder_layer(tl, *, rank: int, pes: list, B: int, H: int, H_q: int, H_kv: i
         xb = tl.empty((B, H), "x_next")
         pos = tl.load(pos_h)
         eps_t = tl.full((1, 1), float(eps), "eps")
-    for l in tl.steps("layers", layers):
+    for l in tl.steps("layers", layers, rings=(2,)):  # x and x_next swap every layer
         wb = (l * P + rank) * H  # this rank's block of the column-split weights
         with tl.scratch_scope():
             # ---- attention block

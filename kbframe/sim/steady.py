@@ -8,7 +8,8 @@ enter theirs together), the first PE to reach iteration ``i`` decides: when ``i`
 :attr:`Steady.min_steps` and the times at which this PE's kernel reached its last
 iterations repeat with some candidate period ``p`` (three equal spans of ``p`` iterations,
 PE_CPU no longer filling PE_SCHEDULER's queue), the loop jumps from ``J = i`` to ``J + R``
-on every PE that runs the instance, ``R`` a multiple of every candidate period, leaving
+on every PE that runs the instance, ``R`` a multiple of every candidate period and of the
+sizes of the buffer rings the loop rotates through (``TL.steps(..., rings)``), leaving
 :attr:`Steady.tail` iterations and the epilogue to simulate. Command ids go on without a
 gap, so the run is exactly a run of the workload with ``R`` fewer steps: what it leaves out
 is put back, and checked, by :mod:`kbframe.run.skipped`.
@@ -35,6 +36,7 @@ class Instance:
     iterations (ps)."""
 
     n: int
+    multiple: int | None = None  # a jump is a multiple of this (the candidate periods and the loop's rings)
     J: int | None = None
     R: int = 0
     lead: int | None = None
@@ -72,16 +74,14 @@ class Steady:
         self._entered: dict = {}
         self.broken: str | None = None  # why this run cannot stand for the full one
 
-    def steps(self, tl, key: str, n: int):
-        """The iterations of a loop of ``n`` along ``key`` on ``tl``'s PE (TL.steps)."""
+    def steps(self, tl, key: str, n: int, rings: tuple = ()):
+        """The iterations of a loop of ``n`` along ``key`` on ``tl``'s PE whose buffers
+        rotate through rings of these sizes (TL.steps)."""
         if key != self.key:
             return range(n)
-        return self._iterate(tl, n)
+        return self._iterate(tl, n, math.lcm(self.multiple, *rings))
 
-    def _jump_for(self, n: int) -> int:
-        return max(0, (n - self.min_steps - self.tail) // self.multiple * self.multiple)
-
-    def _iterate(self, tl, n: int):
+    def _iterate(self, tl, n: int, multiple: int):
         pe = tl.pe.index
         k = self._entered.get(pe, 0)
         self._entered[pe] = k + 1
@@ -89,11 +89,14 @@ class Steady:
             self.instances.append(Instance(n, times=deque(maxlen=self.window + 1)))
         inst = self.instances[k]
         inst.first[pe] = tl.last_cmd_id + 1
-        if inst.n != n:  # not one loop: nothing is left out of it here
-            self.broken = f"loop {k} of {self.key} has {n} iterations on PE{pe}, {inst.n} on another"
+        inst.multiple = inst.multiple or multiple
+        if inst.n != n or inst.multiple != multiple:  # not one loop: nothing is left out of it here
+            self.broken = (f"loop {k} of {self.key} has {n} iterations on PE{pe}, {inst.n} on another" if inst.n != n
+                           else f"loop {k} of {self.key} rotates other buffer rings on PE{pe} than on another")
             yield from range(n)
             return
-        if self._jump_for(n) < 2 * self.multiple:  # too short to leave anything out
+        least = max(multiple, 2 * self.multiple)  # fewer steps left out would not pay for the check
+        if n - self.min_steps - self.tail < least:  # too short to leave anything out
             yield from range(n)
             return
         env = tl.pe.env
@@ -110,8 +113,8 @@ class Steady:
                     inst.snaps[i] = self.snapshot(self.engine)
                     inst.snaps.pop(i - self.window - 1, None)
                 if i >= self.min_steps and self._steady(inst, i):
-                    R = (n - i - self.tail) // self.multiple * self.multiple
-                    if R >= 2 * self.multiple:
+                    R = (n - i - self.tail) // multiple * multiple
+                    if R >= least:
                         inst.J, inst.R, inst.lead = i, R, pe
             if i == inst.J:
                 inst.jumped.add(pe)

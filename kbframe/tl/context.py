@@ -42,14 +42,15 @@ class TL:
         self._math_ops: dict = {}  # (kind, out, *inputs) -> OpSpec; see math
         self._lower = Lowering(self.recipes, self._scratch)
 
-    def steps(self, key: str, n: int):
+    def steps(self, key: str, n: int, rings: tuple = ()):
         """The iterations ``0 .. n - 1`` of a loop along the workload's periodic axis
         ``key`` (a bench key: the KV length for KV tiles, ``"layers"``). A timing-only
         run that fast-forwards in one simulation (kbframe.sim.steady) may leave out a
-        steady stretch of them: the loop body must lower every iteration alike, its
-        buffers chosen by ``index % k`` for ``k`` dividing the candidate periods."""
+        steady stretch of them, of a multiple of every ring size in ``rings``: the loop
+        body must lower every iteration alike but for the buffers it takes by its index
+        modulo those sizes."""
         steady = self.pe.steady
-        return range(n) if steady is None else steady.steps(self, key, n)
+        return range(n) if steady is None else steady.steps(self, key, n, rings)
 
     # ---- handles -------------------------------------------------------------------
     def ref(self, name: str) -> TensorHandle:
