@@ -88,7 +88,8 @@ def check_forwarded_records(cfg, wl, records: int) -> None:
     """Raise ConfigError if a fast-forwarded run would make more op_log records than
     ``run.max_records``, or more than this machine's memory holds: it is not simulated
     record by record, but its records are all made (:data:`FF_BYTES_PER_RECORD` each).
-    Checked once the short copies gave the full run's count, before any record is made."""
+    Checked once the simulation that left a stretch out, or the short copies, gave the full
+    run's count, before any of its records is made."""
     need = records * FF_BYTES_PER_RECORD
     head = (f"{cfg.bench.name} at {_shape_text(wl)} would make {records:,} op_log records even fast-forwarded "
             f"(about {_gib(need)} of host memory, {FF_BYTES_PER_RECORD} B each)")
@@ -102,8 +103,8 @@ def check_forwarded_records(cfg, wl, records: int) -> None:
 
 def check_records_estimate(cfg, wl, kernel, recipes: dict, units: dict | None = None) -> None:
     """Refuse, in seconds, a timing-only run along a periodic axis whose op_log records are
-    far beyond ``run.max_records`` or this machine's memory, before its short copies or its
-    dry run, which both grow with the run (a model step: minutes). The records of one and
+    far beyond ``run.max_records`` or this machine's memory, before it is fast-forwarded or
+    dry-run, which both grow with the run (a model step: minutes). The records of one and
     then two steps of the axis (dry runs) give the run's count, which is affine in the
     steps: ``R(1) + (q − 1)·(R(2) − R(1))``. Skipped when ``q·R(1)``, which bounds it, is
     within the budget; the exact checks follow (:func:`check_resources`,
@@ -286,8 +287,8 @@ def check_hbm(cfg, wl) -> None:
 def check_resources(cfg, wl, kernel, recipes: dict, inputs: dict | None, units: dict | None = None) -> dict:
     """HBM and TCM needs of the bench's workload against ``cfg.hardware``, before any
     simulation (:func:`check_hbm`, then a :func:`dry_run`). A fast-forwarded run
-    (kbframe.run.fastforward) needs no dry run: its short copies are simulated against
-    the real TCM, and a copy that fails sends the run here.
+    (kbframe.run.fastforward) needs no dry run: the simulation it is made from (or its
+    short copies) ran against the real TCM, and one that fails sends the run here.
 
     Returns:
         The :func:`dry_run` figures.

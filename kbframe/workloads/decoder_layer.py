@@ -81,10 +81,10 @@ class DecoderLayer(Workload):
     _file_shape = False  # an inputs file's dimensions are known (shape_from_file)
     unit = "layer"
     outputs = ("out", "k_new", "v_new")
-    # layers repeat from the third on (PE_CPU's run-ahead settles in the first two), and
-    # copies of 3 to 6 layers stand for a model's 30 to 126; fused layers on 8 PEs repeat
-    # every 4 (each fourth 2 ns later), whose copies of 4 to 16 layers, after the shorter
-    # candidates are ruled out, are 54 of Llama-3-70B's 80
+    # layers repeat from the third on (PE_CPU's run-ahead settles in the first two); fused
+    # layers on 8 PEs every 4 (each fourth 2 ns later). In one simulation the layer loop
+    # may jump after 3 layers (a period of 1) or 12 (of 4); short copies, when those are
+    # needed, start at 3 layers, and with a period of 4 take 54 of Llama-3-70B's 80
     ff_min_steps = 3
     ff_budget = 0.7
     ff_periods = (1, 2, 4)  # what a jump in one simulation is a multiple of (kbframe.sim.steady)
