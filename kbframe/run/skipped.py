@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..records import FIELDS, RecordTable
+from ..records import FIELDS, N, ROW, RecordTable
 from ..sim.steady import Steady
 from ..sim.waits import WAIT_CODE
 from .periodic import is_peak
@@ -65,21 +65,28 @@ class _Mover:
         """Take ``rows`` as the table the records to move are in (their record refs name its records)."""
         self.looped = rows[:, _CMD] >= self.first[self.pe_of[rows[:, 0]]]  # per record: the loop's or later
 
-    def move(self, rows: np.ndarray, k: int) -> np.ndarray:
-        """``rows`` (of the table :meth:`of` took) moved by ``k`` periods (a copy)."""
-        out = rows.copy()
-        out[:, _T0] += k * self.dt
-        out[:, _T1] += k * self.dt
-        out[:, _TD] += np.where(out[:, _TD] >= 0, k * self.dt, 0)
-        pe = self.pe_of[out[:, 0]]
+    def step(self, rows: np.ndarray) -> np.ndarray:
+        """How much each field of ``rows`` (of the table :meth:`of` took) moves a period."""
+        d = np.zeros_like(rows)
+        d[:, _T0] = d[:, _T1] = self.dt
+        d[:, _TD] = np.where(rows[:, _TD] >= 0, self.dt, 0)
+        pe = self.pe_of[rows[:, 0]]
         first, dcmd = self.first[pe], self.dcmd[pe]
-        out[:, _CMD] += np.where(out[:, _CMD] >= first, k * dcmd, 0)
-        why, ref = out[:, _WHY], out[:, _REF]
+        d[:, _CMD] = np.where(rows[:, _CMD] >= first, dcmd, 0)
+        why, ref = rows[:, _WHY], rows[:, _REF]
         by_cmd = np.isin(why, _CMD_REFS) & (ref >= first)
         by_rec = np.isin(why, _RECORD_REFS) & (ref >= 0)
         by_rec[by_rec] = self.looped[ref[by_rec]]
-        out[:, _REF] += np.where(by_cmd, k * dcmd, 0) + np.where(by_rec, k * self.P, 0)
-        return out
+        d[:, _REF] = np.where(by_cmd, dcmd, 0) + np.where(by_rec, self.P, 0)
+        return d
+
+    def move(self, rows: np.ndarray, k: int) -> np.ndarray:
+        """``rows`` (of the table :meth:`of` took) moved by ``k`` periods (a copy)."""
+        return rows + k * self.step(rows)
+
+    def periods(self, rows: np.ndarray, X: int) -> np.ndarray:
+        """``rows`` (one period) moved by 1, 2, .. ``X`` periods, one after the other."""
+        return (rows[None] + np.arange(1, X + 1, dtype=np.int64)[:, None, None] * self.step(rows)[None]).reshape(-1, N)
 
 
 def _check(table: RecordTable, pe_of: np.ndarray, k: int, inst, p: int) -> tuple:
@@ -174,10 +181,19 @@ def make(sim, steady: Steady, periods: tuple, tot: dict) -> Made:
     rows = table.array()
     latency = sim.latency_ps
     phases = {pe: list(ph) for pe, ph in (sim.phases or {}).items()}
-    for x, P, dt, mover, X, p, d, inst, _ in sorted(found, key=lambda f: -f[0]):
+    made = RecordTable.of_rows(table.names, rows[:0])
+    found.sort(key=lambda f: -f[0])
+    for at, (x, P, dt, mover, X, p, d, inst, _) in enumerate(found):
         mover.of(rows)
-        ext = [mover.move(rows[x - P:x], j) for j in range(1, X + 1)]
-        rows = np.concatenate([rows[:x], *ext, mover.move(rows[x:], X)])
+        parts = [rows[:x], mover.periods(rows[x - P:x], X), mover.move(rows[x:], X)]
+        if at < len(found) - 1:
+            rows = np.concatenate(parts)
+        else:  # the last straight into the table's buffer: the full run's records held once
+            n = sum(len(a) for a in parts)
+            made.buf = bytearray(n * ROW.size)
+            rows = np.frombuffer(made.buf, dtype=np.int64).reshape(n, N)
+            np.concatenate(parts, out=rows)
+        del parts
         latency += X * dt
         for n, v in d.items():
             tot[n] += X * v
@@ -189,7 +205,8 @@ def make(sim, steady: Steady, periods: tuple, tot: dict) -> Made:
     note = (f"fast-forwarded in one simulation: {skipped} period(s) of "
             f"{'/'.join(str(p) for p in sorted({f[5] for f in found}))} {steady.key} step(s) left out of "
             f"{len(found)} loop(s) ({len(rows) - len(table)} of {len(rows)} records by shifting)")
-    return Made(RecordTable.of_rows(table.names, rows), tot, latency, phases, note, min(f[1] for f in found),
+    del rows  # a view of the table's buffer, which must stay free to grow
+    return Made(made, tot, latency, phases, note, min(f[1] for f in found),
                 [(f[0], f[1], f[4], f[7], f[8]) for f in found])
 
 

@@ -153,8 +153,7 @@ class OpLog:
             raise ValueError("replace_records: the table names its records otherwise")
         for key in table.names[len(self.table.names):]:
             self.table.code(*key)
-        del self._buf[:]
-        self._buf += table.buf
+        self.table.buf = self._buf = table.buf  # taken, not copied: a model step's records are gigabytes
         self.n_records = len(self.table)
 
     def write(self, path) -> int:
