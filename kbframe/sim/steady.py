@@ -28,18 +28,18 @@ from dataclasses import dataclass, field
 @dataclass
 class Instance:
     """The ``k``-th loop of the axis on each PE. ``n``: its iterations; ``J``, ``R``: the
-    jump (None: none); ``lead``: the PE that decided it; ``first[pe]``: the first command
-    id the loop issued on ``pe``; ``ids[pe][i]``: the next command id when ``pe`` reached
-    iteration ``i`` (iterations ``J - window .. J``), ``ids[pe][J]`` the first command after
-    the jump; ``snaps``: ``{i: (records so far, totals)}`` when the first PE reached
-    iteration ``i`` (the same iterations); ``times``: when the first PE reached the last
-    iterations (ps)."""
+    jump (None: none), from iteration ``J`` to ``J + R``; ``furthest``: the furthest
+    iteration a PE reached; ``first[pe]``: the first command id the loop issued on ``pe``;
+    ``ids[pe][i]``: the next command id when ``pe`` reached iteration ``i`` (iterations
+    ``J - window .. J``), ``ids[pe][J]`` the first command after the jump; ``snaps``: what
+    :attr:`Steady.snapshot` gave when the first PE reached iteration ``i`` (the same
+    iterations); ``times``: when the first PE reached the last iterations (ps);
+    ``jumped``: the PEs whose loop jumped."""
 
     n: int
     multiple: int | None = None  # a jump is a multiple of this (the candidate periods and the loop's rings)
     J: int | None = None
     R: int = 0
-    lead: int | None = None
     furthest: int = -1
     first: dict = field(default_factory=dict)
     ids: dict = field(default_factory=dict)
@@ -115,7 +115,7 @@ class Steady:
                 if i >= self.min_steps and self._steady(inst, i):
                     R = (n - i - self.tail) // multiple * multiple
                     if R >= least:
-                        inst.J, inst.R, inst.lead = i, R, pe
+                        inst.J, inst.R = i, R
             if i == inst.J:
                 inst.jumped.add(pe)
                 inst.ids[pe] = dict(ids)
