@@ -96,7 +96,7 @@ def test_records_move_by_the_rules():
             [2, 21, -1, 50, 60, -1, 0, -1, WAIT_CODE["cpu"], 2]]
     table = RecordTable.of_rows(t.names, np.array(rows, dtype=np.int64))
     pe_of = np.array(table.name_col(0), dtype=np.int64)
-    mover = skipped._Mover(table, pe_of, {0: 10, 1: 20}, {0: 2, 1: 3}, 100, 4)
+    mover = skipped._Mover(table.array(), pe_of, {0: 10, 1: 20}, {0: 2, 1: 3}, 100, 4)
     assert mover.move(table.array(1, 6), 2).tolist() == [
         [1, 14, 0, 210, 220, 212, 0, -1, -1, 0],
         [2, 26, -1, 220, 230, -1, 0, -1, WAIT_CODE["hazard"], 19],

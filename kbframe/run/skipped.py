@@ -49,9 +49,10 @@ class NotSteady(Exception):
 class _Mover:
     """Moves records of a table by whole periods of one jump (module doc's rules)."""
 
-    def __init__(self, table: RecordTable, pe_of: np.ndarray, first: dict, per_period: dict, dt: int, P: int):
-        """``first``: the loop's first command id per PE that jumped; ``per_period``: the
-        commands such a PE issues in a period; ``dt``, ``P``: a period's ps and records."""
+    def __init__(self, rows: np.ndarray, pe_of: np.ndarray, first: dict, per_period: dict, dt: int, P: int):
+        """``rows``: the table's records; ``pe_of``: each name code's PE; ``first``: the
+        loop's first command id per PE that jumped; ``per_period``: the commands such a PE
+        issues in a period; ``dt``, ``P``: a period's ps and records."""
         n_pes = int(pe_of.max()) + 1 if len(pe_of) else 1
         self.pe_of = pe_of
         self.first = np.full(n_pes, np.iinfo(np.int64).max, dtype=np.int64)
@@ -59,7 +60,7 @@ class _Mover:
         for pe, c in first.items():
             self.first[pe], self.dcmd[pe] = c, per_period[pe]
         self.dt, self.P = dt, P
-        self.of(table.array())
+        self.of(rows)
 
     def of(self, rows: np.ndarray) -> None:
         """Take ``rows`` as the table the records to move are in (their record refs name its records)."""
@@ -89,8 +90,8 @@ class _Mover:
         return (rows[None] + np.arange(1, X + 1, dtype=np.int64)[:, None, None] * self.step(rows)[None]).reshape(-1, N)
 
 
-def _check(table: RecordTable, pe_of: np.ndarray, k: int, inst, p: int) -> tuple:
-    """Check the records around one jump (module doc) for period ``p`` and return
+def _check(rows: np.ndarray, pe_of: np.ndarray, k: int, inst, p: int) -> tuple:
+    """Check the records ``rows`` around one jump (module doc) for period ``p`` and return
     ``(x, P, dt, mover)``: the first record after the jump, the records and ps of a period,
     and how records move. Raises NotSteady."""
     J = inst.J
@@ -103,7 +104,6 @@ def _check(table: RecordTable, pe_of: np.ndarray, k: int, inst, p: int) -> tuple
         raise NotSteady(f"loop {k}: {n1 - n0} then {P} records over the last two periods of {p} before its jump")
     per_period = {pe: ids[J] - ids[J - p] for pe, ids in inst.ids.items()}
     first = {pe: inst.first[pe] for pe in inst.jumped}
-    rows = table.array()
     pe = pe_of[rows[:, 0]]
     after = np.zeros(len(rows), dtype=bool)
     for q in inst.jumped:
@@ -119,7 +119,7 @@ def _check(table: RecordTable, pe_of: np.ndarray, k: int, inst, p: int) -> tuple
     if others:
         raise NotSteady(f"loop {k}: PE{others[0]} works after the jump but did not jump")
     dt = int(rows[lo, _T0] - rows[lo - P, _T0])
-    mover = _Mover(table, pe_of, first, per_period, dt, P)
+    mover = _Mover(rows, pe_of, first, per_period, dt, P)
     moved = mover.move(rows[lo - P:hi - P], 1)
     bad = np.nonzero((moved != rows[lo:hi]).any(axis=1))[0]
     if len(bad):
@@ -154,6 +154,7 @@ def make(sim, steady: Steady, periods: tuple, tot: dict) -> Made:
     if not jumps:
         raise NotSteady("no loop reached a steady state it could leave out")
     table = sim.oplog.table
+    rows = table.array()
     pe_of = np.array(table.name_col(0), dtype=np.int64)
     tot = dict(tot)
     found = []
@@ -164,7 +165,7 @@ def make(sim, steady: Steady, periods: tuple, tot: dict) -> Made:
             if inst.R % p:
                 continue
             try:
-                x, P, dt, mover = _check(table, pe_of, k, inst, p)
+                x, P, dt, mover = _check(rows, pe_of, k, inst, p)
             except NotSteady as e:
                 why = why or e
                 continue
@@ -178,7 +179,6 @@ def make(sim, steady: Steady, periods: tuple, tot: dict) -> Made:
             break
         else:
             raise why or NotSteady(f"loop {k}: no candidate period divides its jump of {inst.R}")
-    rows = table.array()
     latency = sim.latency_ps
     phases = {pe: list(ph) for pe, ph in (sim.phases or {}).items()}
     made = RecordTable.of_rows(table.names, rows[:0])
