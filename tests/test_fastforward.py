@@ -101,7 +101,7 @@ def test_on_writes_the_files_off_writes(tmp_path, monkeypatch, bench, overrides)
 def test_a_schedule_with_contention_falls_back_and_says_so(tmp_path, mechanism):
     """Shared HBM: the PEs contend for the cube's port; their KV loops never look steady,
     and that one simulation is the full run; the short copies do not repeat."""
-    m = _ff(tmp_path, "+model=llama3_70b", "hardware=cube", "hardware.hbm_mode=shared", "bench.S_kv=8192",
+    m = _ff(tmp_path, "+model=llama3_70b", "hardware=cube", "hardware.hbm_mode=shared", "bench.S_kv=6144",
             bench="decode_heads")
     ff = m["fast_forward"]
     want = ("simulated in full: no loop along S_kv looked steady with a stretch to leave out" if mechanism == "one"

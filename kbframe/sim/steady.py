@@ -10,7 +10,7 @@ iterations repeat with some candidate period ``p`` (three equal spans of ``p`` i
 PE_CPU no longer filling PE_SCHEDULER's queue), the loop jumps from ``J = i`` to ``J + R``
 on every PE that runs the instance, ``R`` a multiple of every candidate period and of the
 sizes of the buffer rings the loop rotates through (``TL.steps(..., rings)``), leaving
-:attr:`Steady.tail` iterations and the epilogue to simulate. Command ids go on without a
+at least ``p + 2`` iterations and the epilogue to simulate. Command ids go on without a
 gap, so the run is exactly a run of the workload with ``R`` fewer steps: what it leaves out
 is put back, and checked, by :mod:`kbframe.run.skipped`.
 
@@ -66,7 +66,7 @@ class Steady:
         self.multiple = math.lcm(*self.periods)
         self.pmax = self.periods[-1]
         self.window = 3 * self.pmax  # iterations before J whose ids and totals are kept
-        self.tail = self.pmax + 2  # iterations after the jump: a period checked, and the end
+        self.tail = self.pmax + 2  # iterations after a jump at most: a period checked, and the end
         self.min_steps = int(min_steps)  # a period p is judged from iteration 3p on (_steady)
         self.snapshot = snapshot
         self.engine = None  # set by the engine it is installed on (kbframe.run.simulate)
@@ -112,10 +112,10 @@ class Steady:
                 if i >= self.min_steps - self.window:
                     inst.snaps[i] = self.snapshot(self.engine)
                     inst.snaps.pop(i - self.window - 1, None)
-                if i >= self.min_steps and self._steady(inst, i):
-                    R = (n - i - self.tail) // multiple * multiple
-                    if R >= least:
-                        inst.J, inst.R = i, R
+                p = self._steady(inst, i) if i >= self.min_steps else None
+                R = (n - i - p - 2) // multiple * multiple if p else 0  # after it: a period checked, and the end
+                if R >= least:
+                    inst.J, inst.R = i, R
             if i == inst.J:
                 inst.jumped.add(pe)
                 inst.ids[pe] = dict(ids)
@@ -123,14 +123,15 @@ class Steady:
             yield i
             i += 1
 
-    def _steady(self, inst: Instance, i: int) -> bool:
+    def _steady(self, inst: Instance, i: int) -> int | None:
         """Whether the run looks steady at iteration ``i``: for a candidate period, the last
         three periods took equal times and added equal numbers of records, the last two
         grew every total alike, and each PE had as many commands in flight at their ends
         (PE_CPU filling PE_SCHEDULER's queue dispatches at an even pace too, but faster
         than the units complete commands); and the loop's first command had completed
         on each PE when the three began (PE_CPU runs ahead of the units: the records of
-        the loop's first iterations may come after those of what preceded it)."""
+        the loop's first iterations may come after those of what preceded it). The
+        shortest such period, or None."""
         t, snaps = list(inst.times), inst.snaps
         for p in self.periods:
             if len(t) <= 3 * p or i - 3 * p not in snaps:
@@ -147,8 +148,8 @@ class Steady:
                 continue
             a, b, c = (snaps[i - j * p][1] for j in (2, 1, 0))
             if all(c[k] - b[k] == b[k] - a.get(k, 0) for k in c):
-                return True
-        return False
+                return p
+        return None
 
     @property
     def jumps(self) -> list:

@@ -298,14 +298,14 @@ def test_a_step_of_many_layers_fast_forwards_exactly(tmp_path):
                                        "bench.fusion=none")], ids=["tp1", "tp8", "tp8-2x2-cubes"])
 def test_a_step_fast_forwards_exactly_on_one_pe_eight_and_across_cubes(tmp_path, topology):
     """One PE, a cube's 8 PEs, and 8 PEs dealt over 2×2 cubes (all-reduces across the
-    die-to-die links): 60 layers of a small model are simulated as 12, the layer loop
-    leaving out 48 once steady (kbframe.sim.steady), and run.fast_forward=verify finds the
+    die-to-die links): 60 layers of a small model are simulated as 8, the layer loop
+    leaving out 52 once steady (kbframe.sim.steady), and run.fast_forward=verify finds the
     step made from them identical to the full simulation."""
     m = run(tmp_path, *topology, "bench.H=32", "bench.H_q=8", "bench.H_kv=8", "bench.d=16", "bench.F=64",
             "bench.S_kv=40", "bench.layers=60", "bench.data=false", "run.fast_forward=verify", "run.check=false",
             "run.trace=false", bench="decoder_layer")
     assert m["fast_forward"]["applied"], m["fast_forward"]["note"]
-    assert m["fast_forward"]["note"].startswith("fast-forwarded in one simulation: 48 period(s) of 1 layers step(s) "
+    assert m["fast_forward"]["note"].startswith("fast-forwarded in one simulation: 52 period(s) of 1 layers step(s) "
                                                 "left out of 1 loop(s)"), m["fast_forward"]["note"]
     assert "verified" in m["fast_forward"]["note"] and m["step"]["layers"] == 60
 
@@ -339,7 +339,7 @@ def test_a_fused_step_fast_forwards_exactly_on_one_pe_eight_and_across_cubes(tmp
     m = run(tmp_path, *topology, "bench.data=false", "run.fast_forward=verify", "run.check=false", "run.trace=false",
             bench="decoder_layer")
     assert m["fast_forward"]["applied"], m["fast_forward"]["note"]
-    want = {("one", True): "in one simulation: 48 period(s) of 1 layers step(s) left out",
+    want = {("one", True): "in one simulation: 52 period(s) of 1 layers step(s) left out",
             ("one", False): "in one simulation: 7 period(s) of 4 layers step(s) left out",
             ("copies", True): "54 of 57 periods of 1 layers step(s)",
             ("copies", False): "8 of 11 periods of 4 layers step(s)"}[mechanism, "bench.tp=1" in topology]
