@@ -312,7 +312,8 @@ def _simulate(run: _Run, rd: RunDir) -> None:
 
 def _check(run: _Run) -> None:
     """The sanitizer's verdict on a simulated run (``run.check``; a fast-forwarded run's
-    short copies were checked, and its counts extrapolated)."""
+    simulated records were checked, and its counts extrapolated; a run fast-forward
+    simulated whole is checked here)."""
     if run.forwarded is not None and not run.forwarded.whole:
         return
     run.sanitizer = sanitizer.check(run.sim.engine, run.sim.oplog.table) if run.check else {"rules_checked": 0}
