@@ -12,7 +12,8 @@ happens to the commands behind a blocked one is the ``policy``:
 - ``rw_aware`` (ADR-0065 A4, deferred there): a later command whose byte
   ranges have no hazard with any in-flight command **and** none with any older command
   still queued is admitted ahead of the blocked one. A command never passes one it has
-  a RAW, WAR or WAW hazard with, so program order holds wherever it matters (the
+  a RAW, WAR or WAW hazard with, nor an IPCQ send or receive one on the same link (a
+  receive takes the link's next message), so program order holds wherever it matters (the
   sanitizer checks it: rules ``rw_no_interleave``, ``data_dependencies``). Two readers
   of the same bytes are no hazard, as in ``strict_fifo``. Each completion re-scans the
   queue (≤ ``max_queued_commands``) in order.
@@ -29,6 +30,14 @@ from ..ir.handles import Completion
 from ..params import Choice, param
 from .tiling import PlanCache, plan_stages
 from .unit import PeUnit
+
+
+def _link(cmd):
+    """``(kind, peer)`` of an IPCQ send or receive, else None: under ``rw_aware`` such a
+    command never passes an older queued one on the same link (a receive takes the link's
+    next message, so two receives admitted out of order would swap their messages)."""
+    op = getattr(cmd, "op", None)
+    return (op.kind, op.extra["peer"]) if op is not None and op.kind in ("send", "recv") else None
 
 
 def _overlap(xs, ys) -> bool:
@@ -165,11 +174,13 @@ class PeScheduler(PeUnit):
                 ev.succeed(admitted)
 
     @staticmethod
-    def _behind(reads, writes, older):
-        """The first of ``older`` (``[reads, writes, touched, wait, cmd]`` of older commands
-        still queued) that a command has a hazard (RAW, WAR, WAW) with, or None."""
+    def _behind(reads, writes, link, older):
+        """The first of ``older`` (``[reads, writes, touched, wait, cmd, link]`` of older
+        commands still queued) that a command has a hazard (RAW, WAR, WAW) with, or that
+        sends or receives on the same IPCQ link (``link``, :func:`_link`: messages are
+        matched in order), or None."""
         for o in older:
-            if _overlap(writes, o[2]) or _overlap(reads, o[1]):
+            if _overlap(writes, o[2]) or _overlap(reads, o[1]) or (link is not None and link == o[5]):
                 return o
         return None
 
@@ -199,7 +210,7 @@ class PeScheduler(PeUnit):
                 rw = ranges.get(cmd.id)
                 if rw is None:
                     reads, writes = hazard_ranges(cmd)
-                    rw = ranges[cmd.id] = [reads, writes, reads + writes, None, cmd]
+                    rw = ranges[cmd.id] = [reads, writes, reads + writes, None, cmd, _link(cmd)]
                 wait = rw[3]
                 if wait is not None and (not wait.done if wait.__class__ is Completion else wait.id in ranges):
                     older.append(rw)  # still held by what held it
@@ -208,7 +219,7 @@ class PeScheduler(PeUnit):
                 reads, writes = rw[0], rw[1]
                 wait = self._blocker(reads, writes)
                 if wait is None:
-                    o = self._behind(reads, writes, older)
+                    o = self._behind(reads, writes, rw[5], older)
                     wait = o[4] if o else None
                 if wait is not None:
                     rw[3] = wait
