@@ -161,7 +161,7 @@ def make(sim, steady: Steady, periods: tuple, tot: dict) -> Made:
     for jump in jumps:
         k, inst = jump
         why = None
-        for p in periods:
+        for p in sorted(periods, key=lambda q: q != inst.p):  # the period it looked steady with first
             if inst.R % p:
                 continue
             try:

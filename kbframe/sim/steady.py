@@ -28,8 +28,9 @@ from dataclasses import dataclass, field
 @dataclass
 class Instance:
     """The ``k``-th loop of the axis on each PE. ``n``: its iterations; ``J``, ``R``: the
-    jump (None: none), from iteration ``J`` to ``J + R``; ``furthest``: the furthest
-    iteration a PE reached; ``first[pe]``: the first command id the loop issued on ``pe``;
+    jump (None: none), from iteration ``J`` to ``J + R``, decided with period ``p``;
+    ``furthest``: the furthest iteration a PE reached; ``first[pe]``: the first command id
+    the loop issued on ``pe``;
     ``ids[pe][i]``: the next command id when ``pe`` reached iteration ``i`` (iterations
     ``J - window .. J``), ``ids[pe][J]`` the first command after the jump; ``snaps``: what
     :attr:`Steady.snapshot` gave when the first PE reached iteration ``i`` (the same
@@ -40,6 +41,7 @@ class Instance:
     multiple: int | None = None  # a jump is a multiple of this (the candidate periods and the loop's rings)
     J: int | None = None
     R: int = 0
+    p: int = 0  # the period the loop looked steady with
     furthest: int = -1
     first: dict = field(default_factory=dict)
     ids: dict = field(default_factory=dict)
@@ -115,7 +117,7 @@ class Steady:
                 p = self._steady(inst, i) if i >= self.min_steps else None
                 R = (n - i - p - 2) // multiple * multiple if p else 0  # after it: a period checked, and the end
                 if R >= least:
-                    inst.J, inst.R = i, R
+                    inst.J, inst.R, inst.p = i, R, p
             if i == inst.J:
                 inst.jumped.add(pe)
                 inst.ids[pe] = dict(ids)
