@@ -47,10 +47,10 @@ def test_a_loop_leaves_out_a_steady_stretch_exactly(tmp_path, bench, overrides, 
 
 def test_the_jump_waits_for_pe_cpu_to_settle():
     """decode_opt2's PE_CPU fills PE_SCHEDULER's queue for ~48 KV tiles, at an even pace:
-    the loop jumps only once the units complete what it dispatches (at tile 53), leaving
-    192 of its 256 tiles out, a multiple of every candidate period (24), with 11 after."""
+    the loop jumps only once the units complete what it dispatches (at tile 52), leaving
+    192 of its 256 tiles out, a multiple of every candidate period (24), with 12 after."""
     sim, steady = _skipping("bench.S_kv=16384", bench="decode_opt2")
-    assert [(k, inst.n, inst.J, inst.R, sorted(inst.jumped)) for k, inst in steady.jumps] == [(0, 256, 53, 192, [0])]
+    assert [(k, inst.n, inst.J, inst.R, sorted(inst.jumped)) for k, inst in steady.jumps] == [(0, 256, 52, 192, [0])]
     assert steady.broken is None and len(sim.oplog.table) == 1170
 
 

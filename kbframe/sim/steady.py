@@ -6,7 +6,7 @@ workload's periodic axis (:meth:`~kbframe.workloads.base.Workload.periodic_axis`
 Per loop instance (the ``k``-th loop of the axis a PE enters; the PEs of an SPMD kernel
 enter theirs together), the first PE to reach iteration ``i`` decides: when ``i`` is past
 :attr:`Steady.min_steps` and the times at which this PE's kernel reached its last
-iterations repeat with some candidate period ``p`` (three equal spans of ``p`` iterations,
+iterations repeat with some candidate period ``p`` (two equal spans of ``p`` iterations,
 PE_CPU no longer filling PE_SCHEDULER's queue), the loop jumps from ``J = i`` to ``J + R``
 on every PE that runs the instance, ``R`` a multiple of every candidate period and of the
 sizes of the buffer rings the loop rotates through (``TL.steps(..., rings)``), leaving
@@ -67,9 +67,9 @@ class Steady:
         self.periods = tuple(sorted(periods))
         self.multiple = math.lcm(*self.periods)
         self.pmax = self.periods[-1]
-        self.window = 3 * self.pmax  # iterations before J whose ids and totals are kept
+        self.window = 2 * self.pmax  # iterations before J whose ids and totals are kept
         self.tail = self.pmax + 2  # iterations after a jump at most: a period checked, and the end
-        self.min_steps = int(min_steps)  # a period p is judged from iteration 3p on (_steady)
+        self.min_steps = int(min_steps)  # a period p is judged from iteration 2p on (_steady)
         self.snapshot = snapshot
         self.engine = None  # set by the engine it is installed on (kbframe.run.simulate)
         self.instances: list[Instance] = []
@@ -127,25 +127,25 @@ class Steady:
 
     def _steady(self, inst: Instance, i: int) -> int | None:
         """Whether the run looks steady at iteration ``i``: for a candidate period, the last
-        three periods took equal times and added equal numbers of records, the last two
-        grew every total alike, and each PE had as many commands in flight at their ends
+        two periods took equal times, added equal numbers of records and grew every total
+        alike, and each PE had as many commands in flight at their ends
         (PE_CPU filling PE_SCHEDULER's queue dispatches at an even pace too, but faster
         than the units complete commands); and the loop's first command had completed
-        on each PE when the three began (PE_CPU runs ahead of the units: the records of
+        on each PE when the two began (PE_CPU runs ahead of the units: the records of
         the loop's first iterations may come after those of what preceded it). The
         shortest such period, or None."""
         t, snaps = list(inst.times), inst.snaps
         for p in self.periods:
-            if len(t) <= 3 * p or i - 3 * p not in snaps:
+            if len(t) <= 2 * p or i - 2 * p not in snaps:
                 continue
-            if not t[-1] - t[-1 - p] == t[-1 - p] - t[-1 - 2 * p] == t[-1 - 2 * p] - t[-1 - 3 * p]:
+            if t[-1] - t[-1 - p] != t[-1 - p] - t[-1 - 2 * p]:
                 continue
-            n = [snaps[i - j * p][0] for j in range(4)]
-            if not n[0] - n[1] == n[1] - n[2] == n[2] - n[3] > 0:
+            n = [snaps[i - j * p][0] for j in range(3)]
+            if not n[0] - n[1] == n[1] - n[2] > 0:
                 continue
             if not snaps[i][2] == snaps[i - p][2] == snaps[i - 2 * p][2]:
                 continue
-            done = snaps[i - 3 * p][3]  # the loop's own commands ran in all three periods
+            done = snaps[i - 2 * p][3]  # the loop's own commands ran in both periods
             if any(done.get(pe, 0) < first for pe, first in inst.first.items()):
                 continue
             a, b, c = (snaps[i - j * p][1] for j in (2, 1, 0))

@@ -340,7 +340,7 @@ def test_a_fused_step_fast_forwards_exactly_on_one_pe_eight_and_across_cubes(tmp
             bench="decoder_layer")
     assert m["fast_forward"]["applied"], m["fast_forward"]["note"]
     want = {("one", True): "in one simulation: 52 period(s) of 1 layers step(s) left out",
-            ("one", False): "in one simulation: 7 period(s) of 4 layers step(s) left out",
+            ("one", False): "in one simulation: 8 period(s) of 4 layers step(s) left out",
             ("copies", True): "54 of 57 periods of 1 layers step(s)",
             ("copies", False): "8 of 11 periods of 4 layers step(s)"}[mechanism, "bench.tp=1" in topology]
     assert m["fast_forward"]["note"].startswith(f"fast-forwarded {want}"), m["fast_forward"]["note"]
