@@ -152,3 +152,15 @@ def test_a_jump_is_a_multiple_of_the_loops_buffer_rings(tmp_path, overrides, not
     m = run(tmp_path, "bench.S_kv=16384", *overrides, "bench.data=false", "run.fast_forward=verify", "run.trace=false",
             bench="decode_opt2")
     assert m["fast_forward"]["note"] == note + "; verified against the full simulation"
+
+
+def test_a_loop_that_looked_steady_too_early_is_judged_again_later(tmp_path):
+    """opt2 with a PE_SCHEDULER queue of 5 commands and 7 tiles prefetched looks steady from
+    its first tiles, jumps, and its records around the jump do not repeat yet. The run is
+    simulated once more, its loops judged from 4 × 16 tiles on: that jump holds."""
+    m = run(tmp_path, "bench.S_kv=65537", "++bench.s_buffers=8", "++bench.k_prefetch=7", "++bench.v_staging=prefetch",
+            "++bench.v_buffers=10", "hardware.units.scheduler.max_queued_commands=5", "bench.data=false",
+            "run.fast_forward=verify", "run.trace=false", bench="decode_opt2")
+    assert m["fast_forward"]["note"] == ("fast-forwarded in one simulation: 840 period(s) of 1 S_kv step(s) left out "
+                                         "of 1 loop(s) (16800 of 20518 records by shifting); verified against the "
+                                         "full simulation")

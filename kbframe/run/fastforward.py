@@ -254,23 +254,30 @@ def _in_one(cfg, wl, kernel, recipes, check: bool, units: dict, key: str, q: int
             show: bool = False) -> Outcome:
     """Fast-forward in one simulation (kbframe.run.skipped); ``Outcome.sim`` None when the
     run is too short to leave anything out (``note`` empty) or the simulated run does not
-    show that what it left out was steady (``note`` says why). A simulation that left
-    nothing out is the full run (``Outcome.whole``)."""
+    show that what it left out was steady (``note`` says why), even simulated once more
+    with its loops judged from :data:`GROWTH` times as many steps on (a warm-up that looked
+    steady for a while: a short PE_SCHEDULER queue, many tiles prefetched). A simulation
+    that left nothing out is the full run (``Outcome.whole``)."""
     periods = wl.ff_periods or PERIODS
-    steady = Steady(key, periods, wl.ff_min_steps or MIN_STEPS, _snapshot)
-    if q < steady.min_steps + steady.tail + 2 * steady.multiple:
-        return Outcome(None, "")
-    try:
-        sim = simulate(cfg, wl, kernel, recipes, None, None, check, show, copy.deepcopy(units), check_later=check,
-                       steady=steady)
-        if not steady.jumps:  # nothing left out: this is the full simulation
-            return Outcome(sim, f"simulated in full: no loop along {key} looked steady with a stretch to leave out",
-                           whole=True)
-        made = skipped.make(sim, steady, periods, totals(sim))
-    except skipped.NotSteady as e:
-        return Outcome(None, str(e))
-    except KbframeError as e:
-        return Outcome(None, f"the run failed ({e})")
+    why = ""
+    for min_steps in (wl.ff_min_steps or MIN_STEPS, (wl.ff_min_steps or MIN_STEPS) * GROWTH):
+        steady = Steady(key, periods, min_steps, _snapshot)
+        if q < steady.min_steps + steady.tail + 2 * steady.multiple:
+            return Outcome(None, why)
+        try:
+            sim = simulate(cfg, wl, kernel, recipes, None, None, check, show, copy.deepcopy(units),
+                           check_later=check, steady=steady)
+            if not steady.jumps:  # nothing left out: this is the full simulation
+                return Outcome(sim, f"simulated in full: no loop along {key} looked steady with a stretch to "
+                                    f"leave out", whole=True)
+            made = skipped.make(sim, steady, periods, totals(sim))
+            break
+        except skipped.NotSteady as e:  # it looked steady too early, perhaps: once more, jumping later
+            why = str(e) if not why else f"{why}; from {min_steps} steps on, {e}"
+        except KbframeError as e:
+            return Outcome(None, f"the run failed ({e})")
+    else:
+        return Outcome(None, why)
     preflight.check_forwarded_records(cfg, wl, int(made.tot["n_records"]))
     if made.latency_ps >= MAX_PS or any(isinstance(n, tuple) and n[-1] == "busy_ps" and v >= MAX_PS
                                          for n, v in made.tot.items()):
