@@ -49,6 +49,13 @@ def run(out_dir: Path, *overrides, bench: str = "decode_opt2") -> dict:
     return run_bench(compose_cfg("run.progress=false", *overrides, bench=bench), Path(out_dir))
 
 
+def copies_only(monkeypatch) -> None:
+    """Fast-forward from short copies only: in one simulation (tried first,
+    kbframe.run.skipped) is not tried."""
+    from kbframe.run import fastforward
+    monkeypatch.setattr(fastforward, "_in_one", lambda *a, **k: fastforward.Outcome(None, ""))
+
+
 def read_oplog(path: Path) -> list[dict]:
     with open(path) as f:
         return [json.loads(line) for line in f]

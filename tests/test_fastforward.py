@@ -4,7 +4,7 @@ a schedule that does not repeat is simulated in full and the run says so."""
 
 import pytest
 
-from conftest import compose_cfg, run
+from conftest import compose_cfg, copies_only, run
 from kbframe.errors import SanitizerError
 from kbframe.run import fastforward, periodic
 from kbframe.run.bench import run_bench, validate
@@ -26,16 +26,15 @@ def any_cost(monkeypatch, request):
 
 @pytest.fixture
 def copies(monkeypatch):
-    """The short copies only (kbframe.run.fastforward): fast-forward in one simulation
-    (kbframe.run.skipped, tried first) is not tried."""
-    monkeypatch.setattr(fastforward, "_in_one", lambda *a, **k: fastforward.Outcome(None, ""))
+    """The short copies only (kbframe.run.fastforward)."""
+    copies_only(monkeypatch)
 
 
 @pytest.fixture(params=["one", "copies"])
 def mechanism(request, monkeypatch):
     """Each way of fast-forwarding: in one simulation (tried first), and the short copies."""
     if request.param == "copies":
-        monkeypatch.setattr(fastforward, "_in_one", lambda *a, **k: fastforward.Outcome(None, ""))
+        copies_only(monkeypatch)
     return request.param
 
 

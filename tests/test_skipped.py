@@ -22,7 +22,7 @@ from kbframe.tl.recipe import load_recipes
 def _skipping(*overrides, bench):
     """``(simulation, its Steady)`` of a timing-only bench whose KV loops may jump."""
     cfg = compose_cfg(*overrides, "bench.data=false", "run.progress=false", bench=bench)
-    steady = Steady("S_kv", fastforward.PERIODS, fastforward.MIN_STEPS, fastforward._snapshot)
+    steady = Steady("S_kv", fastforward.PERIODS, fastforward.MIN_STEPS, skipped.snapshot)
     sim = simulate(cfg, validate(cfg), resolve_kernel(cfg.bench.kernel), load_recipes(cfg.recipes), None, None,
                    False, False, steady=steady)
     return sim, steady
@@ -69,7 +69,7 @@ def test_a_record_that_does_not_repeat_is_caught():
     first candidate's first difference is named."""
     sim, steady = _skipping("bench.S_kv=16384", bench="decode_opt2")
     made = skipped.make(sim, steady, fastforward.PERIODS, totals(sim))
-    x = made.jumps[0][0]
+    x = made.jumps[0].x
     rows = sim.oplog.table.array().copy()
     rows[x + 1, 4] += 1  # t1 (kbframe.records.FIELDS)
     bad = SimpleNamespace(oplog=SimpleNamespace(table=RecordTable.of_rows(sim.oplog.table.names, rows)),

@@ -2,7 +2,9 @@
 periodic is not simulated period by period. Its records are the shifted copies of one
 period, and they are written as such.
 
-How, exactly:
+It is first made in one simulation whose loops leave a steady stretch out
+(:func:`_in_one`, kbframe.sim.steady and kbframe.run.skipped); when that cannot be made, from
+short copies, thus:
 
 1. The workload names the axis its work repeats along
    (:meth:`~kbframe.workloads.base.Workload.periodic_axis`): decode's context length in steps of one
@@ -64,7 +66,7 @@ from ..sim.steady import Steady
 from ..timebase import MAX_PS
 from . import preflight
 from . import skipped
-from .periodic import NotPeriodic, Runs, Settling, precheck, records_of, running_totals, streams_of, totals
+from .periodic import NotPeriodic, Runs, Settling, precheck, records_of, streams_of, totals
 from .simulate import Simulation, simulate
 
 #: steps the first short copies keep before the periods they vary (warm-up reached by
@@ -261,7 +263,7 @@ def _in_one(cfg, wl, kernel, recipes, check: bool, units: dict, key: str, q: int
     periods = wl.ff_periods or PERIODS
     why = ""
     for min_steps in (wl.ff_min_steps or MIN_STEPS, (wl.ff_min_steps or MIN_STEPS) * GROWTH):
-        steady = Steady(key, periods, min_steps, _snapshot)
+        steady = Steady(key, periods, min_steps, skipped.snapshot)
         if q < steady.min_steps + steady.tail + 2 * steady.multiple:
             return Outcome(None, why)
         try:
@@ -287,36 +289,12 @@ def _in_one(cfg, wl, kernel, recipes, check: bool, units: dict, key: str, q: int
             sim.sanitizer = _check(sim.engine, sim.oplog.table)
         except KbframeError as e:  # the full simulation reports it as it would
             return Outcome(None, f"the run failed ({e})")
-        for f, v in _sanitized(sim, made).items():
+        for f, v in skipped.sanitized(sim.engine, made).items():
             made.tot[("sanitizer", f)] = sim.sanitizer[f] + v
     _apply(sim, made.tot, made.table)
     sim.phases = made.phases
     sim.engine.wall_s = time.perf_counter() - t_start
     return Outcome(sim, made.note, made.period)
-
-
-def _snapshot(engine) -> tuple:
-    """What kbframe.sim.steady keeps at an iteration's start: the records so far, the totals,
-    per PE the commands dispatched but not completed, and those completed."""
-    tot = running_totals(engine, engine.oplog)
-    done = {pe.index: tot.get(("oplog", (pe.index, "scheduler"), "count"), 0) for pe in engine.pes.built()}
-    flight = tuple(tot[("cpu", pe, "n_commands")] - n for pe, n in done.items())
-    return len(engine.oplog.table), tot, flight, done
-
-
-def _sanitized(sim: Simulation, made) -> dict:
-    """The sanitizer's counts (commands, stages, accesses) of the periods ``made`` put back:
-    per jump, those of the commands of the period before it, times the periods."""
-    out = {"commands": 0, "stages": 0, "accesses": 0}
-    plans = dict((pe.index, plan) for pe, plan in sanitizer.plans(sim.engine))
-    for _x, _P, X, inst, per_period in made.jumps:
-        for pe, n in per_period.items():
-            hi = inst.ids[pe][inst.J]
-            sub = [(cmd, st) for cmd, st in plans.get(pe, []) if hi - n <= cmd.id < hi]
-            out["commands"] += X * len(sub)
-            out["stages"] += X * sum(len(st) for _, st in sub)
-            out["accesses"] += X * sanitizer.check_data_dependencies(sim.engine.pes[pe], sub)
-    return out
 
 
 def _phases(runs: Runs, n_a: int, p: int, k_full: int) -> dict | None:

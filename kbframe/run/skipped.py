@@ -28,12 +28,15 @@ grow by ``R / p`` times a period's, its ``tl.phase`` annotations the same way.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from ..records import FIELDS, N, ROW, RecordTable
-from ..sim.steady import Steady
+from ..sim import sanitizer
+from ..sim.steady import Instance, Steady
 from ..sim.waits import WAIT_CODE
-from .periodic import is_peak
+from .periodic import is_peak, running_totals
 
 _CMD, _T0, _T1, _TD, _WHY, _REF = (FIELDS.index(f) for f in ("cmd", "t0", "t1", "td", "why", "ref"))
 #: wait kinds whose ``ref`` is a command id (the others name a record, kbframe.sim.waits)
@@ -133,12 +136,25 @@ def _delta(a: dict, b: dict) -> dict:
     return {n: b[n] - a.get(n, 0) for n in b if not is_peak(n)}
 
 
+class PutBack(NamedTuple):
+    """One loop's jump, checked: its first record after the jump ``x``, a period's records
+    ``P`` and ps ``dt``, how its records move, the periods put back ``X`` of ``p``
+    iterations, how the totals grow a period, the loop and its commands a period per PE."""
+    x: int
+    P: int
+    dt: int
+    mover: "_Mover"
+    X: int
+    p: int
+    delta: dict
+    inst: Instance
+    per_period: dict
+
+
 class Made:
     """The full run made from a run that skipped: its record table, totals (by name, as
     kbframe.run.periodic.totals names them), latency (ps), ``tl.phase`` annotations, the
-    summary's note, the records of the shortest period, and per jump ``(first record after
-    it, records of a period, periods put back, the loop's Instance, commands a period per
-    PE)``."""
+    summary's note, the records of the shortest period, and its jumps (:class:`PutBack`)."""
 
     def __init__(self, table, tot, latency_ps, phases, note, period, jumps):
         self.table, self.tot, self.latency_ps, self.phases = table, tot, latency_ps, phases
@@ -175,14 +191,14 @@ def make(sim, steady: Steady, periods: tuple, tot: dict) -> Made:
                 why = why or NotSteady(f"loop {k}: the totals grow unevenly over two periods of {p}")
                 continue
             per_period = {pe: ids[inst.J] - ids[inst.J - p] for pe, ids in inst.ids.items()}
-            found.append((x, P, dt, mover, inst.R // p, p, d, inst, per_period))
+            found.append(PutBack(x, P, dt, mover, inst.R // p, p, d, inst, per_period))
             break
         else:
             raise why or NotSteady(f"loop {k}: no candidate period divides its jump of {inst.R}")
     latency = sim.latency_ps
     phases = {pe: list(ph) for pe, ph in (sim.phases or {}).items()}
     made = RecordTable.of_rows(table.names, rows[:0])
-    found.sort(key=lambda f: -f[0])
+    found.sort(key=lambda f: -f.x)
     for at, (x, P, dt, mover, X, p, d, inst, _) in enumerate(found):
         mover.of(rows)
         parts = [rows[:x], mover.periods(rows[x - P:x], X), mover.move(rows[x:], X)]
@@ -201,13 +217,12 @@ def make(sim, steady: Steady, periods: tuple, tot: dict) -> Made:
             if pe in phases:
                 phases[pe] = _phases(phases[pe], inst, pe, p, X)
     tot["latency_ps"] = latency
-    skipped = sum(f[4] for f in found)
+    skipped = sum(f.X for f in found)
     note = (f"fast-forwarded in one simulation: {skipped} period(s) of "
-            f"{'/'.join(str(p) for p in sorted({f[5] for f in found}))} {steady.key} step(s) left out of "
+            f"{'/'.join(str(p) for p in sorted({f.p for f in found}))} {steady.key} step(s) left out of "
             f"{len(found)} loop(s) ({len(rows) - len(table)} of {len(rows)} records by shifting)")
     del rows  # a view of the table's buffer, which must stay free to grow
-    return Made(made, tot, latency, phases, note, min(f[1] for f in found),
-                [(f[0], f[1], f[4], f[7], f[8]) for f in found])
+    return Made(made, tot, latency, phases, note, min(f.P for f in found), found)
 
 
 def _phases(ph: list, inst, pe: int, p: int, X: int) -> list:
@@ -233,3 +248,30 @@ def _phases(ph: list, inst, pe: int, p: int, X: int) -> list:
     for j in range(1, X + 1):
         out += [moved(e, j, lo, j * p) for e in inside]
     return out + [moved(e, X, hi) for e in ph if e[1] >= hi]
+
+
+def snapshot(engine) -> tuple:
+    """What kbframe.sim.steady keeps at an iteration's start (``Steady.snapshot``): the
+    records so far, the totals, per PE the commands dispatched but not completed, and those
+    completed."""
+    tot = running_totals(engine, engine.oplog)
+    done = {pe.index: tot.get(("oplog", (pe.index, "scheduler"), "count"), 0) for pe in engine.pes.built()}
+    flight = tuple(tot[("cpu", pe, "n_commands")] - n for pe, n in done.items())
+    return len(engine.oplog.table), tot, flight, done
+
+
+def sanitized(engine, made: Made) -> dict:
+    """The sanitizer's counts (commands, stages, accesses) of the periods ``made`` put back:
+    per jump, those of the commands of the period before it, times the periods (``engine``:
+    the simulation's, its stage records kept)."""
+    out = {"commands": 0, "stages": 0, "accesses": 0}
+    plans = dict((pe.index, plan) for pe, plan in sanitizer.plans(engine))
+    for jump in made.jumps:
+        inst = jump.inst
+        for pe, n in jump.per_period.items():
+            hi = inst.ids[pe][inst.J]
+            sub = [(cmd, st) for cmd, st in plans.get(pe, []) if hi - n <= cmd.id < hi]
+            out["commands"] += jump.X * len(sub)
+            out["stages"] += jump.X * sum(len(st) for _, st in sub)
+            out["accesses"] += jump.X * sanitizer.check_data_dependencies(engine.pes[pe], sub)
+    return out

@@ -108,7 +108,8 @@ class Steady:
             if inst.J is None or i <= inst.J:
                 ids[i] = tl.last_cmd_id + 1
                 ids.pop(i - self.window - 1, None)
-            if inst.J is None and i > inst.furthest:  # first to reach i: follow the run, and decide
+            # the first PE to reach i follows the run and decides, while a jump could still leave enough out
+            if inst.J is None and i > inst.furthest and n - i - 3 >= least:
                 inst.furthest = i
                 inst.times.append(env.now)
                 if i >= self.min_steps - self.window:

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import REPO, load_out, read_oplog, run
+from conftest import REPO, copies_only, load_out, read_oplog, run
 from kbframe.errors import ConfigError
 from kbframe.run.metrics import summary
 from kbframe.workloads.decoder_layer import FILE_ARRAYS, reference_layers
@@ -331,11 +331,10 @@ def test_a_fused_step_fast_forwards_exactly_on_one_pe_eight_and_across_cubes(tmp
     finds the written step identical to the full simulation. (48 layers are fewer than a
     model's: the copies of a 4-layer period, 49 layers with the candidates ruled out before
     it, may cost more than the step here.)"""
-    from kbframe.run import fastforward
     from kbframe.workloads.decoder_layer import DecoderLayer
     monkeypatch.setattr(DecoderLayer, "ff_budget", 1.2)
     if mechanism == "copies":
-        monkeypatch.setattr(fastforward, "_in_one", lambda *a, **k: fastforward.Outcome(None, ""))
+        copies_only(monkeypatch)
     m = run(tmp_path, *topology, "bench.data=false", "run.fast_forward=verify", "run.check=false", "run.trace=false",
             bench="decoder_layer")
     assert m["fast_forward"]["applied"], m["fast_forward"]["note"]
