@@ -234,6 +234,37 @@ def shift_rows(form: Periodic) -> np.ndarray:
     return step
 
 
+class Labels:
+    """A column of names (units, op kinds, wait kinds) held as codes: record ``i``'s name
+    is ``values[codes[i]]``. A long run's columns stay numpy arrays, not one Python
+    string per record; :func:`label_codes` gives codes of any column of names."""
+
+    __slots__ = ("codes", "values")
+
+    def __init__(self, codes: np.ndarray, values):
+        self.codes, self.values = codes, tuple(values)
+
+    def __len__(self) -> int:
+        return len(self.codes)
+
+    def __getitem__(self, i):
+        return self.values[self.codes[i]]
+
+    def __iter__(self):
+        v = self.values
+        return (v[c] for c in self.codes.tolist())
+
+
+def label_codes(col) -> tuple[np.ndarray, tuple]:
+    """``(codes, values)`` of a column of names: a :class:`Labels`' own, else the sorted
+    distinct names and each record's index into them."""
+    if isinstance(col, Labels):
+        return col.codes, col.values
+    values = tuple(sorted(set(col)))
+    at = {v: i for i, v in enumerate(values)}
+    return np.fromiter((at[v] for v in col), dtype=np.int64, count=len(col)), values
+
+
 class RecordTable:
     """Records of ten integers each (:data:`FIELDS`) in :attr:`buf`, a ``bytearray`` of
     native int64 the simulation grows inline (``buf += ROW.pack(...)``: once per record,

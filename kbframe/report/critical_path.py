@@ -40,12 +40,13 @@ idle time per period is split by what its next busy interval waited for.
 """
 from __future__ import annotations
 
-from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
+
+from ..records import label_codes
 
 #: a unit busy at least this share of the period makes the period resource-bound
 BUSY_THRESHOLD = 0.95
@@ -76,7 +77,8 @@ def resources_from_roles(roles: dict) -> dict:
 class Records(NamedTuple):
     """The records as columns (indexable sequences, one per field, record ``i`` at
     ``[i]``): what every function here reads. Column access, not one tuple per record:
-    a long run has hundreds of thousands."""
+    a long run has millions. A simulation's are int64 arrays and, for the names,
+    :class:`~kbframe.records.Labels` (``OpLog.waits.columns()``); lists do too."""
     pe: Sequence
     unit: Sequence
     kind: Sequence
@@ -94,9 +96,12 @@ class Records(NamedTuple):
 
     def last_of(self, unit: str) -> dict:
         """``{(pe, cmd): index}`` of the last record of ``unit`` per command."""
-        at = [i for i, u in enumerate(self.unit) if u == unit]
-        pe, cmd = self.pe, self.cmd
-        return dict(zip([(pe[i], cmd[i]) for i in at], at))
+        codes, values = label_codes(self.unit)
+        if unit not in values:
+            return {}
+        at = np.nonzero(codes == values.index(unit))[0]
+        pe, cmd = np.asarray(self.pe, dtype=np.int64)[at], np.asarray(self.cmd, dtype=np.int64)[at]
+        return dict(zip(zip(pe.tolist(), cmd.tolist()), at.tolist()))
 
 
 def as_records(rows) -> Records:
@@ -158,37 +163,37 @@ def walk(rows, sched: dict | None = None) -> list:
     PE, UNIT, CMD, T0, T1, TD, WHY, REF, END = c.pe, c.unit, c.cmd, c.t0, c.t1, c.td, c.why, c.ref, c.end
     sched = c.last_of("scheduler") if sched is None else sched
     disp = c.last_of("cpu")
-    t_last = max(T1)
+    t_last = int(np.max(T1))
     idx = c.n - 1
     while T1[idx] != t_last:  # the last record to end (the latest logged of those)
         idx -= 1
-    pos, t = "end", T1[idx]
+    pos, t = "end", int(T1[idx])
     back: list = []
     seg = back.append
 
     for _ in range(4 * c.n + 4):
-        pe = PE[idx]
+        pe = int(PE[idx])
         nxt = None
         if pos == "end":
             if UNIT[idx] == "scheduler":  # completion: the stage that completed it
-                nxt = (END[idx], "end") if END[idx] >= 0 else (idx, "start")
+                nxt = (int(END[idx]), "end") if END[idx] >= 0 else (idx, "start")
             elif TD[idx] >= 0:
-                seg((idx, "data", TD[idx], T1[idx], ""))
-                t = TD[idx]
+                seg((idx, "data", int(TD[idx]), int(T1[idx]), ""))
+                t = int(TD[idx])
                 nxt = (idx, "data")
             else:
-                seg((idx, "run", T0[idx], T1[idx], ""))
-                t = T0[idx]
+                seg((idx, "run", int(T0[idx]), int(T1[idx]), ""))
+                t = int(T0[idx])
                 nxt = (idx, "start")
         elif pos == "data":
             if END[idx] >= 0:  # the channel's previous transfer
-                nxt = (END[idx], "end")
+                nxt = (int(END[idx]), "end")
             else:
-                seg((idx, "setup", T0[idx], TD[idx], ""))
-                t = T0[idx]
+                seg((idx, "setup", int(T0[idx]), int(TD[idx]), ""))
+                t = int(T0[idx])
                 nxt = (idx, "start")
         else:  # the record's start (a command's: its admission)
-            why, ref = WHY[idx], REF[idx]
+            why, ref = WHY[idx], int(REF[idx])
             if why in ("dep", "unit", "cpu", "link"):
                 nxt = (ref, "end") if ref >= 0 else None
             elif why in ("admit", "room", "fifo"):
@@ -198,14 +203,14 @@ def walk(rows, sched: dict | None = None) -> list:
                 j = sched.get((pe, ref))
                 nxt = (j, "end") if j is not None else None
             elif why == "dispatch":
-                j = disp.get((pe, CMD[idx]))
+                j = disp.get((pe, int(CMD[idx])))
                 nxt = (j, "end") if j is not None else None
             if nxt is None:  # the start of the kernel, or an unexplained wait
                 if t > 0:
                     seg((-1, "wait", 0, t, why))
                 break
         j, p = nxt
-        tj = T1[j] if p == "end" else TD[j] if p == "data" else T0[j]
+        tj = int(T1[j] if p == "end" else TD[j] if p == "data" else T0[j])
         if tj > t:  # a cause after its effect: not a record this walk can follow
             seg((-1, "wait", 0, t, "unexplained"))
             break
@@ -248,7 +253,7 @@ def _period(sig: list, segs: list, ends: list, per_unit_records: float) -> tuple
         hi = (c + p + int(after[0]) if len(after) else n - p) + p
         reps = (hi - lo) // p
         t_lo, t_hi = segs[lo].t0, segs[lo + reps * p - 1].t1
-        u = (bisect_left(ends, t_hi) - bisect_left(ends, t_lo)) / reps / per_unit_records
+        u = int(np.searchsorted(ends, t_hi) - np.searchsorted(ends, t_lo)) / reps / per_unit_records
         for k in range(1, reps // MIN_REPS + 1):
             units = round(k * u)
             if units >= 1 and abs(k * u - units) <= UNIT_TOLERANCE * units:
@@ -280,45 +285,90 @@ def _why_label(c: Records, i: int, sched) -> str:
 
 def _units(c: Records, ta: int, tb: int, reps: int, multi_pe: bool, sched: dict) -> dict:
     """Per unit: busy and idle ns per period over ``[ta, tb)``, and what the idle time
-    waited for (labels → ns per period). One pass in op_log order, where each unit's
-    busy intervals (DMA: data phases) come in start order."""
-    state: dict = {}  # (pe, unit) -> [end of its latest busy interval, busy in window, {label: ps}]
-    for i, pe, unit, t0, b1, td in zip(range(c.n), c.pe, c.unit, c.t0, c.t1, c.td):
-        if unit == "scheduler":
-            continue
-        st = state.get((pe, unit))
-        if st is None:
-            st = state[(pe, unit)] = [0, 0, {}]
-        prev = st[0]
-        if prev >= tb:
-            continue
-        b0 = td if td >= 0 else t0
-        if b0 > prev and b0 > ta:  # an idle gap before it: what this record waited for
-            waits = st[2]
-            label = _why_label(c, i, sched)
-            if td >= 0:  # the data phase waited for the setup, the setup for its start
-                cut = min(max(t0, prev), b0)
-                pieces = ((label, prev, cut), ("setup", cut, b0))
-            else:
-                pieces = ((label, prev, b0),)
-            for lab, a, b in pieces:
-                a, b = max(a, ta), min(b, tb)
-                if b > a:
-                    waits[lab] = waits.get(lab, 0) + (b - a)
-        if b1 > ta and b0 < tb:  # the busy part inside the window
-            st[1] += (b1 if b1 < tb else tb) - (b0 if b0 > ta else ta)
-        if b1 > prev:
-            st[0] = b1
+    waited for (labels → ns per period, largest first, ties in the order first seen).
+    In op_log order each unit's busy intervals (DMA: data phases) come in start order: a
+    record's idle gap runs from the latest end of its unit's records before it; the records
+    after one that ends past ``tb`` do not count. A column at a time (numpy)."""
+    ucodes, uvals = label_codes(c.unit)
+    keep = np.nonzero(ucodes != uvals.index("scheduler"))[0] if "scheduler" in uvals else np.arange(len(ucodes))
+    if not len(keep):
+        return {}
+    stream_of = np.asarray(c.pe, dtype=np.int64)[keep] * len(uvals) + ucodes[keep]
+    streams, g = np.unique(stream_of, return_inverse=True)
+    g = g.reshape(-1)
+    order = np.argsort(g, kind="stable")  # stream by stream, op_log order within each
+    at, g = keep[order], g[order]
+    t0, b1, td = (np.asarray(col, dtype=np.int64)[at] for col in (c.t0, c.t1, c.td))
+    b0 = np.where(td >= 0, td, t0)
+    bounds = np.searchsorted(g, np.arange(len(streams) + 1)).tolist()
+    prev = np.zeros(len(at), dtype=np.int64)  # the latest end of the stream's records before each
+    last_end = np.zeros(len(streams), dtype=np.int64)
+    for s_, (a, b) in enumerate(zip(bounds[:-1], bounds[1:])):
+        run = np.maximum.accumulate(np.maximum(b1[a:b], 0))
+        prev[a + 1:b] = run[:-1]
+        last_end[s_] = run[-1]
+    live = prev < tb
+    busy = np.where(live & (b1 > ta) & (b0 < tb), np.minimum(b1, tb) - np.maximum(b0, ta), 0)
+    busy_of = np.add.reduceat(busy, bounds[:-1])
+    # the idle gap before a record: what it waited for, then (a DMA's data phase) its setup
+    gap = np.nonzero(live & (b0 > prev) & (b0 > ta))[0]
+    labels, label_of = _gap_labels(c, at[gap], sched)
+    if "setup" not in labels:
+        labels.append("setup")
+    cut = np.where(td[gap] >= 0, np.minimum(np.maximum(t0[gap], prev[gap]), b0[gap]), b0[gap])
+    lab = np.concatenate([label_of, np.full(len(gap), labels.index("setup"))])
+    lo, hi = np.concatenate([prev[gap], cut]), np.concatenate([cut, b0[gap]])
+    seq = np.concatenate([2 * gap, 2 * gap + 1])  # the order the pieces come in
+    amount = np.minimum(hi, tb) - np.maximum(lo, ta)
+    pos = amount > 0
+    key = np.concatenate([g[gap], g[gap]])[pos] * len(labels) + lab[pos]
+    keys, inverse = np.unique(key, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    sums = np.zeros(len(keys), dtype=np.int64)
+    np.add.at(sums, inverse, amount[pos])
+    first = np.full(len(keys), np.iinfo(np.int64).max, dtype=np.int64)
+    np.minimum.at(first, inverse, seq[pos])
+    waits: dict = {}
+    for k, v, f in zip(keys.tolist(), sums.tolist(), first.tolist()):
+        waits.setdefault(k // len(labels), []).append((f, labels[k % len(labels)], v))
     out = {}
     width = tb - ta
-    for (pe, unit), (prev, busy, waits) in sorted(state.items()):
-        if prev < tb:
-            waits["finished"] = waits.get("finished", 0) + tb - max(prev, ta)
-        key = f"PE{pe}.{unit}" if multi_pe else unit
-        out[key] = {"busy_ns": _ns(busy / reps), "idle_ns": _ns((width - busy) / reps),
-                    "busy_fraction": round(busy / width, 6) if width else 0.0,
-                    "waited_for": {k: _ns(v / reps) for k, v in sorted(waits.items(), key=lambda kv: -kv[1])}}
+    names = [(s_ // len(uvals), uvals[s_ % len(uvals)]) for s_ in streams.tolist()]
+    for s_ in sorted(range(len(streams)), key=lambda j: names[j]):
+        pe, unit = names[s_]
+        got = [(lb, v) for _, lb, v in sorted(waits.get(s_, []))]  # in the order first seen
+        if last_end[s_] < tb:
+            got.append(("finished", tb - max(int(last_end[s_]), ta)))
+        b = int(busy_of[s_])
+        out[f"PE{pe}.{unit}" if multi_pe else unit] = {
+            "busy_ns": _ns(b / reps), "idle_ns": _ns((width - b) / reps),
+            "busy_fraction": round(b / width, 6) if width else 0.0,
+            "waited_for": {k: _ns(v / reps) for k, v in sorted(got, key=lambda kv: -kv[1])}}
     return out
+
+
+def _gap_labels(c: Records, at: np.ndarray, sched: dict) -> tuple[list, np.ndarray]:
+    """``(labels, each record's index into them)`` for the records ``at``: what each one's
+    start waited for (:func:`_why_label`), worked out once per distinct cause (its wait
+    kind and the name of the record or the admission it names)."""
+    wcodes, wvals = label_codes(c.why)
+    ucodes, _ = label_codes(c.unit)
+    kcodes, _ = label_codes(c.kind)
+    why = wcodes[at]
+    ref = np.asarray(c.ref, dtype=np.int64)[at]
+    sub = np.zeros(len(at), dtype=np.int64)  # what the label depends on beside the kind
+    if "dep" in wvals:
+        dep = (why == wvals.index("dep")) & (ref >= 0) & (ref < len(wcodes))
+        sub[dep] = 1 + ((ucodes[ref[dep]] << 24) | kcodes[ref[dep]])
+    if "admit" in wvals and sched:
+        adm = np.nonzero(why == wvals.index("admit"))[0]
+        pe = np.asarray(c.pe, dtype=np.int64)[at[adm]]
+        j = np.array([sched.get(k, -1) for k in zip(pe.tolist(), ref[adm].tolist())], dtype=np.int64)
+        sub[adm] = np.where(j >= 0, 1 + wcodes[np.maximum(j, 0)], 0)
+    _, first, inverse = np.unique((why.astype(np.int64) << 40) | sub, return_index=True, return_inverse=True)
+    texts = [_why_label(c, int(at[i]), sched) for i in first.tolist()]
+    labels = list(dict.fromkeys(texts))
+    return labels, np.array([labels.index(t) for t in texts], dtype=np.int64)[inverse.reshape(-1)]
 
 
 def analyse(rows: list, n_units: int, unit_name: str = "unit", resources: dict | None = None) -> CriticalPath:
@@ -340,9 +390,11 @@ def analyse(rows: list, n_units: int, unit_name: str = "unit", resources: dict |
     rows = as_records(rows)
     sched = rows.last_of("scheduler")
     segs = walk(rows, sched)
-    multi_pe = len(set(rows.pe)) > 1
+    multi_pe = len(np.unique(np.asarray(rows.pe, dtype=np.int64))) > 1
     total = segs[-1].t1 - segs[0].t0 if segs else 0
-    ends = sorted([t for u, t in zip(rows.unit, rows.t1) if u != "cpu" and u != "scheduler"])  # the work: stages
+    ucodes, uvals = label_codes(rows.unit)
+    work = ~np.isin(ucodes, [uvals.index(u) for u in ("cpu", "scheduler") if u in uvals])
+    ends = np.sort(np.asarray(rows.t1, dtype=np.int64)[work])  # the work: stages
     found = (_period([_signature(rows, s) for s in segs], segs, ends, max(1, len(ends)) / max(1, n_units))
              if segs else None)
     if found is not None:
@@ -402,7 +454,7 @@ def _on_path(segs: list) -> set:
 def _term(c: Records, s: Segment, ps: int) -> dict:
     i = s.rec
     return {"name": segment_name(c, s), "unit": c.unit[i] if i >= 0 else "", "op_kind": c.kind[i] if i >= 0 else "",
-            "phase": s.phase, "pe": c.pe[i] if i >= 0 else -1, "ns": _ns(ps)}
+            "phase": s.phase, "pe": int(c.pe[i]) if i >= 0 else -1, "ns": _ns(ps)}
 
 
 def summary_line(cp: dict, max_terms: int = 6) -> str:

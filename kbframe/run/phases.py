@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..records import label_codes
 from ..timebase import ps_to_ns
 
 #: unit role → the resource it stands for in a phase's busy times
@@ -70,9 +71,10 @@ def analyse(phases: dict, rows, segments, latency_ps: int, roles: dict, hbm_gbps
     t0 = np.asarray(rows.t0, dtype=np.int64)
     t1 = np.asarray(rows.t1, dtype=np.int64)
     td = np.asarray(rows.td, dtype=np.int64)
-    names = sorted(set(rows.unit))
+    codes, values = label_codes(rows.unit)
+    names = sorted(values)
     code = {u: i for i, u in enumerate(names)}
-    ucode = np.asarray([code[u] for u in rows.unit], dtype=np.int64)
+    ucode = np.asarray([code[u] for u in values], dtype=np.int64)[codes]
     sched = code.get("scheduler", -1)
     res_of = np.asarray([RESOURCES.index(res[u]) if u in res else -1 for u in names], dtype=np.int64)[ucode]
     stage = (res_of >= 0) & (res_of != RESOURCES.index("dispatch"))

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..records import RecordTable
+from ..records import Labels, RecordTable
 
 #: wait kind names, by the code stored per record
 KINDS = ("start", "cpu", "room", "wait", "dispatch", "hazard", "fifo", "dep", "admit", "unit", "link")
@@ -78,12 +78,13 @@ class WaitLog:
     def rows(self) -> list[tuple]:
         """Every record as ``(pe, unit, op_kind, cmd, t_start, t_end, t_data, kind, ref,
         end_ref)`` (:meth:`columns`, record by record)."""
-        return list(zip(*self.columns()))
+        return list(zip(*(list(c) if isinstance(c, Labels) else c.tolist() for c in self.columns())))
 
-    def columns(self) -> tuple[list, ...]:
-        """The records' fields as ten lists, one per field, in record order: ``(pe, unit,
+    def columns(self) -> tuple:
+        """The records' fields as ten columns, one per field, in record order: ``(pe, unit,
         op_kind, cmd, t_start, t_end, t_data, kind, ref, end_ref)``, times in ps (``t_data``
-        -1: none), ``kind`` a name from :data:`KINDS`.
+        -1: none), ``kind`` a name from :data:`KINDS`; the integers as int64 arrays, the
+        names as :class:`~kbframe.records.Labels`.
 
         Worked out here: a stage was ready at its predecessor's end (``dep``) or at its
         command's admission (``admit``), and if it started later, the unit's stage that
@@ -97,7 +98,8 @@ class WaitLog:
         c = self.table.cols()
         n = len(c["name"])
         if n == 0:
-            return ([],) * 10
+            none = np.zeros(0, dtype=np.int64)
+            return (none, Labels(none, ()), Labels(none, ()), none, none, none, none, Labels(none, KINDS), none, none)
         code, cmd, t0, t1, t_data, kind, ref = (c[f] for f in ("name", "cmd", "t0", "t1", "td", "why", "ref"))
         units = sorted({u for _, u, _ in names})
         pe_of = np.array([pe for pe, _, _ in names], dtype=np.int64)[code]
@@ -157,10 +159,11 @@ class WaitLog:
                & (unit_of[b] != sched_u))
         end_ref[other[own]] = b[own]
 
-        text = lambda col: np.array([x[col] for x in names], dtype=object)  # noqa: E731
-        return (pe_of.tolist(), text(1)[code].tolist(), text(2)[code].tolist(), cmd.tolist(), t0.tolist(),
-                t1.tolist(), t_data.tolist(), np.array(KINDS, dtype=object)[why].tolist(), ref.tolist(),
-                end_ref.tolist())
+        kinds = sorted({k for _, _, k in names})
+        kind_of = np.array([kinds.index(k) for _, _, k in names], dtype=np.int64)[code]
+        cmd, t0, t1, t_data = (np.ascontiguousarray(x) for x in (cmd, t0, t1, t_data))  # not views of the whole table
+        return (pe_of, Labels(unit_of, units), Labels(kind_of, kinds), cmd, t0, t1, t_data, Labels(why, KINDS), ref,
+                end_ref)
 
 
 def _previous_in_group(group, at) -> np.ndarray:
