@@ -169,3 +169,59 @@ def test_opt3_binding_kind(tmp_path, overrides, binding, period):
     cp = run(tmp_path, "bench.data=false", "run.trace=false", *overrides, bench="decode_opt3")["critical_path"]
     assert (cp["binding"], cp["period_ns"], cp["units_per_period"]) == (binding, period, 1)
     assert sum(round(t["ns"] * 1000) for t in cp["terms"]) == round(period * 1000)
+
+
+def _reference_units(c, ta: int, tb: int, reps: int, multi_pe: bool, sched: dict) -> dict:
+    """The record-by-record loop ``_units`` replaced (kept as the reference): one pass in
+    op_log order, each unit's state its latest end, busy time and waits by label."""
+    from kbframe.report.critical_path import _ns, _why_label
+    state: dict = {}
+    for i, pe, unit, t0, b1, td in zip(range(c.n), c.pe, c.unit, c.t0, c.t1, c.td):
+        if unit == "scheduler":
+            continue
+        st = state.setdefault((pe, unit), [0, 0, {}])
+        prev = st[0]
+        if prev >= tb:
+            continue
+        b0 = td if td >= 0 else t0
+        if b0 > prev and b0 > ta:
+            label = _why_label(c, i, sched)
+            cut = min(max(t0, prev), b0) if td >= 0 else b0
+            for lab, a, b in ((label, prev, cut), ("setup", cut, b0)):
+                a, b = max(a, ta), min(b, tb)
+                if b > a:
+                    st[2][lab] = st[2].get(lab, 0) + (b - a)
+        if b1 > ta and b0 < tb:
+            st[1] += min(b1, tb) - max(b0, ta)
+        st[0] = max(st[0], b1)
+    out = {}
+    for (pe, unit), (prev, busy, waits) in sorted(state.items()):
+        if prev < tb:
+            waits["finished"] = waits.get("finished", 0) + tb - max(prev, ta)
+        out[f"PE{pe}.{unit}" if multi_pe else unit] = {
+            "busy_ns": _ns(busy / reps), "idle_ns": _ns((tb - ta - busy) / reps),
+            "busy_fraction": round(busy / (tb - ta), 6),
+            "waited_for": {k: _ns(v / reps) for k, v in sorted(waits.items(), key=lambda kv: -kv[1])}}
+    return out
+
+
+@pytest.mark.parametrize("bench, overrides", [
+    ("decode_opt2", ("bench.S_kv=8192",)),
+    ("decode_opt3", ("bench.S_kv=4100", "bench.tile=32")),
+    ("decode_heads", ("+model=llama3_70b", "hardware=cube", "hardware.hbm_mode=shared", "bench.S_kv=2048")),
+    ("decoder_layer", ("hardware=cube", "bench.tp=8", "bench.S_kv=512", "bench.layers=2")),
+])
+def test_unit_figures_equal_the_record_by_record_loop(bench, overrides):
+    """Each unit's busy, idle and waited-for figures, a column at a time, are the loop's,
+    over the whole run and over a window that cuts records in two."""
+    from kbframe.report.critical_path import Records, _units
+    from test_waits import _wait_rows
+    c = Records(*_wait_rows(bench, *overrides).columns())
+    plain = Records(*(list(col) if not hasattr(col, "tolist") else col.tolist() for col in c))
+    sched = c.last_of("scheduler")
+    assert sched == plain.last_of("scheduler")
+    end = int(max(c.t1))
+    for ta, tb, reps in ((0, end, 1), (end // 3 + 7, 2 * end // 3, 3)):
+        got = _units(c, ta, tb, reps, True, sched)
+        assert got == _reference_units(plain, ta, tb, reps, True, sched)
+        assert any(len(u["waited_for"]) > 1 for u in got.values())

@@ -33,7 +33,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..records import FIELDS, N, ROW, RecordTable
-from ..sim import sanitizer
+from ..sim import access_templates, sanitizer
 from ..sim.steady import Instance, Steady
 from ..sim.waits import WAIT_CODE
 from .periodic import is_peak, running_totals
@@ -266,6 +266,7 @@ def sanitized(engine, made: Made) -> dict:
     the simulation's, its stage records kept)."""
     out = {"commands": 0, "stages": 0, "accesses": 0}
     plans = dict((pe.index, plan) for pe, plan in sanitizer.plans(engine))
+    templates = access_templates.Templates()  # each command shape re-planned once, for every PE
     for jump in made.jumps:
         inst = jump.inst
         for pe, n in jump.per_period.items():
@@ -273,5 +274,5 @@ def sanitized(engine, made: Made) -> dict:
             sub = [(cmd, st) for cmd, st in plans.get(pe, []) if hi - n <= cmd.id < hi]
             out["commands"] += jump.X * len(sub)
             out["stages"] += jump.X * sum(len(st) for _, st in sub)
-            out["accesses"] += jump.X * sanitizer.check_data_dependencies(engine.pes[pe], sub)
+            out["accesses"] += jump.X * sanitizer.check_data_dependencies(engine.pes[pe], sub, None, templates)
     return out

@@ -131,7 +131,7 @@ class WaitLog:
         s_ref = np.where(dep, s_ref, cmd[st])
         # held by its unit: the latest stage of the same (pe, unit) before it that ended
         # at its start (-1: none)
-        stream = (pe_of[st] << 16) | unit_of[st]
+        stream = pe_of[st] * len(units) + unit_of[st]
         s_why[link] = WAIT_CODE["link"]
         late = np.nonzero((s_t0 != ready) & ~link)[0]
         if len(late):
@@ -178,18 +178,23 @@ def _previous_in_group(group, at) -> np.ndarray:
 
 def _latest_before(keys, times, at, q_keys, q_times, q_at) -> np.ndarray:
     """For each query ``(q_keys, q_times, q_at)``: the largest ``at`` of an entry with the
-    same key and time and ``at < q_at`` (-1: none). Entries ``(keys, times, at)``; ``at``
-    and times ≥ 0."""
-    pairs = np.stack([np.concatenate([keys, q_keys]), np.concatenate([times, q_times])], axis=1)
-    _, key = np.unique(pairs[:, 0], return_inverse=True)
-    if key.max(initial=0) < 1 << 13:  # one int64 per pair (times below 2^50 ps: MAX_PS)
-        _, group = np.unique((key.astype(np.int64) << 50) | pairs[:, 1], return_inverse=True)
-    else:
-        _, group = np.unique(pairs, axis=0, return_inverse=True)
-    group = group.reshape(-1).astype(np.int64)
-    n = len(keys)
-    span = int(max(at.max(initial=0), q_at.max(initial=0))) + 1
-    entries = np.sort(group[:n] * span + at)
-    pos = np.searchsorted(entries, group[n:] * span + q_at, side="left") - 1
-    hit = (pos >= 0) & (entries[np.maximum(pos, 0)] // span == group[n:])
-    return np.where(hit, entries[np.maximum(pos, 0)] % span, -1)
+    same key and time and ``at < q_at`` (-1: none). Entries ``(keys, times, at)``; keys
+    below 2^13 and times below 2^50 (MAX_PS), ``at`` ≥ 0. One sort of the entries by
+    (key and time, then ``at``); the queries are looked up in it."""
+    if not len(keys):
+        return np.full(len(q_keys), -1, dtype=np.int64)
+    if max(keys.max(), q_keys.max(initial=0)) >= 1 << 13:  # numbered densely first
+        _, dense = np.unique(np.concatenate([keys, q_keys]), return_inverse=True)
+        keys, q_keys = dense[:len(keys)], dense[len(keys):]
+    e = (keys.astype(np.int64) << 50) | times
+    q = (q_keys.astype(np.int64) << 50) | q_times
+    order = np.lexsort((at, e))
+    e, a = e[order], at[order]
+    rank = np.concatenate(([0], np.cumsum(e[1:] != e[:-1])))  # of each entry's (key, time)
+    span = int(max(a.max(initial=0), q_at.max(initial=0))) + 1
+    ranked = rank * span + a  # ascending
+    i = np.minimum(np.searchsorted(e, q), len(e) - 1)
+    known = e[i] == q
+    pos = np.searchsorted(ranked, rank[i] * span + q_at, side="left") - 1
+    hit = known & (pos >= 0) & (ranked[np.maximum(pos, 0)] // span == rank[i])
+    return np.where(hit, a[np.maximum(pos, 0)], -1)
