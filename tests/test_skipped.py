@@ -13,7 +13,7 @@ from kbframe.run import fastforward, skipped
 from kbframe.run.bench import validate
 from kbframe.run.periodic import totals
 from kbframe.run.simulate import simulate
-from kbframe.sim.steady import Instance, Steady
+from kbframe.sim.steady import Axis, Instance, Steady
 from kbframe.sim.targets import resolve_kernel
 from kbframe.sim.waits import WAIT_CODE
 from kbframe.tl.recipe import load_recipes
@@ -22,7 +22,7 @@ from kbframe.tl.recipe import load_recipes
 def _skipping(*overrides, bench):
     """``(simulation, its Steady)`` of a timing-only bench whose KV loops may jump."""
     cfg = compose_cfg(*overrides, "bench.data=false", "run.progress=false", bench=bench)
-    steady = Steady("S_kv", fastforward.PERIODS, fastforward.MIN_STEPS, skipped.snapshot)
+    steady = Steady([Axis("S_kv", fastforward.PERIODS, fastforward.MIN_STEPS)], skipped.snapshot)
     sim = simulate(cfg, validate(cfg), resolve_kernel(cfg.bench.kernel), load_recipes(cfg.recipes), None, None,
                    False, False, steady=steady)
     return sim, steady
@@ -61,14 +61,14 @@ def test_loops_of_unequal_length_leave_nothing_out():
                             bench="decode_heads")
     assert steady.broken == "loop 0 of S_kv has 94 iterations on PE7, 128 on another"
     with pytest.raises(skipped.NotSteady, match="^loop 0 of S_kv has 94 iterations on PE7, 128 on another$"):
-        skipped.make(sim, steady, fastforward.PERIODS, totals(sim))
+        skipped.make(sim, steady, totals(sim))
 
 
 def test_a_record_that_does_not_repeat_is_caught():
     """One record's end 1 ps late, just after the jump: no candidate period holds, and the
     first candidate's first difference is named."""
     sim, steady = _skipping("bench.S_kv=16384", bench="decode_opt2")
-    made = skipped.make(sim, steady, fastforward.PERIODS, totals(sim))
+    made = skipped.make(sim, steady, totals(sim))
     x = made.jumps[0].x
     rows = sim.oplog.table.array().copy()
     rows[x + 1, 4] += 1  # t1 (kbframe.records.FIELDS)
@@ -76,7 +76,7 @@ def test_a_record_that_does_not_repeat_is_caught():
                           latency_ps=sim.latency_ps, phases=sim.phases)
     with pytest.raises(skipped.NotSteady, match=rf"^loop 0: record {x + 1} is not record {x + 1 - 18} a period "
                                                 r"of 1 later \(t1\)$"):
-        skipped.make(bad, steady, fastforward.PERIODS, totals(sim))
+        skipped.make(bad, steady, totals(sim))
 
 
 def test_records_move_by_the_rules():

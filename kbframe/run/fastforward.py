@@ -62,7 +62,7 @@ from ..errors import KbframeError
 from ..sim.engine import build_units
 from ..records import RecordTable, find_periodic
 from ..sim import sanitizer
-from ..sim.steady import Steady
+from ..sim.steady import Axis, Steady
 from ..timebase import MAX_PS
 from . import preflight
 from . import skipped
@@ -260,19 +260,25 @@ def _in_one(cfg, wl, kernel, recipes, check: bool, units: dict, key: str, q: int
     with its loops judged from :data:`GROWTH` times as many steps on (a warm-up that looked
     steady for a while: a short PE_SCHEDULER queue, many tiles prefetched). A simulation
     that left nothing out is the full run (``Outcome.whole``)."""
-    periods = wl.ff_periods or PERIODS
+    first = wl.ff_min_steps or MIN_STEPS
+    nested = tuple(wl.nested_axes())
+    # nested loops jump too; a run that cannot be made so is simulated once more, jumping
+    # later, then (with nested loops) with its outer loops jumping alone
+    tries = [(nested, first), (nested, first * GROWTH)] + ([((), first)] if nested else [])
     why = ""
-    for min_steps in (wl.ff_min_steps or MIN_STEPS, (wl.ff_min_steps or MIN_STEPS) * GROWTH):
-        steady = Steady(key, periods, min_steps, skipped.snapshot)
-        if q < steady.min_steps + steady.tail + 2 * steady.multiple:
+    for inner, min_steps in tries:
+        axes = [Axis(key, tuple(wl.ff_periods or PERIODS), min_steps),
+                *(Axis(k, PERIODS, MIN_STEPS * min_steps // first) for k in inner)]
+        steady = Steady(axes, skipped.snapshot)
+        if not inner and q < axes[0].min_steps + axes[0].tail + 2 * axes[0].multiple:
             return Outcome(None, why)
         try:
             sim = simulate(cfg, wl, kernel, recipes, None, None, check, show, copy.deepcopy(units),
                            check_later=check, steady=steady)
             if not steady.jumps:  # nothing left out: this is the full simulation
-                return Outcome(sim, f"simulated in full: no loop along {key} looked steady with a stretch to "
-                                    f"leave out", whole=True)
-            made = skipped.make(sim, steady, periods, totals(sim))
+                return Outcome(sim, f"simulated in full: no loop along {' or '.join(a.key for a in axes)} looked "
+                                    f"steady with a stretch to leave out", whole=True)
+            made = skipped.make(sim, steady, totals(sim))
             break
         except skipped.NotSteady as e:  # it looked steady too early, perhaps: once more, jumping later
             why = str(e) if not why else f"{why}; from {min_steps} steps on, {e}"

@@ -28,6 +28,7 @@ grow by ``R / p`` times a period's, its ``tl.phase`` annotations the same way.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import NamedTuple
 
 import numpy as np
@@ -139,7 +140,10 @@ def _delta(a: dict, b: dict) -> dict:
 class PutBack(NamedTuple):
     """One loop's jump, checked: its first record after the jump ``x``, a period's records
     ``P`` and ps ``dt``, how its records move, the periods put back ``X`` of ``p``
-    iterations, how the totals grow a period, the loop and its commands a period per PE."""
+    iterations, how the totals grow a period, the loop (its ids and record counts in the
+    table the jump is put back into) and its commands a period per PE, the loop as it was
+    simulated (``simulated``) and the jumps of nested loops a period of it holds
+    (``inner``)."""
     x: int
     P: int
     dt: int
@@ -149,21 +153,69 @@ class PutBack(NamedTuple):
     delta: dict
     inst: Instance
     per_period: dict
+    simulated: Instance
+    inner: tuple = ()
 
 
 class Made:
     """The full run made from a run that skipped: its record table, totals (by name, as
     kbframe.run.periodic.totals names them), latency (ps), ``tl.phase`` annotations, the
-    summary's note, the records of the shortest period, and its jumps (:class:`PutBack`)."""
+    summary's note, the records of the shortest period of the outermost loops that jumped,
+    and its jumps (:class:`PutBack`)."""
 
     def __init__(self, table, tot, latency_ps, phases, note, period, jumps):
         self.table, self.tot, self.latency_ps, self.phases = table, tot, latency_ps, phases
         self.note, self.period, self.jumps = note, period, jumps
 
 
-def make(sim, steady: Steady, periods: tuple, tot: dict) -> Made:
-    """Put back what ``sim`` (simulated with ``steady``) left out (module doc); ``tot``:
-    its totals (kbframe.run.periodic.totals). Raises NotSteady."""
+def _after(inst: Instance, placed: list) -> tuple[Instance, dict]:
+    """``inst`` (a loop as simulated) with its ids and record counts where the jumps
+    ``placed`` (of nested loops, put back into the simulated table) moved them, and per
+    iteration it kept, the jumps put back before it."""
+    counts = {i: snap[0] for i, snap in inst.snaps.items()}
+    before = {i: [b for b in placed if b.x < n] for i, n in counts.items()}
+    counts = {i: n + sum(b.X * b.P for b in before[i]) for i, n in counts.items()}
+
+    def cmd(pe: int, c: int) -> int:
+        return c + sum(b.X * b.per_period[pe] for b in placed if pe in b.per_period and c >= b.inst.ids[pe][b.inst.J])
+    moved = replace(inst, snaps={i: (counts[i], *snap[1:]) for i, snap in inst.snaps.items()},
+                    ids={pe: {i: cmd(pe, c) for i, c in d.items()} for pe, d in inst.ids.items()},
+                    first={pe: cmd(pe, c) for pe, c in inst.first.items()})
+    return moved, before
+
+
+def _put_back(rows, pe_of, k: int, sim_inst: Instance, periods: tuple, placed: list) -> PutBack:
+    """Check one loop's jump in ``rows`` (the simulated records, with the jumps of nested
+    loops ``placed`` put back): the period it looked steady with first, then the others
+    that divide its jump. Raises NotSteady."""
+    inst, before = _after(sim_inst, placed)
+    why = None
+    for p in sorted(periods, key=lambda q: q != inst.p):
+        if inst.R % p:
+            continue
+        try:
+            x, P, dt, mover = _check(rows, pe_of, k, inst, p)
+        except NotSteady as e:
+            why = why or e
+            continue
+        a, b, c = (sim_inst.snaps[inst.J - j][1] for j in (2 * p, p, 0))
+        d = _delta(b, c)
+        if d != _delta(a, b) or any(c[n] != b[n] for n in c if is_peak(n)):
+            why = why or NotSteady(f"loop {k}: the totals grow unevenly over two periods of {p}")
+            continue
+        inner = tuple(j for j in before[inst.J] if all(j is not e for e in before[inst.J - p]))
+        for j in inner:  # a period holds these nested jumps: it grows by what they put back too
+            for n, v in j.delta.items():
+                d[n] = d.get(n, 0) + j.X * v
+        per_period = {pe: ids[inst.J] - ids[inst.J - p] for pe, ids in inst.ids.items()}
+        return PutBack(x, P, dt, mover, inst.R // p, p, d, inst, per_period, sim_inst, inner)
+    raise why or NotSteady(f"loop {k}: no candidate period divides its jump of {inst.R}")
+
+
+def make(sim, steady: Steady, tot: dict) -> Made:
+    """Put back what ``sim`` (simulated with ``steady``) left out (module doc): the jumps
+    of nested loops first, then those of the loops they are nested in; ``tot``: its totals
+    (kbframe.run.periodic.totals). Raises NotSteady."""
     if steady.broken:
         raise NotSteady(steady.broken)
     jumps = steady.jumps
@@ -173,56 +225,43 @@ def make(sim, steady: Steady, periods: tuple, tot: dict) -> Made:
     rows = table.array()
     pe_of = np.array(table.name_col(0), dtype=np.int64)
     tot = dict(tot)
-    found = []
-    for jump in jumps:
-        k, inst = jump
-        why = None
-        for p in sorted(periods, key=lambda q: q != inst.p):  # the period it looked steady with first
-            if inst.R % p:
-                continue
-            try:
-                x, P, dt, mover = _check(rows, pe_of, k, inst, p)
-            except NotSteady as e:
-                why = why or e
-                continue
-            a, b, c = (inst.snaps[inst.J - j][1] for j in (2 * p, p, 0))
-            d = _delta(b, c)
-            if d != _delta(a, b) or any(c[n] != b[n] for n in c if is_peak(n)):
-                why = why or NotSteady(f"loop {k}: the totals grow unevenly over two periods of {p}")
-                continue
-            per_period = {pe: ids[inst.J] - ids[inst.J - p] for pe, ids in inst.ids.items()}
-            found.append(PutBack(x, P, dt, mover, inst.R // p, p, d, inst, per_period))
-            break
-        else:
-            raise why or NotSteady(f"loop {k}: no candidate period divides its jump of {inst.R}")
     latency = sim.latency_ps
     phases = {pe: list(ph) for pe, ph in (sim.phases or {}).items()}
-    made = RecordTable.of_rows(table.names, rows[:0])
-    found.sort(key=lambda f: -f.x)
-    for at, (x, P, dt, mover, X, p, d, inst, _) in enumerate(found):
-        mover.of(rows)
-        parts = [rows[:x], mover.periods(rows[x - P:x], X), mover.move(rows[x:], X)]
-        if at < len(found) - 1:
-            rows = np.concatenate(parts)
-        else:  # the last straight into the table's buffer: the full run's records held once
-            n = sum(len(a) for a in parts)
-            made.buf = bytearray(n * ROW.size)
-            rows = np.frombuffer(made.buf, dtype=np.int64).reshape(n, N)
-            np.concatenate(parts, out=rows)
-        del parts
-        latency += X * dt
-        for n, v in d.items():
-            tot[n] += X * v
-        for pe in inst.jumped:
-            if pe in phases:
-                phases[pe] = _phases(phases[pe], inst, pe, p, X)
+    placed: list = []  # every jump put back so far
+    levels = sorted({inst.level for _, inst in jumps}, reverse=True)
+    for level in levels:
+        found = [_put_back(rows, pe_of, k, inst, steady.axes[inst.key][1].periods, placed)
+                 for k, inst in jumps if inst.level == level]
+        found.sort(key=lambda f: -f.x)  # the last first: the records before it stay where they are
+        for at, f in enumerate(found):
+            f.mover.of(rows)
+            parts = [rows[:f.x], f.mover.periods(rows[f.x - f.P:f.x], f.X), f.mover.move(rows[f.x:], f.X)]
+            if level != levels[-1] or at < len(found) - 1:
+                rows = np.concatenate(parts)
+            else:  # the last straight into the table's buffer: the full run's records held once
+                made = RecordTable.of_rows(table.names, rows[:0])
+                n = sum(len(a) for a in parts)
+                made.buf = bytearray(n * ROW.size)
+                rows = np.frombuffer(made.buf, dtype=np.int64).reshape(n, N)
+                np.concatenate(parts, out=rows)
+            del parts
+            latency += f.X * f.dt
+            for n, v in f.delta.items():
+                tot[n] += f.X * v
+            for pe in f.inst.jumped:
+                if pe in phases:
+                    phases[pe] = _phases(phases[pe], f.inst, pe, f.p, f.X)
+        placed += found
     tot["latency_ps"] = latency
-    skipped = sum(f.X for f in found)
-    note = (f"fast-forwarded in one simulation: {skipped} period(s) of "
-            f"{'/'.join(str(p) for p in sorted({f.p for f in found}))} {steady.key} step(s) left out of "
-            f"{len(found)} loop(s) ({len(rows) - len(table)} of {len(rows)} records by shifting)")
+    keys = list(dict.fromkeys(inst.key for _, inst in jumps))
+    what = " and ".join(f"{sum(f.X for f in placed if f.inst.key == key)} period(s) of "
+                        f"{'/'.join(str(p) for p in sorted({f.p for f in placed if f.inst.key == key}))} {key} step(s)"
+                        for key in keys)
+    note = (f"fast-forwarded in one simulation: {what} left out of {len(placed)} loop(s) "
+            f"({len(rows) - len(table)} of {len(rows)} records by shifting)")
     del rows  # a view of the table's buffer, which must stay free to grow
-    return Made(made, tot, latency, phases, note, min(f.P for f in found), found)
+    outer = [f for f in placed if f.inst.level == levels[-1]]
+    return Made(made, tot, latency, phases, note, min(f.P for f in outer), placed)
 
 
 def _phases(ph: list, inst, pe: int, p: int, X: int) -> list:
@@ -262,17 +301,22 @@ def snapshot(engine) -> tuple:
 
 def sanitized(engine, made: Made) -> dict:
     """The sanitizer's counts (commands, stages, accesses) of the periods ``made`` put back:
-    per jump, those of the commands of the period before it, times the periods (``engine``:
-    the simulation's, its stage records kept)."""
-    out = {"commands": 0, "stages": 0, "accesses": 0}
+    per jump, those of the commands of the period before it as simulated, and of what the
+    jumps of nested loops in that period put back, times the periods (``engine``: the
+    simulation's, its stage records kept)."""
     plans = dict((pe.index, plan) for pe, plan in sanitizer.plans(engine))
     templates = access_templates.Templates()  # each command shape re-planned once, for every PE
-    for jump in made.jumps:
-        inst = jump.inst
-        for pe, n in jump.per_period.items():
-            hi = inst.ids[pe][inst.J]
-            sub = [(cmd, st) for cmd, st in plans.get(pe, []) if hi - n <= cmd.id < hi]
-            out["commands"] += jump.X * len(sub)
-            out["stages"] += jump.X * sum(len(st) for _, st in sub)
-            out["accesses"] += jump.X * sanitizer.check_data_dependencies(engine.pes[pe], sub, None, templates)
-    return out
+    memo: dict = {}
+
+    def period(jump) -> np.ndarray:
+        if id(jump) not in memo:
+            inst, got = jump.simulated, np.zeros(3, dtype=np.int64)
+            for pe in jump.per_period:
+                lo, hi = inst.ids[pe][inst.J - jump.p], inst.ids[pe][inst.J]
+                sub = [(cmd, st) for cmd, st in plans.get(pe, []) if lo <= cmd.id < hi]
+                got += (len(sub), sum(len(st) for _, st in sub),
+                        sanitizer.check_data_dependencies(engine.pes[pe], sub, None, templates))
+            memo[id(jump)] = got + sum((j.X * period(j) for j in jump.inner), np.zeros(3, dtype=np.int64))
+        return memo[id(jump)]
+    total = sum((j.X * period(j) for j in made.jumps), np.zeros(3, dtype=np.int64))
+    return dict(zip(("commands", "stages", "accesses"), (int(v) for v in total)))

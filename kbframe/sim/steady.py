@@ -1,9 +1,11 @@
 """Skipping a steady stretch inside one simulation: the loops of a kernel along the
-workload's periodic axis (:meth:`~kbframe.workloads.base.Workload.periodic_axis`) go through
-:meth:`kbframe.tl.context.TL.steps`, and while a :class:`Steady` is installed on the engine
-(``Engine.steady``) such a loop may leave out a stretch of its iterations.
+workload's periodic axis (:meth:`~kbframe.workloads.base.Workload.periodic_axis`), and along
+the axes nested in its steps (:meth:`~kbframe.workloads.base.Workload.nested_axes`: a
+decoder layer's KV tiles), go through :meth:`kbframe.tl.context.TL.steps`, and while a
+:class:`Steady` is installed on the engine (``Engine.steady``) such a loop may leave out a
+stretch of its iterations: each :class:`Axis` by its own rules.
 
-Per loop instance (the ``k``-th loop of the axis a PE enters; the PEs of an SPMD kernel
+Per loop instance (the ``k``-th loop of an axis a PE enters; the PEs of an SPMD kernel
 enter theirs together), the first PE to reach iteration ``i`` decides: when ``i`` is past
 :attr:`Steady.min_steps` and the times at which this PE's kernel reached its last
 iterations repeat with some candidate period ``p`` (two equal spans of ``p`` iterations,
@@ -25,9 +27,35 @@ from collections import deque
 from dataclasses import dataclass, field
 
 
+@dataclass(frozen=True)
+class Axis:
+    """An axis whose loops may jump: its bench ``key``, candidate ``periods`` (in
+    iterations; a jump is a multiple of all of them) and the iterations simulated before a
+    jump may be decided (``min_steps``)."""
+
+    key: str
+    periods: tuple
+    min_steps: int
+
+    @property
+    def multiple(self) -> int:
+        return math.lcm(*self.periods)
+
+    @property
+    def window(self) -> int:
+        """Iterations before a jump whose ids and totals are kept."""
+        return 2 * max(self.periods)
+
+    @property
+    def tail(self) -> int:
+        """Iterations after a jump at most: a period checked, and the end."""
+        return max(self.periods) + 2
+
+
 @dataclass
 class Instance:
-    """The ``k``-th loop of the axis on each PE. ``n``: its iterations; ``J``, ``R``: the
+    """The ``k``-th loop of an axis on each PE. ``key``: the axis; ``level``: 0 for the
+    workload's periodic axis, 1 for an axis nested in its steps; ``n``: its iterations; ``J``, ``R``: the
     jump (None: none), from iteration ``J`` to ``J + R``, decided with period ``p``;
     ``furthest``: the furthest iteration a PE reached; ``first[pe]``: the first command id
     the loop issued on ``pe``;
@@ -38,6 +66,8 @@ class Instance:
     ``jumped``: the PEs whose loop jumped."""
 
     n: int
+    key: str = ""
+    level: int = 0
     multiple: int | None = None  # a jump is a multiple of this (the candidate periods and the loop's rings)
     J: int | None = None
     R: int = 0
@@ -54,51 +84,50 @@ class Steady:
     """The controller of one simulation's jumps (module doc).
 
     Args:
-        key: the periodic axis's bench key (a loop of another axis is left alone).
-        periods: candidate periods, in iterations; a jump is a multiple of all of them.
-        min_steps: iterations simulated before a jump may be decided.
+        axes: the :class:`Axis` es whose loops may jump, the workload's periodic axis first
+            (a loop of another key is left alone).
         snapshot: ``(engine) -> (records so far, totals dict, commands in flight per PE,
             {pe: commands completed})``, taken at each iteration start before a jump
             (kbframe.run.skipped).
     """
 
-    def __init__(self, key: str, periods: tuple, min_steps: int, snapshot):
-        self.key = key
-        self.periods = tuple(sorted(periods))
-        self.multiple = math.lcm(*self.periods)
-        self.pmax = self.periods[-1]
-        self.window = 2 * self.pmax  # iterations before J whose ids and totals are kept
-        self.tail = self.pmax + 2  # iterations after a jump at most: a period checked, and the end
-        self.min_steps = int(min_steps)  # a period p is judged from iteration 2p on (_steady)
+    def __init__(self, axes, snapshot):
+        self.axes = {a.key: (0 if j == 0 else 1, a) for j, a in enumerate(axes)}  # nested: level 1
+        self.key = axes[0].key
         self.snapshot = snapshot
         self.engine = None  # set by the engine it is installed on (kbframe.run.simulate)
-        self.instances: list[Instance] = []
+        self.instances: list[Instance] = []  # every axis's, in the order first entered
+        self._by_key: dict = {}  # key -> its instances, k-th first
         self._entered: dict = {}
         self.broken: str | None = None  # why this run cannot stand for the full one
 
     def steps(self, tl, key: str, n: int, rings: tuple = ()):
         """The iterations of a loop of ``n`` along ``key`` on ``tl``'s PE whose buffers
         rotate through rings of these sizes (TL.steps)."""
-        if key != self.key:
+        if key not in self.axes:
             return range(n)
-        return self._iterate(tl, n, math.lcm(self.multiple, *rings))
+        level, axis = self.axes[key]
+        return self._iterate(tl, n, level, axis, math.lcm(axis.multiple, *rings))
 
-    def _iterate(self, tl, n: int, multiple: int):
+    def _iterate(self, tl, n: int, level: int, axis: Axis, multiple: int):
         pe = tl.pe.index
-        k = self._entered.get(pe, 0)
-        self._entered[pe] = k + 1
-        if k == len(self.instances):
-            self.instances.append(Instance(n, times=deque(maxlen=self.window + 1)))
-        inst = self.instances[k]
+        k = self._entered.get((pe, axis.key), 0)
+        self._entered[(pe, axis.key)] = k + 1
+        mine = self._by_key.setdefault(axis.key, [])
+        if k == len(mine):
+            mine.append(Instance(n, axis.key, level, times=deque(maxlen=axis.window + 1)))
+            self.instances.append(mine[-1])
+        inst = mine[k]
         inst.first[pe] = tl.last_cmd_id + 1
         inst.multiple = inst.multiple or multiple
         if inst.n != n or inst.multiple != multiple:  # not one loop: nothing is left out of it here
-            self.broken = (f"loop {k} of {self.key} has {n} iterations on PE{pe}, {inst.n} on another" if inst.n != n
-                           else f"loop {k} of {self.key} rotates other buffer rings on PE{pe} than on another")
+            self.broken = (f"loop {k} of {axis.key} has {n} iterations on PE{pe}, {inst.n} on another"
+                           if inst.n != n else
+                           f"loop {k} of {axis.key} rotates other buffer rings on PE{pe} than on another")
             yield from range(n)
             return
-        least = max(multiple, 2 * self.multiple)  # fewer steps left out would not pay for the check
-        if n - self.min_steps - self.tail < least:  # too short to leave anything out
+        least = max(multiple, 2 * axis.multiple)  # fewer steps left out would not pay for the check
+        if n - axis.min_steps - axis.tail < least:  # too short to leave anything out
             yield from range(n)
             return
         env = tl.pe.env
@@ -107,15 +136,15 @@ class Steady:
         while i < n:
             if inst.J is None or i <= inst.J:
                 ids[i] = tl.last_cmd_id + 1
-                ids.pop(i - self.window - 1, None)
+                ids.pop(i - axis.window - 1, None)
             # the first PE to reach i follows the run and decides, while a jump could still leave enough out
             if inst.J is None and i > inst.furthest and n - i - 3 >= least:
                 inst.furthest = i
                 inst.times.append(env.now)
-                if i >= self.min_steps - self.window:
+                if i >= axis.min_steps - axis.window:
                     inst.snaps[i] = self.snapshot(self.engine)
-                    inst.snaps.pop(i - self.window - 1, None)
-                p = self._steady(inst, i) if i >= self.min_steps else None
+                    inst.snaps.pop(i - axis.window - 1, None)
+                p = self._steady(inst, i, axis.periods) if i >= axis.min_steps else None
                 R = (n - i - p - 2) // multiple * multiple if p else 0  # after it: a period checked, and the end
                 if R >= least:
                     inst.J, inst.R, inst.p = i, R, p
@@ -126,7 +155,7 @@ class Steady:
             yield i
             i += 1
 
-    def _steady(self, inst: Instance, i: int) -> int | None:
+    def _steady(self, inst: Instance, i: int, periods: tuple) -> int | None:
         """Whether the run looks steady at iteration ``i``: for a candidate period, the last
         two periods took equal times, added equal numbers of records and grew every total
         alike, and each PE had as many commands in flight at their ends
@@ -136,7 +165,7 @@ class Steady:
         the loop's first iterations may come after those of what preceded it). The
         shortest such period, or None."""
         t, snaps = list(inst.times), inst.snaps
-        for p in self.periods:
+        for p in sorted(periods):
             if len(t) <= 2 * p or i - 2 * p not in snaps:
                 continue
             if t[-1] - t[-1 - p] != t[-1 - p] - t[-1 - 2 * p]:
@@ -156,5 +185,7 @@ class Steady:
 
     @property
     def jumps(self) -> list:
-        """``(k, instance)`` of every loop that jumped."""
-        return [(k, inst) for k, inst in enumerate(self.instances) if inst.J is not None]
+        """``(k, instance)`` of every loop that jumped (``k``: its place among its axis's
+        loops), in the order the loops were first entered."""
+        ks = {id(inst): k for mine in self._by_key.values() for k, inst in enumerate(mine)}
+        return [(ks[id(inst)], inst) for inst in self.instances if inst.J is not None]

@@ -167,6 +167,13 @@ class Workload:
         uses it, and verifies the repetition before relying on it."""
         return None
 
+    def nested_axes(self) -> tuple:
+        """Bench keys of loops nested in each step of :meth:`periodic_axis` whose
+        iterations repeat too (a decoder layer's KV tiles): in one simulation they may leave
+        out a steady stretch as well (kbframe.sim.steady, with fast-forward's default
+        periods and warm-up), put back before the steps they are nested in. () by default."""
+        return ()
+
     def with_axis(self, steps: int, bench=None) -> "Workload":
         """This workload, validated, with :meth:`periodic_axis` at ``steps`` whole steps (and
         the same remainder): the short copies of fast-forward and the record estimate of

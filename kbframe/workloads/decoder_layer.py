@@ -299,6 +299,10 @@ class DecoderLayer(Workload):
         # every layer the same work (timing only); generated inputs: the shapes are the keys'
         return ("layers", 1) if self.cfg.inputs.path is None else None
 
+    def nested_axes(self) -> tuple:
+        # each layer's attention loops over the KV tiles (kbframe.kernels.attention)
+        return ("S_kv",) if self.periodic_axis() is not None else ()
+
     def tokens(self) -> int:
         return int(self.cfg.batch)
 
