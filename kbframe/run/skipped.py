@@ -63,12 +63,18 @@ class _Mover:
         self.dcmd = np.zeros(n_pes, dtype=np.int64)
         for pe, c in first.items():
             self.first[pe], self.dcmd[pe] = c, per_period[pe]
+        self.first_of = dict(first)
         self.dt, self.P = dt, P
         self.of(rows)
 
     def of(self, rows: np.ndarray) -> None:
         """Take ``rows`` as the table the records to move are in (their record refs name its records)."""
-        self.looped = rows[:, _CMD] >= self.first[self.pe_of[rows[:, 0]]]  # per record: the loop's or later
+        self.rows = rows
+
+    def looped(self, at: np.ndarray) -> np.ndarray:
+        """Whether each record ``at`` (of the table :meth:`of` took) is the loop's or later."""
+        r = self.rows[at]
+        return r[:, _CMD] >= self.first[self.pe_of[r[:, 0]]]
 
     def step(self, rows: np.ndarray) -> np.ndarray:
         """How much each field of ``rows`` (of the table :meth:`of` took) moves a period."""
@@ -81,7 +87,7 @@ class _Mover:
         why, ref = rows[:, _WHY], rows[:, _REF]
         by_cmd = np.isin(why, _CMD_REFS) & (ref >= first)
         by_rec = np.isin(why, _RECORD_REFS) & (ref >= 0)
-        by_rec[by_rec] = self.looped[ref[by_rec]]
+        by_rec[by_rec] = self.looped(ref[by_rec])
         d[:, _REF] = np.where(by_cmd, dcmd, 0) + np.where(by_rec, self.P, 0)
         return d
 
@@ -94,10 +100,10 @@ class _Mover:
         return (rows[None] + np.arange(1, X + 1, dtype=np.int64)[:, None, None] * self.step(rows)[None]).reshape(-1, N)
 
 
-def _check(rows: np.ndarray, pe_of: np.ndarray, k: int, inst, p: int) -> tuple:
+def _check(rows: np.ndarray, pe_of: np.ndarray, k: int, inst, p: int, last: dict) -> tuple:
     """Check the records ``rows`` around one jump (module doc) for period ``p`` and return
     ``(x, P, dt, mover)``: the first record after the jump, the records and ps of a period,
-    and how records move. Raises NotSteady."""
+    and how records move (``last``: each PE's last record in ``rows``). Raises NotSteady."""
     J = inst.J
     snaps = inst.snaps
     if any(J - j not in snaps or any(J - j not in ids for ids in inst.ids.values()) for j in (0, p, 2 * p)):
@@ -108,18 +114,13 @@ def _check(rows: np.ndarray, pe_of: np.ndarray, k: int, inst, p: int) -> tuple:
         raise NotSteady(f"loop {k}: {n1 - n0} then {P} records over the last two periods of {p} before its jump")
     per_period = {pe: ids[J] - ids[J - p] for pe, ids in inst.ids.items()}
     first = {pe: inst.first[pe] for pe in inst.jumped}
-    pe = pe_of[rows[:, 0]]
-    after = np.zeros(len(rows), dtype=bool)
-    for q in inst.jumped:
-        after |= (pe == q) & (rows[:, _CMD] >= inst.ids[q][J])
-    if not after.any():
+    x = _first_after(rows, pe_of, inst, n2)
+    if x is None:
         raise NotSteady(f"loop {k}: no record after its jump")
-    x = int(np.argmax(after))
     lo, hi = min(n1, x - P), x + P
     if lo - P < 0 or hi > len(rows):
         raise NotSteady(f"loop {k}: fewer than two periods of {p} before its jump or one after")
-    late = np.unique(pe[x:])
-    others = sorted(set(late.tolist()) - set(inst.jumped))
+    others = sorted(q for q, at in last.items() if at >= x and q not in inst.jumped)
     if others:
         raise NotSteady(f"loop {k}: PE{others[0]} works after the jump but did not jump")
     dt = int(rows[lo, _T0] - rows[lo - P, _T0])
@@ -131,6 +132,27 @@ def _check(rows: np.ndarray, pe_of: np.ndarray, k: int, inst, p: int) -> tuple:
         f = FIELDS[int(np.nonzero(moved[bad[0]] != rows[i])[0][0])]
         raise NotSteady(f"loop {k}: record {i} is not record {i - P} a period of {p} later ({f})")
     return x, P, dt, mover
+
+
+def _first_after(rows: np.ndarray, pe_of: np.ndarray, inst, start: int, chunk: int = 4096) -> int | None:
+    """The first record from ``start`` on (the records when the first PE reached the jump)
+    of a command a PE issued after its jump; None: none."""
+    ids = np.full(int(pe_of.max()) + 1, np.iinfo(np.int64).max, dtype=np.int64)
+    for q in inst.jumped:
+        ids[q] = inst.ids[q][inst.J]
+    for a in range(start, len(rows), chunk):
+        r = rows[a:a + chunk]
+        hit = np.nonzero(r[:, _CMD] >= ids[pe_of[r[:, 0]]])[0]
+        if len(hit):
+            return a + int(hit[0])
+    return None
+
+
+def _last_records(rows: np.ndarray, pe_of: np.ndarray) -> dict:
+    """``{pe: index of its last record}``."""
+    pe = pe_of[rows[::-1, 0]]
+    got, at = np.unique(pe, return_index=True)
+    return dict(zip(got.tolist(), (len(rows) - 1 - at).tolist()))
 
 
 def _delta(a: dict, b: dict) -> dict:
@@ -184,7 +206,7 @@ def _after(inst: Instance, placed: list) -> tuple[Instance, dict]:
     return moved, before
 
 
-def _put_back(rows, pe_of, k: int, sim_inst: Instance, periods: tuple, placed: list) -> PutBack:
+def _put_back(rows, pe_of, k: int, sim_inst: Instance, periods: tuple, placed: list, last: dict) -> PutBack:
     """Check one loop's jump in ``rows`` (the simulated records, with the jumps of nested
     loops ``placed`` put back): the period it looked steady with first, then the others
     that divide its jump. Raises NotSteady."""
@@ -194,7 +216,7 @@ def _put_back(rows, pe_of, k: int, sim_inst: Instance, periods: tuple, placed: l
         if inst.R % p:
             continue
         try:
-            x, P, dt, mover = _check(rows, pe_of, k, inst, p)
+            x, P, dt, mover = _check(rows, pe_of, k, inst, p, last)
         except NotSteady as e:
             why = why or e
             continue
@@ -212,6 +234,85 @@ def _put_back(rows, pe_of, k: int, sim_inst: Instance, periods: tuple, placed: l
     raise why or NotSteady(f"loop {k}: no candidate period divides its jump of {inst.R}")
 
 
+def _shifts(rows: np.ndarray, pe_of: np.ndarray, found: list, before: np.ndarray, table: np.ndarray) -> np.ndarray:
+    """How far the jumps ``found`` (in record order) move each record of ``rows`` (records
+    of ``table``, the simulated one, or copies of them) when ``before[i]`` of them come
+    before it: the sum of each such jump's moves (module doc's rules; a command, a
+    command ``ref`` or the record a ``ref`` names is the loop's or later from one loop's
+    first command on, and the loops' first commands on a PE come in record order), from
+    prefix sums per PE rather than one jump at a time."""
+    d = np.zeros_like(rows)
+    dt = np.concatenate(([0], np.cumsum([f.X * f.dt for f in found])))
+    d[:, _T0] = d[:, _T1] = dt[before]
+    d[:, _TD] = np.where(rows[:, _TD] >= 0, dt[before], 0)
+    pe = pe_of[rows[:, 0]]
+    why, ref = rows[:, _WHY], rows[:, _REF]
+    by_cmd = np.isin(why, _CMD_REFS)
+    by_rec = np.nonzero(np.isin(why, _RECORD_REFS) & (ref >= 0))[0]
+    t_pe = pe_of[table[ref[by_rec], 0]]
+    t_cmd = table[ref[by_rec], _CMD]
+    for q in np.unique(np.concatenate([pe, t_pe])).tolist():
+        mine = [j for j, f in enumerate(found) if q in f.mover.first_of]
+        if not mine:
+            continue
+        idx = np.array(mine, dtype=np.int64)
+        first = np.array([found[j].mover.first_of[q] for j in mine], dtype=np.int64)
+        w_cmd = np.concatenate(([0], np.cumsum([found[j].X * found[j].per_period[q] for j in mine])))
+        w_rec = np.concatenate(([0], np.cumsum([found[j].X * found[j].P for j in mine])))
+
+        def upto(at, c):  # the jumps of this PE before the record whose loops' first command is c or earlier
+            return np.minimum(np.searchsorted(idx, before[at], side="left"), np.searchsorted(first, c, side="right"))
+        at = np.nonzero(pe == q)[0]
+        d[at, _CMD] = w_cmd[upto(at, rows[at, _CMD])]
+        c = at[by_cmd[at]]
+        d[c, _REF] = w_cmd[upto(c, ref[c])]
+        t = np.nonzero(t_pe == q)[0]
+        d[by_rec[t], _REF] += w_rec[upto(by_rec[t], t_cmd[t])]
+    return d
+
+
+def _in_order(found: list) -> bool:
+    """Whether the jumps ``found`` (in record order) can be put back in one pass
+    (:func:`_shifts`): distinct places, and on each PE the loops' first commands in that
+    order."""
+    xs = [f.x for f in found]
+    if any(a >= b for a, b in zip(xs, xs[1:])):
+        return False
+    seen: dict = {}
+    for f in found:
+        for q, c in f.mover.first_of.items():
+            if c < seen.get(q, -1):
+                return False
+            seen[q] = c
+    return True
+
+
+def _put_back_all(rows: np.ndarray, pe_of: np.ndarray, found: list, out: np.ndarray | None = None) -> np.ndarray:
+    """``rows`` with the periods of every jump ``found`` (in record order, :func:`_in_order`)
+    put back, in one pass: each jump's periods made by moving the period before it (and by
+    the jumps before it), the records between moved by every jump before them; into
+    ``out`` if given."""
+    xs = np.array([f.x for f in found], dtype=np.int64)
+    n = len(rows) + sum(f.X * f.P for f in found)
+    out = np.empty((n, N), dtype=np.int64) if out is None else out
+    before = np.searchsorted(xs, np.arange(len(rows)), side="right")
+    at = 0
+    for j, f in enumerate([None, *found]):
+        if f is not None:  # its periods: the period before it moved 1..X periods, and by the jumps before it
+            tmpl = rows[f.x - f.P:f.x]
+            f.mover.of(rows)
+            block = f.mover.periods(tmpl, f.X).reshape(f.X, f.P, N)
+            block += _shifts(tmpl, pe_of, found, np.full(f.P, j - 1), rows)[None]
+            out[at:at + f.X * f.P] = block.reshape(-1, N)
+            at += f.X * f.P
+        lo = 0 if f is None else f.x
+        hi = found[j].x if j < len(found) else len(rows)
+        seg = rows[lo:hi]
+        out[at:at + len(seg)] = seg + _shifts(seg, pe_of, found, before[lo:hi], rows)
+        at += len(seg)
+    return out
+
+
 def make(sim, steady: Steady, tot: dict) -> Made:
     """Put back what ``sim`` (simulated with ``steady``) left out (module doc): the jumps
     of nested loops first, then those of the loops they are nested in; ``tot``: its totals
@@ -227,27 +328,34 @@ def make(sim, steady: Steady, tot: dict) -> Made:
     tot = dict(tot)
     latency = sim.latency_ps
     phases = {pe: list(ph) for pe, ph in (sim.phases or {}).items()}
+    made = RecordTable.of_rows(table.names, rows[:0])
     placed: list = []  # every jump put back so far
     levels = sorted({inst.level for _, inst in jumps}, reverse=True)
     for level in levels:
-        found = [_put_back(rows, pe_of, k, inst, steady.axes[inst.key][1].periods, placed)
+        last = _last_records(rows, pe_of)
+        found = [_put_back(rows, pe_of, k, inst, steady.axes[inst.key][1].periods, placed, last)
                  for k, inst in jumps if inst.level == level]
-        found.sort(key=lambda f: -f.x)  # the last first: the records before it stay where they are
-        for at, f in enumerate(found):
-            f.mover.of(rows)
-            parts = [rows[:f.x], f.mover.periods(rows[f.x - f.P:f.x], f.X), f.mover.move(rows[f.x:], f.X)]
-            if level != levels[-1] or at < len(found) - 1:
-                rows = np.concatenate(parts)
-            else:  # the last straight into the table's buffer: the full run's records held once
-                made = RecordTable.of_rows(table.names, rows[:0])
-                n = sum(len(a) for a in parts)
-                made.buf = bytearray(n * ROW.size)
-                rows = np.frombuffer(made.buf, dtype=np.int64).reshape(n, N)
-                np.concatenate(parts, out=rows)
-            del parts
+        found.sort(key=lambda f: f.x)
+        n = len(rows) + sum(f.X * f.P for f in found)
+        final = level == levels[-1]
+        out = None
+        if final:  # straight into the table's buffer: the full run's records held once
+            made.buf = bytearray(n * ROW.size)
+            out = np.frombuffer(made.buf, dtype=np.int64).reshape(n, N)
+        if _in_order(found):
+            rows = _put_back_all(rows, pe_of, found, out)
+        else:  # one at a time, the last first: the records before it stay where they are
+            for f in reversed(found):
+                f.mover.of(rows)
+                rows = np.concatenate([rows[:f.x], f.mover.periods(rows[f.x - f.P:f.x], f.X),
+                                       f.mover.move(rows[f.x:], f.X)])
+            if out is not None:
+                out[:] = rows
+                rows = out
+        for f in reversed(found):
             latency += f.X * f.dt
-            for n, v in f.delta.items():
-                tot[n] += f.X * v
+            for name, v in f.delta.items():
+                tot[name] += f.X * v
             for pe in f.inst.jumped:
                 if pe in phases:
                     phases[pe] = _phases(phases[pe], f.inst, pe, f.p, f.X)
@@ -259,7 +367,9 @@ def make(sim, steady: Steady, tot: dict) -> Made:
                         for key in keys)
     note = (f"fast-forwarded in one simulation: {what} left out of {len(placed)} loop(s) "
             f"({len(rows) - len(table)} of {len(rows)} records by shifting)")
-    del rows  # a view of the table's buffer, which must stay free to grow
+    for f in placed:
+        f.mover.of(None)  # no view of the table's buffer kept: it must stay free to grow
+    del rows
     outer = [f for f in placed if f.inst.level == levels[-1]]
     return Made(made, tot, latency, phases, note, min(f.P for f in outer), placed)
 
