@@ -164,3 +164,17 @@ def test_a_loop_that_looked_steady_too_early_is_judged_again_later(tmp_path):
     assert m["fast_forward"]["note"] == ("fast-forwarded in one simulation: 840 period(s) of 1 S_kv step(s) left out "
                                          "of 1 loop(s) (16800 of 20518 records by shifting); verified against the "
                                          "full simulation")
+
+
+def test_jumps_put_back_in_one_pass_equal_one_at_a_time(monkeypatch):
+    """16 items on 8 PEs, each PE's two KV loops jumping: every record moved by the jumps
+    before it from prefix sums per PE is what putting the jumps back one at a time, the
+    last first, gives (byte for byte), and the totals and phases agree."""
+    sim, steady = _skipping("hardware=cube", "bench.H_q=16", "bench.H_kv=16", "bench.S_kv=16384",
+                            "bench.mapping=round_robin", bench="decode_heads")
+    one = skipped.make(sim, steady, totals(sim))
+    assert len(one.jumps) == 2 and skipped._in_order(sorted(one.jumps, key=lambda f: f.x))
+    monkeypatch.setattr(skipped, "_in_order", lambda found: False)
+    each = skipped.make(sim, steady, totals(sim))
+    assert bytes(one.table.buf) == bytes(each.table.buf) and len(one.table) == 74016
+    assert one.tot == each.tot and one.phases == each.phases and one.latency_ps == each.latency_ps
