@@ -278,13 +278,18 @@ def _plan(run: _Run) -> None:
     if not run.data:  # timing only: a run far over its record budget is refused before any copy or dry run
         preflight.check_hbm(cfg, wl)
         preflight.check_records_estimate(cfg, wl, run.kernel, run.recipes, run.units)
+    checked = False
     if run.ff != "off" and not run.data:  # timing only: a periodic schedule is written, not simulated
+        if not preflight.estimated(cfg, wl):  # short: its one simulation may be the full run, checked first
+            preflight.check_resources(cfg, wl, run.kernel, run.recipes, run.inputs, copy.deepcopy(run.units))
+            checked = True
         out = fastforward.run(cfg, wl, run.kernel, run.recipes, run.check, run.units, run.show)  # writes nothing
         run.ff_note = out.note
         if out.sim is not None:
             run.forwarded, run.sim = out, out.sim
             return
-    preflight.check_resources(cfg, wl, run.kernel, run.recipes, run.inputs, copy.deepcopy(run.units))
+    if not checked:
+        preflight.check_resources(cfg, wl, run.kernel, run.recipes, run.inputs, copy.deepcopy(run.units))
 
 
 def _simulate(run: _Run, rd: RunDir) -> None:

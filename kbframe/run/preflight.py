@@ -101,6 +101,19 @@ def check_forwarded_records(cfg, wl, records: int) -> None:
         raise ConfigError(f"{head}; this machine has {_gib(have)}; shrink the run")
 
 
+#: a run along a periodic axis of this many steps or more is checked against its record
+#: budget by an estimate (:func:`check_records_estimate`); a shorter one by its exact dry run
+ESTIMATE_FROM_STEPS = 8
+
+
+def estimated(cfg, wl) -> bool:
+    """Whether :func:`check_records_estimate` checks this run (a timing-only run along a
+    periodic axis of :data:`ESTIMATE_FROM_STEPS` steps or more); else its exact pre-flight
+    (:func:`check_resources`) must come before it is simulated in any way."""
+    axis = wl.periodic_axis()
+    return axis is not None and int(cfg.bench[axis[0]]) // axis[1] >= ESTIMATE_FROM_STEPS
+
+
 def check_records_estimate(cfg, wl, kernel, recipes: dict, units: dict | None = None) -> None:
     """Refuse, in seconds, a timing-only run along a periodic axis whose op_log records are
     far beyond ``run.max_records`` or this machine's memory, before it is fast-forwarded or
@@ -120,7 +133,7 @@ def check_records_estimate(cfg, wl, kernel, recipes: dict, units: dict | None = 
         return
     key, step = axis
     q = int(cfg.bench[key]) // step
-    if q < 8:
+    if not estimated(cfg, wl):
         return
     count = {}
 
