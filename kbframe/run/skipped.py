@@ -25,6 +25,12 @@ the loop's or later (at or after the loop's first command on that PE); a record-
 run's records are those before the jump, ``R / p`` periods made by moving the period
 before it, then the rest moved by all of them (numpy, a column at a time); its totals
 grow by ``R / p`` times a period's, its ``tl.phase`` annotations the same way.
+
+Loops along an axis nested in the periodic axis's steps (a decoder layer's KV tiles,
+``Workload.nested_axes``) are put back first, all their jumps in one pass; the jumps of the
+loops they are nested in are then checked in, and put back into, the records so made,
+their command ids and record counts where the nested jumps moved them, a period's growth
+including what the nested jumps inside it put back.
 """
 from __future__ import annotations
 

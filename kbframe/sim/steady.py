@@ -93,7 +93,6 @@ class Steady:
 
     def __init__(self, axes, snapshot):
         self.axes = {a.key: (0 if j == 0 else 1, a) for j, a in enumerate(axes)}  # nested: level 1
-        self.key = axes[0].key
         self.snapshot = snapshot
         self.engine = None  # set by the engine it is installed on (kbframe.run.simulate)
         self.instances: list[Instance] = []  # every axis's, in the order first entered
