@@ -78,10 +78,11 @@ def check_sanitizer_memory(cfg, fig: dict) -> None:
 
 
 #: host memory a fast-forwarded run keeps per op_log record of the full run, bytes: its
-#: records are made as arrays and formatted as one text (kbframe.run.fastforward), so it
-#: grows with the run. Measured 0.64 KB (peak RSS of a timing-only decode_opt2 run at 10^6
-#: and 4·10^6 cached tokens: +527 MB for 843,750 records), rounded up
-FF_BYTES_PER_RECORD = 700
+#: records are made in memory and analysed a column at a time (kbframe.run.fastforward), so
+#: it grows with the run. Measured 0.40 KB (peak RSS of a timing-only decode_opt2 run at 10^6
+#: and 4·10^6 cached tokens: +337 MB for 843,750 records; Llama-3-70B's step on cube_mesh at
+#: 8192 tokens, 40 and 80 layers, run.check=false: +1.69 GB for 5.0 million), rounded up
+FF_BYTES_PER_RECORD = 450
 
 
 def check_forwarded_records(cfg, wl, records: int) -> None:
