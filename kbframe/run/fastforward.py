@@ -258,15 +258,17 @@ def _in_one(cfg, wl, kernel, recipes, check: bool, units: dict, key: str, q: int
     run is too short to leave anything out (``note`` empty) or the simulated run does not
     show that what it left out was steady (``note`` says why), even simulated once more
     with its loops judged from :data:`GROWTH` times as many steps on (a warm-up that looked
-    steady for a while: a short PE_SCHEDULER queue, many tiles prefetched). A simulation
-    that left nothing out is the full run (``Outcome.whole``)."""
+    steady for a while: a short PE_SCHEDULER queue, many tiles prefetched). With nested axes
+    (``Workload.nested_axes``) their loops jump too, and a run that cannot be made so is
+    first simulated again with the periodic axis's loops jumping alone. A simulation that
+    left nothing out is the full run (``Outcome.whole``)."""
     first = wl.ff_min_steps or MIN_STEPS
     nested = tuple(wl.nested_axes())
-    # nested loops jump too; a run that cannot be made so is simulated once more, jumping
-    # later, then (with nested loops) with its outer loops jumping alone
-    tries = [(nested, first), (nested, first * GROWTH)] + ([((), first)] if nested else [])
+    # nested loops jump too; a run that cannot be made so is simulated once more with its
+    # outer loops jumping alone, then (or without nested loops, at once) jumping later
+    tries = ([(nested, first)] if nested else []) + [((), first), ((), first * GROWTH)]
     why = ""
-    for inner, min_steps in tries:
+    for n_try, (inner, min_steps) in enumerate(tries):
         axes = [Axis(key, tuple(wl.ff_periods or PERIODS), min_steps),
                 *(Axis(k, PERIODS, MIN_STEPS * min_steps // first) for k in inner)]
         steady = Steady(axes, skipped.snapshot)
@@ -280,8 +282,9 @@ def _in_one(cfg, wl, kernel, recipes, check: bool, units: dict, key: str, q: int
                                     f"steady with a stretch to leave out", whole=True)
             made = skipped.make(sim, steady, totals(sim))
             break
-        except skipped.NotSteady as e:  # it looked steady too early, perhaps: once more, jumping later
-            why = str(e) if not why else f"{why}; from {min_steps} steps on, {e}"
+        except skipped.NotSteady as e:  # a nested loop's jump, or one that looked steady too early: once more
+            how = f"from {min_steps} steps on" if min_steps != first else f"along {key} alone"
+            why = f"{why}; {how}, {e}" if n_try else str(e)
         except KbframeError as e:
             return Outcome(None, f"the run failed ({e})")
     else:

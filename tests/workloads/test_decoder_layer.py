@@ -336,6 +336,17 @@ def test_a_step_fast_forwards_along_the_kv_tiles_inside_its_layers(tmp_path, top
                                          f"the full simulation")
 
 
+def test_a_step_whose_kv_jumps_do_not_hold_jumps_along_its_layers_alone(tmp_path):
+    """With 79 KV tiles of 128 a loop jumps before its records repeat (the check refuses
+    it): the step is simulated once more with its layer loop jumping alone, as it would
+    without nested axes, and verify finds it exact."""
+    m = run(tmp_path, *NESTED[:-1], "bench.S_kv=10000", "bench.tile=128", "bench.layers=20", "bench.data=false",
+            "run.fast_forward=verify", "run.check=false", "run.trace=false", bench="decoder_layer")
+    assert m["fast_forward"]["note"] == ("fast-forwarded in one simulation: 12 period(s) of 1 layers step(s) left out "
+                                         "of 1 loop(s) (138828 of 231392 records by shifting); verified against the "
+                                         "full simulation")
+
+
 FUSED_8 = ("bench.H=256", "bench.H_q=8", "bench.H_kv=8", "bench.d=128", "bench.F=256", "bench.S_kv=512",
            "bench.layers=48")
 
