@@ -178,3 +178,18 @@ def test_jumps_put_back_in_one_pass_equal_one_at_a_time(monkeypatch):
     each = skipped.make(sim, steady, totals(sim))
     assert bytes(one.table.buf) == bytes(each.table.buf) and len(one.table) == 74016
     assert one.tot == each.tot and one.phases == each.phases and one.latency_ps == each.latency_ps
+
+
+def test_a_command_from_before_the_loop_in_flight_across_the_jump_is_caught(tmp_path):
+    """A layer's first DMA write (command 6, before its KV loops) takes 200 µs to set up:
+    it is still in flight long after the loop jumped, and after the periods checked. Its
+    times would not move in the full run as the records after the jump do: the jump is
+    refused, naming it, and the run is simulated in full."""
+    args = ("bench.H=32", "bench.H_q=8", "bench.H_kv=8", "bench.d=16", "bench.F=64", "bench.S_kv=8192",
+            "bench.layers=1", "bench.inner=opt3", "hardware.units.dma_write.setup_latency_ns=200000")
+    sim, steady = _skipping(*args, bench="decoder_layer")
+    with pytest.raises(skipped.NotSteady, match=r"^loop 0: record 1334, of PE0's command 6 from before the loop, "
+                                                r"started before the jump and ends after the periods checked$"):
+        skipped.make(sim, steady, totals(sim))
+    m = run(tmp_path, *args, "bench.data=false", "run.fast_forward=verify", "run.trace=false", bench="decoder_layer")
+    assert m["fast_forward"]["applied"] is False and "command 6 from before the loop" in m["fast_forward"]["note"]

@@ -16,7 +16,9 @@ What is checked before they are put back, per loop that jumped:
 * every total (records, bytes, busy time, FLOPs, dispatches, link traffic) grows by the
   same amount over each of the two periods before the jump, and the records between
   those snapshots are one period's;
-* every PE with records after the jump jumped with the loop, by the same ``R``.
+* every PE with records after the jump jumped with the loop, by the same ``R``;
+* no command issued before the loop, started before the jump, ends after the records
+  checked (in flight across the jump: its times would not move in the full run).
 
 A period later, a record has moved thus: its times by the period's time; its command id
 (and a command-id ``ref``) by the commands its PE issues in a period, when the command is
@@ -106,10 +108,10 @@ class _Mover:
         return (rows[None] + np.arange(1, X + 1, dtype=np.int64)[:, None, None] * self.step(rows)[None]).reshape(-1, N)
 
 
-def _check(rows: np.ndarray, pe_of: np.ndarray, k: int, inst, p: int, last: dict) -> tuple:
+def _check(rows: np.ndarray, pe_of: np.ndarray, k: int, inst, p: int, per_pe: "_PerPe") -> tuple:
     """Check the records ``rows`` around one jump (module doc) for period ``p`` and return
     ``(x, P, dt, mover)``: the first record after the jump, the records and ps of a period,
-    and how records move (``last``: each PE's last record in ``rows``). Raises NotSteady."""
+    and how records move (``per_pe``: the PEs' records in ``rows``). Raises NotSteady."""
     J = inst.J
     snaps = inst.snaps
     if any(J - j not in snaps or any(J - j not in ids for ids in inst.ids.values()) for j in (0, p, 2 * p)):
@@ -126,9 +128,14 @@ def _check(rows: np.ndarray, pe_of: np.ndarray, k: int, inst, p: int, last: dict
     lo, hi = min(n1, x - P), x + P
     if lo - P < 0 or hi > len(rows):
         raise NotSteady(f"loop {k}: fewer than two periods of {p} before its jump or one after")
-    others = sorted(q for q, at in last.items() if at >= x and q not in inst.jumped)
+    others = sorted(q for q, at in per_pe.last.items() if at >= x and q not in inst.jumped)
     if others:
         raise NotSteady(f"loop {k}: PE{others[0]} works after the jump but did not jump")
+    for q in sorted(inst.jumped):  # a command from before the loop, in flight across the jump, not checked
+        i = per_pe.older(q, hi, inst.first[q], int(rows[x, _T0]))
+        if i is not None:
+            raise NotSteady(f"loop {k}: record {i}, of PE{q}'s command {int(rows[i, _CMD])} from before the loop, "
+                            f"started before the jump and ends after the periods checked")
     dt = int(rows[lo, _T0] - rows[lo - P, _T0])
     mover = _Mover(rows, pe_of, first, per_period, dt, P)
     moved = mover.move(rows[lo - P:hi - P], 1)
@@ -154,11 +161,27 @@ def _first_after(rows: np.ndarray, pe_of: np.ndarray, inst, start: int, chunk: i
     return None
 
 
-def _last_records(rows: np.ndarray, pe_of: np.ndarray) -> dict:
-    """``{pe: index of its last record}``."""
-    pe = pe_of[rows[::-1, 0]]
-    got, at = np.unique(pe, return_index=True)
-    return dict(zip(got.tolist(), (len(rows) - 1 - at).tolist()))
+class _PerPe:
+    """Each PE's records in a table, for the checks of its jumps: its last record, and from
+    any record on the lowest command id of its records."""
+
+    def __init__(self, rows: np.ndarray, pe_of: np.ndarray):
+        pe = pe_of[rows[:, 0]]
+        self.rows = rows
+        self.at = {q: np.nonzero(pe == q)[0] for q in np.unique(pe).tolist()}
+        self.last = {q: int(at[-1]) for q, at in self.at.items()}
+        self.low = {q: np.minimum.accumulate(rows[at, _CMD][::-1])[::-1] for q, at in self.at.items()}
+
+    def older(self, q: int, hi: int, first: int, t: int) -> int | None:
+        """The first of ``q``'s records from ``hi`` on of a command older than ``first``
+        that started before ``t`` (None: none)."""
+        at = self.at.get(q)
+        j = int(np.searchsorted(at, hi)) if at is not None else 0
+        if at is None or j == len(at) or self.low[q][j] >= first:
+            return None
+        r = self.rows[at[j:]]
+        hit = np.nonzero((r[:, _CMD] < first) & (r[:, _T0] < t))[0]
+        return int(at[j + hit[0]]) if len(hit) else None
 
 
 def _delta(a: dict, b: dict) -> dict:
@@ -212,7 +235,7 @@ def _after(inst: Instance, placed: list) -> tuple[Instance, dict]:
     return moved, before
 
 
-def _put_back(rows, pe_of, k: int, sim_inst: Instance, periods: tuple, placed: list, last: dict) -> PutBack:
+def _put_back(rows, pe_of, k: int, sim_inst: Instance, periods: tuple, placed: list, per_pe: _PerPe) -> PutBack:
     """Check one loop's jump in ``rows`` (the simulated records, with the jumps of nested
     loops ``placed`` put back): the period it looked steady with first, then the others
     that divide its jump. Raises NotSteady."""
@@ -222,7 +245,7 @@ def _put_back(rows, pe_of, k: int, sim_inst: Instance, periods: tuple, placed: l
         if inst.R % p:
             continue
         try:
-            x, P, dt, mover = _check(rows, pe_of, k, inst, p, last)
+            x, P, dt, mover = _check(rows, pe_of, k, inst, p, per_pe)
         except NotSteady as e:
             why = why or e
             continue
@@ -338,8 +361,8 @@ def make(sim, steady: Steady, tot: dict) -> Made:
     placed: list = []  # every jump put back so far
     levels = sorted({inst.level for _, inst in jumps}, reverse=True)
     for level in levels:
-        last = _last_records(rows, pe_of)
-        found = [_put_back(rows, pe_of, k, inst, steady.axes[inst.key][1].periods, placed, last)
+        per_pe = _PerPe(rows, pe_of)
+        found = [_put_back(rows, pe_of, k, inst, steady.axes[inst.key][1].periods, placed, per_pe)
                  for k, inst in jumps if inst.level == level]
         found.sort(key=lambda f: f.x)
         n = len(rows) + sum(f.X * f.P for f in found)
