@@ -55,8 +55,9 @@ class Axis:
 @dataclass
 class Instance:
     """The ``k``-th loop of an axis on each PE. ``key``: the axis; ``level``: 0 for the
-    workload's periodic axis, 1 for an axis nested in its steps; ``n``: its iterations; ``J``, ``R``: the
-    jump (None: none), from iteration ``J`` to ``J + R``, decided with period ``p``;
+    workload's periodic axis, 1 for an axis nested in its steps; ``n``: its iterations;
+    ``J``, ``R``: the jump (None: none), from iteration ``J`` to ``J + R``, decided with
+    period ``p``;
     ``furthest``: the furthest iteration a PE reached; ``first[pe]``: the first command id
     the loop issued on ``pe``;
     ``ids[pe][i]``: the next command id when ``pe`` reached iteration ``i`` (iterations
