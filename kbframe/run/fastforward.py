@@ -270,7 +270,7 @@ def _in_one(cfg, wl, kernel, recipes, check: bool, units: dict, key: str, q: int
     why = ""
     for n_try, (inner, min_steps) in enumerate(tries):
         axes = [Axis(key, tuple(wl.ff_periods or PERIODS), min_steps),
-                *(Axis(k, PERIODS, MIN_STEPS * min_steps // first) for k in inner)]
+                *(Axis(k, PERIODS, MIN_STEPS) for k in inner)]
         steady = Steady(axes, skipped.snapshot)
         if not inner and q < axes[0].min_steps + axes[0].tail + 2 * axes[0].multiple:
             return Outcome(None, why)
