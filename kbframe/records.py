@@ -26,8 +26,9 @@ The op_log is written in one of two forms (:attr:`RecordTable.form`):
   the ``A`` records before the repeating part, one period's ``M`` records, a line
   ``{"repeat": {"records": M, "times": R - 1, "shift": {field: shift, ...}}}`` (the period
   is repeated ``R - 1`` more times, the ``j``-th repetition shifted by ``j`` times each
-  field's shift: one integer, or one per record of the period; ``t_*_ns`` in ns), then the
-  records after it. Expanding it gives exactly the record-by-record file's records
+  field's shift: one integer, one per record of the period, or ``{"by_name": [[pe, unit,
+  op_kind, shift], ...]}``, one per record name; ``t_*_ns`` in ns; a record with no
+  ``t_data_ns`` has none in any repetition), then the records after it. Expanding it gives exactly the record-by-record file's records
   (:meth:`RecordTable.parse` expands it; :mod:`kbframe.report.oplog` streams it).
 
   A table may have several repeating sections, one after another (a fast-forwarded run whose
@@ -37,6 +38,14 @@ The op_log is written in one of two forms (:attr:`RecordTable.form`):
   then ``R`` repetitions of an ``M``-record period. Each section is written as the records
   before it, its first period and its own ``repeat`` line; the records after the last
   section's repetitions end the file. With one section there is no ``sections`` key.
+
+  A section's first period may itself hold repeating sections (nested: a period of layers
+  holds each layer's weight tiles and KV tiles, each repeating). Such a section is written
+  where it lies, as the records before it, its first period and a ``repeat`` line with a
+  ``"depth"`` (1 within a section's first period, 2 within a nested one's, ...): its
+  repetitions are part of the enclosing first period, which the enclosing ``repeat`` line
+  repeats whole. The header then counts them, ``"nested": K``. A reader expands each
+  ``repeat`` line where it stands: the ``records`` before it, repetitions included, repeat.
 
 A foundation module (no simulation layer): the report layer reads the table too.
 """
@@ -92,7 +101,8 @@ class Periodic:
     """A table's periodic form: records ``[prefix, prefix + period * times)`` are ``times``
     repetitions of the first ``period`` of them, repetition ``j`` shifted by ``j *
     shift`` (:attr:`shift`: per written field, ``(period,)`` int64, ps for times): its first
-    repeating section; :attr:`rest` the others, after it."""
+    repeating section; :attr:`rest` the others, after it; :attr:`inner` the sections
+    repeating within its first period (nested)."""
 
     records: int
     prefix: int
@@ -102,6 +112,10 @@ class Periodic:
     #: the table's further repeating sections, in record order, each a :class:`Periodic`
     #: whose ``prefix`` is its first record's index (their own ``rest`` empty)
     rest: tuple = ()
+    #: sections within records ``[prefix, prefix + period)``, in record order, ``prefix``
+    #: their first record's index; each may hold its own (a layer's weight tiles within a
+    #: period of layers)
+    inner: tuple = ()
 
     @property
     def end(self) -> int:
@@ -119,66 +133,145 @@ class Periodic:
         previous section's repetitions, period, times]``."""
         return [[s.prefix - before.end, s.period, s.times] for before, s in zip(self.sections, self.rest)]
 
+    @property
+    def nested(self) -> int:
+        """How many sections repeat within sections' first periods, at any depth (the
+        header's ``nested``; one ``repeat`` line each)."""
+        return sum(len(s.inner) + sum(i.nested for i in s.inner) for s in self.sections)
+
+    def drawn(self) -> list:
+        """Every section as the records hold it, in record order: the sections, and each
+        one's inner sections within its first and its last repetition (the ones a reader
+        of the written records sees; the repetitions between hold theirs too)."""
+        out = []
+        for s in self.sections:
+            out.append(s)
+            for off in dict.fromkeys((0, s.period * (s.times - 1))):
+                out += [replace(i, prefix=i.prefix + off, rest=()) for i in Periodic._inner_drawn(s.inner)]
+        return sorted(out, key=lambda s: s.prefix)
+
+    @staticmethod
+    def _inner_drawn(inner: tuple) -> list:
+        out = []
+        for i in inner:
+            out.append(i)
+            for off in dict.fromkeys((0, i.period * (i.times - 1))):
+                out += [replace(j, prefix=j.prefix + off) for j in Periodic._inner_drawn(i.inner)]
+        return out
+
     def header(self) -> str:
         head = {"op_log": "periodic", "records": self.records, "prefix": self.prefix,
                 "period": self.period, "times": self.times}
         if self.rest:
             head["sections"] = self.more
+        if self.nested:
+            head["nested"] = self.nested
         return json.dumps(head) + "\n"
 
-    def repeat_line(self) -> str:
+    def repeat_line(self, codes: np.ndarray | None = None, names: list | None = None, depth: int = 0,
+                    data: np.ndarray | None = None) -> str:
         """The ``repeat`` line: each field's shift, one integer when every record of the
-        period shifts by it, else one per record; times in ns (:func:`ns_text`)."""
+        period shifts by it, else per record name (``{"by_name": [[pe, unit, op_kind, shift],
+        ...]}``) when every record of a name shifts alike and that is shorter (``codes``: the
+        period's name codes into ``names``), else one per record; times in ns
+        (:func:`ns_text`). A nested section's line (``depth`` 1 or more) says its depth.
+        ``data``: which records of the period have a data phase (the data phase's shift
+        applies to those alone, so one integer says it when they all move alike)."""
         parts = []
         for f, key in SHIFTED.items():
             v = self.shift[f]
             if not v.any():
                 continue
+            if f == "td" and data is not None and data.any() and (v[data] == v[data][0]).all():
+                v = np.full_like(v, v[data][0])
             fmt = ns_text if f in ("t0", "t1", "td") else str
-            one = bool((v == v[0]).all())
-            parts.append(f'"{key}": ' + (fmt(int(v[0])) if one else "[" + ", ".join(map(fmt, v.tolist())) + "]"))
-        return (f'{{"repeat": {{"records": {self.period}, "times": {self.times - 1}, '
+            if (v == v[0]).all():
+                parts.append(f'"{key}": ' + fmt(int(v[0])))
+                continue
+            by = _by_name(v, codes) if codes is not None else None
+            if by is not None:
+                parts.append(f'"{key}": {{"by_name": ['
+                             + ", ".join(f"[{json.dumps(list(names[c]))[1:-1]}, {fmt(x)}]" for c, x in by) + "]}")
+            else:
+                parts.append(f'"{key}": [' + ", ".join(map(fmt, v.tolist())) + "]")
+        nest = f'"depth": {depth}, ' if depth else ""
+        return (f'{{"repeat": {{"records": {self.period}, "times": {self.times - 1}, {nest}'
                 f'"shift": {{{", ".join(parts)}}}}}}}\n')
+
+
+def _by_name(v: np.ndarray, codes: np.ndarray) -> list | None:
+    """``[(name code, shift), ...]`` when every record of a name code shifts by one value
+    ``v`` gives and the list is much shorter than ``v`` (else None)."""
+    uc, first, inv = np.unique(codes, return_index=True, return_inverse=True)
+    if len(uc) * 8 > len(v) or not (v[first][inv] == v).all():
+        return None
+    return list(zip(uc.tolist(), v[first].tolist()))
 
 
 #: :func:`find_periodic` tries the given period and its parts ``period // k``, ``k`` up to this
 #: (a run whose period works through ``k`` items, one after the other, repeats each item's
 #: share of it: ``period // k`` records)
 SPLITS = 8
-#: at most this many repeating sections
-MAX_SECTIONS = 64
+#: at most this many repeating sections at one level (the table's, or one section's first period)
+MAX_SECTIONS = 1024
+#: window sizes tried besides the given period's parts: this many of the commonest distances
+#: between a record and the next or next-but-one record of its name (a weight GEMV's tile on
+#: every PE), found in the first :data:`SAMPLE` records of the part searched
+CANDIDATES = 8
+SAMPLE = 1 << 20
+#: a section's first period of this many records or more is searched for sections of its own,
+#: down to :data:`MAX_DEPTH` levels (a period of layers holds each layer's weight tiles and KV tiles)
+NEST_FROM = 48
+MAX_DEPTH = 4
 
 
-def _windows_ok(table: "RecordTable", m: int) -> np.ndarray:
+def _windows_ok(cols: dict, m: int) -> np.ndarray:
     """``ok[i]``: record ``i + 2m`` minus record ``i + m`` equals record ``i + m`` minus record
-    ``i`` in every written field (the name equal), one column at a time."""
-    n = len(table)
-    ok = np.ones(n - 2 * m, dtype=bool)
-    for f in WRITTEN:
-        c = table.column(f)
-        if f == "name":
-            ok &= (c[m:-m] == c[:-2 * m]) & (c[2 * m:] == c[:-2 * m])
-        else:
-            ok &= (c[2 * m:] - c[m:-m]) == (c[m:-m] - c[:-2 * m])
+    ``i`` in every written field (the name equal), one column at a time (``cols``: the
+    written fields of the records searched)."""
+    c = cols["name"]
+    ok = (c[m:-m] == c[:-2 * m]) & (c[2 * m:] == c[:-2 * m])
+    c = cols["td"] < 0  # a data phase in all three or none (a repetition keeps "none")
+    ok &= (c[m:-m] == c[:-2 * m]) & (c[2 * m:] == c[:-2 * m])
+    for f in SHIFTED:
+        c = cols[f]
+        ok &= (c[2 * m:] - c[m:-m]) == (c[m:-m] - c[:-2 * m])
     return ok
 
 
-def find_periodic(table: "RecordTable", period: int, min_times: int = 3) -> Periodic | None:
-    """The table's repeating sections: runs of windows of ``period`` records (or of a part
-    ``period // k`` of it, :data:`SPLITS`), each window the one before shifted by the same
-    amount per record (every written field, :data:`WRITTEN`; the name not at all), at least
-    ``min_times`` windows each, taken greedily: the run that leaves out the most records,
-    then the same in the records no run holds yet, up to :data:`MAX_SECTIONS`. The first in
-    record order, the others its :attr:`~Periodic.rest`; None when there is no such run. Its
-    records need not come from any particular mechanism: the windows are found in the table
-    (linear time a window size and a section, a column at a time)."""
-    n = len(table)
+def _distances(names: np.ndarray, lags: int = 2) -> list:
+    """The :data:`CANDIDATES` commonest distances from a record to the next (and the
+    next-but-one) record of its name code, commonest first, each at most a third of the
+    records."""
+    names = names[:SAMPLE]
+    order = np.argsort(names, kind="stable")
+    sorted_names = names[order]
+    ds = []
+    for lag in range(1, lags + 1):
+        same = sorted_names[lag:] == sorted_names[:-lag]
+        ds.append((order[lag:] - order[:-lag])[same])
+    d = np.concatenate(ds) if ds else np.zeros(0, dtype=np.int64)
+    d = d[(d > 0) & (3 * d <= len(names))]
+    if not len(d):
+        return []
+    vals, counts = np.unique(d, return_counts=True)
+    top = np.argsort(-counts, kind="stable")[:CANDIDATES]
+    return vals[top].tolist()
+
+
+def _sections(cols: dict, sizes: list, min_times: int) -> list:
+    """``(first record, window size, times)`` of the repeating sections of the records
+    ``cols`` holds (:func:`find_periodic`), greedily, in record order."""
+    n = len(cols["name"])
     runs = {}  # window size → (starts, ends) of the runs of i whose ok (_windows_ok) holds, long enough
-    for m in [period // k for k in range(1, SPLITS + 1) if period > 0 and period % k == 0]:
-        if n >= min_times * m:
-            ok = _windows_ok(table, m)
+    for m in dict.fromkeys(sizes):
+        if m > 0 and n >= min_times * m:
+            ok = _windows_ok(cols, m)
             edges = np.diff(np.concatenate(([0], ok.view(np.int8), [0])))
-            runs[m] = np.nonzero(edges == 1)[0], np.nonzero(edges == -1)[0]
+            starts, ends = np.nonzero(edges == 1)[0], np.nonzero(edges == -1)[0]
+            keep = (ends - starts) // m + 2 >= min_times
+            if keep.any():
+                runs[m] = starts[keep], ends[keep]
     found = []
     while len(found) < MAX_SECTIONS:
         best = None
@@ -201,20 +294,59 @@ def find_periodic(table: "RecordTable", period: int, min_times: int = 3) -> Peri
             left, right = np.minimum(ends, a - 2 * w), np.maximum(starts, b)
             runs[w] = (np.concatenate((starts[left > starts], right[ends > right])),
                        np.concatenate((left[left > starts], ends[ends > right])))
-    if not found:
+    return sorted(found)
+
+
+def _forms(cols: dict, lo: int, found: list, n: int, min_times: int, depth: int) -> list:
+    """The :class:`Periodic` of each section ``found`` in records ``cols`` (the first at
+    index ``lo`` of the table of ``n``), each with the sections of its first period."""
+    forms = []
+    for a, m, times in found:
+        shift = {f: cols[f][a + m:a + 2 * m] - cols[f][a:a + m] for f in SHIFTED}
+        inner = ()
+        if m >= NEST_FROM and depth < MAX_DEPTH:
+            part = {f: c[a:a + m] for f, c in cols.items()}
+            sizes = [d for d in _distances(part["name"]) if d < m]
+            inner = tuple(_forms(part, lo + a, _sections(part, sizes, min_times), n, min_times, depth + 1))
+        forms.append(Periodic(n, lo + a, m, times, shift, inner=inner))
+    return forms
+
+
+def find_periodic(table: "RecordTable", period: int, min_times: int = 3) -> Periodic | None:
+    """The table's repeating sections: runs of windows of ``period`` records (or of a part
+    ``period // k`` of it, :data:`SPLITS`, or of a size common in the records,
+    :data:`CANDIDATES`), each window the one before shifted by the same amount per record
+    (every written field, :data:`WRITTEN`; the name not at all), at least ``min_times``
+    windows each, taken greedily: the run that leaves out the most records, then the same in
+    the records no run holds yet, up to :data:`MAX_SECTIONS`; within each section's first
+    period the same, nested (:data:`NEST_FROM`). The first in record order, the others its
+    :attr:`~Periodic.rest`; None when there is no such run. Its records need not come from
+    any particular mechanism: the windows are found in the table (linear time a window size
+    and a section, a column at a time)."""
+    n = len(table)
+    if not n:
         return None
-    forms = [Periodic(n, a, m, times, {f: table.column(f, a + m, a + 2 * m) - table.column(f, a, a + m)
-                                       for f in SHIFTED}) for a, m, times in sorted(found)]
+    cols = {f: table.column(f) for f in WRITTEN}
+    sizes = [period // k for k in range(1, SPLITS + 1) if period > 0 and period % k == 0] + _distances(cols["name"])
+    forms = _forms(cols, 0, _sections(cols, sizes, min_times), n, min_times, 1)
+    if not forms:
+        return None
     return replace(forms[0], rest=tuple(forms[1:]))
 
 
-def repeat_shift(repeat: dict, period: int) -> dict:
+def repeat_shift(repeat: dict, period: int, codes: np.ndarray | None = None, names: list | None = None) -> dict:
     """:attr:`Periodic.shift` from a ``repeat`` line's ``repeat`` object (its ``shift``: per
-    field one integer or ``period`` of them, times in ns). Raises ValueError or KeyError."""
+    field one integer, ``period`` of them, or ``{"by_name": [[pe, unit, op_kind, shift],
+    ...]}`` looked up by the period's name ``codes`` into ``names``; times in ns). Raises
+    ValueError or KeyError."""
     shift = {}
     for f, key in SHIFTED.items():
-        v = np.asarray(repeat["shift"].get(key, 0), dtype=np.float64 if f in ("t0", "t1", "td") else np.int64)
-        if f in ("t0", "t1", "td"):
+        time = f in ("t0", "t1", "td")
+        v = repeat["shift"].get(key, 0)
+        if isinstance(v, dict):
+            v = _by_name_shift(v, key, codes, names)
+        v = np.asarray(v, dtype=np.float64 if time else np.int64)
+        if time:
             if not np.isfinite(v).all() or (np.abs(v) > 2.0 ** 52 / 1000).any():
                 raise ValueError(f"the repeat line's shift of {key} is not a finite time in ns")
             v = np.round(v * 1000)
@@ -224,6 +356,22 @@ def repeat_shift(repeat: dict, period: int) -> dict:
             raise ValueError(f"the repeat line's shift of {key} is negative: a repetition comes after the one before")
         shift[f] = np.broadcast_to(v.astype(np.int64), (period,)).copy()
     return shift
+
+
+def _by_name_shift(v: dict, key: str, codes, names) -> list:
+    """A shift given per record name: one value per record of the period."""
+    if set(v) != {"by_name"} or type(v["by_name"]) is not list or codes is None:
+        raise ValueError(f'the repeat line\'s shift of {key} must be a number, a list or {{"by_name": [...]}}')
+    by = {}
+    for e in v["by_name"]:
+        if type(e) is not list or len(e) != 4 or type(e[0]) is not int:
+            raise ValueError(f"the repeat line's shift of {key} by name must list [pe, unit, op_kind, shift]")
+        by[tuple(e[:3])] = e[3]
+    missing = [names[c] for c in dict.fromkeys(codes.tolist()) if names[c] not in by]
+    if missing:
+        raise ValueError(f"the repeat line's shift of {key} by name has no shift for pe {missing[0][0]} "
+                         f"{missing[0][1]} {missing[0][2]}")
+    return [by[names[c]] for c in codes.tolist()]
 
 
 def shift_rows(form: Periodic) -> np.ndarray:
@@ -265,6 +413,10 @@ def label_codes(col) -> tuple[np.ndarray, tuple]:
     return np.fromiter((at[v] for v in col), dtype=np.int64, count=len(col)), values
 
 
+class TooLarge(ValueError):
+    """A periodic op_log whose expanded records would not fit in free memory."""
+
+
 class RecordTable:
     """Records of ten integers each (:data:`FIELDS`) in :attr:`buf`, a ``bytearray`` of
     native int64 the simulation grows inline (``buf += ROW.pack(...)``: once per record,
@@ -281,6 +433,7 @@ class RecordTable:
         self.form: Periodic | None = None
         self._header: dict | None = None  # a periodic op_log's header, while it is parsed
         self._forms: list = []  # its sections' forms read so far (their repeat lines)
+        self._pending: list = []  # nested forms read, not yet taken by their section's repeat line
 
     def code(self, pe: int, unit: str, op_kind: str) -> int:
         """The code of a record name ``(pe, unit, op_kind)``; callers cache it."""
@@ -357,42 +510,40 @@ class RecordTable:
         """Write the op_log of every record to the text stream ``f`` in the table's
         :attr:`form` (module doc), ``chunk`` records a write; the lines written."""
         p, n = self.form, len(self)
-        parts, at = [], 0
-        for s in () if p is None else p.sections:  # the records before a section and its first period, its repeat line
-            parts += [(at, s.prefix + s.period), s]
-            at = s.end
-        parts.append((at, n))
-        if p is not None:
-            f.write(p.header())
-        lines = 0 if p is None else 1
-        for part in parts:
-            if isinstance(part, Periodic):
-                f.write(part.repeat_line())
-                lines += 1
-                continue
-            for lo in range(part[0], part[1], chunk):
-                f.write(self.text(lo, min(part[1], lo + chunk)))
-            lines += part[1] - part[0]
-        return lines
+        if p is None:
+            return self._write_records(f, 0, n, chunk)
+        f.write(p.header())
+        return 1 + self._write_part(f, 0, n, p.sections, 0, chunk)
 
-    def expand(self, form: Periodic) -> None:
-        """Insert the repetitions a periodic op_log's ``repeat`` lines stand for: the table
-        holds the records it writes (module doc: each section's first period, the records
-        between sections, before the first and after the last)."""
-        written = self.array()
-        del self.buf[:]
-        w = at = 0  # the next written record; its index in the expanded table
-        for s in form.sections:
-            stop = w + s.prefix - at + s.period  # the written index after the section's first period
-            self.extend(written[w:stop])
-            block = written[stop - s.period:stop]
-            step = shift_rows(s)
-            per = max(1, (1 << 20) // s.period)  # repetitions at a time: about a million records
-            for j in range(1, s.times, per):
-                js = np.arange(j, min(s.times, j + per), dtype=np.int64)
-                self.extend((block[None] + js[:, None, None] * step[None]).reshape(-1, N))
-            w, at = stop, s.end
-        self.extend(written[w:])
+    def _write_part(self, f, lo: int, hi: int, sections: tuple, depth: int, chunk: int) -> int:
+        """Records ``[lo, hi)`` with ``sections`` in them: the records before each, its
+        first period (its own sections in it, a level deeper) and its repeat line."""
+        lines, at = 0, lo
+        for s in sections:
+            lines += self._write_records(f, at, s.prefix, chunk)
+            lines += self._write_part(f, s.prefix, s.prefix + s.period, s.inner, depth + 1, chunk)
+            f.write(s.repeat_line(self.column("name", s.prefix, s.prefix + s.period), self.names, depth,
+                                  self.column("td", s.prefix, s.prefix + s.period) >= 0))
+            lines += 1
+            at = s.end
+        return lines + self._write_records(f, at, hi, chunk)
+
+    def _write_records(self, f, lo: int, hi: int, chunk: int) -> int:
+        for a in range(lo, hi, chunk):
+            f.write(self.text(a, min(hi, a + chunk)))
+        return max(0, hi - lo)
+
+    def _repeat(self, period: int, times: int, step: np.ndarray) -> None:
+        """Append ``times - 1`` repetitions of the last ``period`` records, the ``j``-th
+        shifted by ``j * step`` (``(period, 10)``; a record with no data phase keeps none),
+        about a million records at a time."""
+        block = self.array(len(self) - period)
+        step = step.copy()
+        step[block[:, 5] < 0, 5] = 0
+        per = max(1, (1 << 20) // period)
+        for j in range(1, times, per):
+            js = np.arange(j, min(times, j + per), dtype=np.int64)
+            self.extend((block[None] + js[:, None, None] * step[None]).reshape(-1, N))
 
     @classmethod
     def parse(cls, source, name: str | None = None) -> "RecordTable":
@@ -415,6 +566,8 @@ class RecordTable:
         body = [line for line in lines if line.strip()]
         try:  # one JSON parse of the whole text: half the time of one a line
             return cls.of_dicts(json.loads("[" + ",".join(body) + "]") if body else [])
+        except TooLarge as e:
+            raise ValueError(f"{name or 'op_log'}: {e}") from None
         except (ValueError, KeyError, TypeError, OverflowError):
             pass
         t = cls()  # a malformed line: found line by line, for its number
@@ -454,22 +607,37 @@ class RecordTable:
 
     def _directive(self, r: dict) -> None:
         """A periodic op_log's header (the first line) or one of its ``repeat`` lines (each
-        right after its section's first period), checked against each other (module doc)."""
+        right after the first period it repeats), checked against each other (module doc),
+        the repetitions appended at once."""
         if "op_log" in r:
             if len(self) or self._header is not None:
                 raise ValueError('the header {"op_log": "periodic", ...} must be the first line')
-            self._header = periodic_header(r)
-            self._forms = []
+            self._header = head = periodic_header(r)
+            self._forms, self._pending = [], []
+            need, have = 2 * head["records"] * _B, _available_memory_bytes()  # the repetitions, then the table
+            if have is not None and need > have:
+                raise TooLarge(f"a periodic op_log of {head['records']:,} records needs {need / 2**30:.1f} GiB "
+                                 f"to expand, more than the {have / 2**30:.1f} GiB this machine has free; "
+                                 f"python -m kbframe.report.oplog streams it record by record")
             return
-        if self._header is None or len(self._forms) == len(self._header["sections"]):
+        head, forms = self._header, self._forms
+        if head is None:
+            raise ValueError("a repeat line without the periodic header, or a second one")
+        codes = lambda m: self.column("name", len(self) - m) if 0 < m <= len(self) else None  # noqa: E731
+        depth = r["repeat"].get("depth", 0)
+        if not depth and len(forms) == len(head["sections"]):
             raise ValueError("a repeat line without the periodic header, or a second one"
-                             if self._header is None or len(self._forms) == 1 else
-                             f"a repeat line after the header's {len(self._forms)} sections' ones")
-        self._forms.append(repeat_form(r, self._header, len(self), len(self._forms)))
+                             if len(forms) == 1 else f"a repeat line after the header's {len(forms)} sections' ones")
+        form = repeat_form(r, head, len(self), len(forms), codes, self.names)
+        form = replace(form, inner=_adopt(self._pending, form, depth))
+        if depth:
+            self._pending.append((depth, form))
+        else:
+            forms.append(form)
+        self._repeat(form.period, form.times, shift_rows(form))
 
     def _finish(self) -> None:
-        """After the last line: a periodic op_log's record count checked against its header,
-        then its repetitions inserted."""
+        """After the last line: a periodic op_log's record count checked against its header."""
         head = self._header
         if head is None:
             return
@@ -479,17 +647,27 @@ class RecordTable:
             raise ValueError("a periodic op_log with no repeat line" if not forms else
                              f"a periodic op_log with {len(forms)} of its {want} sections' repeat lines")
         p = replace(forms[0], rest=tuple(forms[1:]))
-        written = p.records - sum(s.period * (s.times - 1) for s in forms)
-        if len(self) != written:
-            raise ValueError(f"a periodic op_log of {len(self) + p.records - written} records; "
-                             f"its header says {p.records}")
-        need, have = 2 * p.records * _B, _available_memory_bytes()  # the repetitions, then the table
-        if have is not None and need > have:
-            raise ValueError(f"a periodic op_log of {p.records:,} records needs {need / 2**30:.1f} GiB to expand, "
-                             f"more than the {have / 2**30:.1f} GiB this machine has free; "
-                             f"python -m kbframe.report.oplog streams it record by record")
+        if self._pending:
+            raise ValueError("a nested repeat line after its section's repeat line")
+        if len(self) != p.records:
+            raise ValueError(f"a periodic op_log of {len(self)} records; its header says {p.records}")
+        if p.nested != head["nested"]:
+            raise ValueError(f"a periodic op_log with {p.nested} nested repeat lines; its header says {head['nested']}")
         self.form = p
-        self.expand(p)
+
+
+def _adopt(pending: list, form: Periodic, depth: int) -> tuple:
+    """The nested forms a ``repeat`` line at ``depth`` takes as its :attr:`~Periodic.inner`:
+    those of ``pending`` (``(depth, form)`` in line order) one level deeper, which come
+    before it and lie in its first period; taken out of ``pending``. Raises ValueError
+    when one does not lie there or a deeper one is left without its parent."""
+    lo, hi = form.prefix, form.prefix + form.period
+    mine = [f for d, f in pending if d == depth + 1]
+    if any(d > depth + 1 for d, _ in pending) or any(f.prefix < lo or f.end > hi for f in mine):
+        raise ValueError(f"a nested repeat line of depth {depth + 1} or more outside the first period "
+                         f"its depth-{depth} repeat line repeats")
+    pending[:] = [(d, f) for d, f in pending if d <= depth]
+    return tuple(mine)
 
 
 def _available_memory_bytes() -> int | None:
@@ -509,8 +687,9 @@ def periodic_header(r: dict) -> dict:
     if r.get("op_log") != "periodic":
         raise ValueError(f'the first line names op_log form {r.get("op_log")!r}, not "periodic"')
     head = {k: r[k] for k in ("records", "prefix", "period", "times")}
-    if any(type(v) is not int for v in head.values()):
-        raise ValueError("the header's records, prefix, period and times must be integers")
+    head["nested"] = r.get("nested", 0)
+    if any(type(v) is not int for v in head.values()) or head["nested"] < 0:
+        raise ValueError("the header's records, prefix, period, times and nested must be integers (nested 0 or more)")
     more = r.get("sections", [])
     if "sections" in r and (type(more) is not list or not more or any(
             type(s) is not list or len(s) != 3 or any(type(v) is not int for v in s) for s in more)):
@@ -531,13 +710,29 @@ def periodic_header(r: dict) -> dict:
     return head
 
 
-def repeat_form(r: dict, head: dict, seen: int, k: int = 0) -> Periodic:
-    """The :class:`Periodic` form of section ``k`` a ``repeat`` line (a dict) gives after
-    ``seen`` written records of an op_log with header ``head`` (:func:`periodic_header`).
-    Raises ValueError, KeyError, TypeError, OverflowError."""
+def repeat_form(r: dict, head: dict, seen: int, k: int = 0, codes=None, names: list | None = None) -> Periodic:
+    """The :class:`Periodic` form a ``repeat`` line (a dict) gives after ``seen`` records
+    (repetitions of earlier lines included) of an op_log with header ``head``
+    (:func:`periodic_header`): of section ``k``, or, with a ``depth``, of a section nested
+    in section ``k``'s first period. ``codes(m)``: the name codes of the last ``m`` records
+    (for a shift given per name, in ``names``). Raises ValueError, KeyError, TypeError,
+    OverflowError."""
     rep = r["repeat"]
-    prefix, period, times, before, written = head["sections"][k]
-    if rep.get("records") != period or rep.get("times") != times - 1 or seen != written + period:
-        raise ValueError(f"the repeat line does not follow the header's {before} + {period} "
-                         f"records, {times} times")
-    return Periodic(head["records"], prefix, period, times, repeat_shift(rep, period))
+    depth, period, times = rep.get("depth", 0), rep.get("records"), rep.get("times")
+    if k >= len(head["sections"]):
+        raise ValueError("a nested repeat line after the last section's repeat line")
+    prefix, p, t, before, _ = head["sections"][k]
+    if depth:
+        if type(depth) is not int or depth < 1 or type(period) is not int or type(times) is not int \
+                or period < 1 or times < 1:
+            raise ValueError("a nested repeat line's depth, records and times must be positive integers")
+        first = seen - period
+        if first < prefix or seen + period * times > prefix + p:
+            raise ValueError(f"the nested repeat line's {period} records, {times} more times, do not lie in "
+                             f"the first period of the section of {p} records from record {prefix}")
+        return Periodic(head["records"], first, period, times + 1,
+                        repeat_shift(rep, period, codes(period) if codes else None, names))
+    if period != p or times != t - 1 or seen != prefix + p:
+        raise ValueError(f"the repeat line does not follow the header's {before} + {p} "
+                         f"records, {t} times")
+    return Periodic(head["records"], prefix, p, t, repeat_shift(rep, p, codes(p) if codes else None, names))

@@ -50,7 +50,7 @@ def test_a_periodic_table_is_found_written_and_read_back_exactly():
     text = f.getvalue().splitlines()
     assert text[0] == '{"op_log": "periodic", "records": 24, "prefix": 2, "period": 3, "times": 7}'
     assert text[6] == ('{"repeat": {"records": 3, "times": 6, "shift": {"cmd": 2, "tile": [0, 1, 0], '
-                       '"t_start_ns": 0.1, "t_end_ns": 0.1, "t_data_ns": [0.0, 0.1, 0.0]}}}')
+                       '"t_start_ns": 0.1, "t_end_ns": 0.1, "t_data_ns": 0.1}}}')
     back = RecordTable.parse(f.getvalue())
     assert back.text() == full and (back.form.records, back.form.prefix, back.form.period, back.form.times) == \
         (24, 2, 3, 7)
@@ -144,8 +144,8 @@ def test_expanding_a_periodic_op_log_gives_the_full_simulations_records(step_run
     full = (d / "full" / "op_log.jsonl").read_text()
     assert "".join(oplog.lines(d / "periodic")) == full
     assert oplog.read(d / "periodic").text() == full
-    assert m["periodic"]["op_log"] == {"form": "periodic", "records": 155115, "lines": 2661, "prefix": 72,
-                                       "period": 2584, "times": 60}
+    assert m["periodic"]["op_log"] == {"form": "periodic", "records": 155115, "lines": 1345, "prefix": 72,
+                                       "period": 2584, "times": 60, "nested": 4}
     assert "op_log" not in m["full"]
     # the periodic run's results are the full simulation's, to the records
     for key in ("latency_ns", "step", "critical_path", "units"):
@@ -161,15 +161,20 @@ def test_a_periodic_runs_files_grow_with_distinct_work_not_repetitions(step_runs
             for k in ("periodic", "double", "full")}
     one, two = ((d / k / "op_log.jsonl").read_text().splitlines() for k in ("periodic", "double"))
     differ = [i for i, (a, b) in enumerate(zip(one, two)) if a != b]
-    assert len(one) == len(two) == 2661 and differ == [0, 2657, 2658, 2659, 2660]
+    assert len(one) == len(two) == 1345 and differ == [0, 1341, 1342, 1343, 1344]
     assert m["double"]["op_log"]["times"] == 120 and m["double"]["step"]["layers"] == 120
     assert size["double"][1] < 1.2 * size["periodic"][1]
     assert size["full"][0] > 50 * size["periodic"][0] and size["full"][1] > 20 * size["periodic"][1]
     trace = json.loads((d / "periodic" / "trace.json").read_text())["traceEvents"]
     reps = [e for e in trace if e.get("cat") == "repeated"]
-    assert len(reps) == 58 * 8 and {e["name"] for e in reps if e["pid"] == 3} == {f"period {j} of 60"
-                                                                                   for j in range(2, 60)}
-    assert reps[0]["args"] == {"records": 323, "as": "period 1", "later_us": 4.25825}
+    layers = [e for e in reps if e["args"]["section"] == 1]  # the periods of a layer; then a layer's GEMV tiles
+    assert len(layers) == 58 * 8 and {e["name"] for e in layers if e["pid"] == 3} == {
+        f"section 1 period {j} of 60" for j in range(2, 60)}
+    assert layers[0]["args"] == {"records": 323, "as": "period 1", "section": 1, "later_us": 4.25825}
+    tiles = [e for e in reps if e["args"]["section"] > 1]  # 4 sections in the first and the last layer, 8 PEs
+    assert len(tiles) == 4 * 2 * 8 and {e["args"]["every_us"] for e in tiles} == {0.0825, 0.1245}
+    assert {(e["args"]["repetitions"], e["name"].split(" ", 2)[2]) for e in tiles} == {
+        (4, "periods 2-5 of 6"), (5, "periods 2-6 of 7")}
     ends = {}
     for e in reps:  # one track a PE: its slices follow each other, none overlaps the next
         t0, t1 = round(e["ts"] * 1e6), round((e["ts"] + e["dur"]) * 1e6)
@@ -223,7 +228,7 @@ def test_a_table_with_two_repeating_sections_writes_each_once_and_reads_back_exa
                        '"sections": [[2, 2, 4]]}')
     assert text[6].startswith('{"repeat": {"records": 3, "times": 4, ')
     assert text[11] == ('{"repeat": {"records": 2, "times": 3, "shift": {"cmd": 1, "t_start_ns": 0.05, '
-                        '"t_end_ns": 0.05, "t_data_ns": [0.05, 0.0]}}}')
+                        '"t_end_ns": 0.05, "t_data_ns": 0.05}}}')
     back = RecordTable.parse(f.getvalue())
     assert back.text() == full
     assert [(s.records, s.prefix, s.period, s.times) for s in back.form.sections] == [(28, 2, 3, 5), (28, 19, 2, 4)]
@@ -299,26 +304,99 @@ def item_runs(tmp_path_factory):
 def test_a_run_of_several_items_writes_each_repeating_section_once(item_runs, tmp_path):
     d, m = item_runs
     assert m["periodic"]["fast_forward"]["applied"] and not m["full"]["fast_forward"]["applied"]
-    assert m["periodic"]["op_log"] == {"form": "periodic", "records": 36900, "lines": 1138, "prefix": 416,
-                                       "period": 18, "times": 972, "sections": [[71, 18, 28], [62, 18, 990]]}
+    assert m["periodic"]["op_log"] == {"form": "periodic", "records": 36900, "lines": 675, "prefix": 416,
+                                       "period": 18, "times": 972, "sections": [[71, 18, 28], [62, 18, 990], [27, 16, 30]]}
     full = (d / "full" / "op_log.jsonl").read_text()
     assert len(full.splitlines()) == 36900
-    assert len((d / "periodic" / "op_log.jsonl").read_text().splitlines()) == 1138
+    assert len((d / "periodic" / "op_log.jsonl").read_text().splitlines()) == 675
     out = subprocess.run([sys.executable, "-m", "kbframe.report.oplog", str(d / "periodic"),
                           str(tmp_path / "all.jsonl")], capture_output=True, text=True, cwd=REPO)
     assert out.returncode == 0 and (tmp_path / "all.jsonl").read_text() == full
     back = RecordTable.parse(d / "periodic" / "op_log.jsonl")
-    assert back.text() == full and len(back.form.sections) == 3
+    assert back.text() == full and len(back.form.sections) == 4
     for key in ("latency_ns", "critical_path", "units"):
         assert m["periodic"].get(key) == m["full"].get(key), key
     trace = json.loads((d / "periodic" / "trace.json").read_text())["traceEvents"]
     reps = [e for e in trace if e.get("cat") == "repeated"]
-    assert [sum(e["args"]["section"] == k for e in reps) for k in (1, 2, 3)] == [970, 26, 988]
-    assert {e["name"] for e in reps if e["args"]["section"] == 2} == {f"section 2 period {j} of 28"
-                                                                      for j in range(2, 28)}
+    # short periods: one slice for all of a section's left-out repetitions
+    assert [(e["name"], e["args"]["repetitions"]) for e in reps] == [
+        ("section 1 periods 2-971 of 972", 970), ("section 2 periods 2-27 of 28", 26),
+        ("section 3 periods 2-989 of 990", 988), ("section 4 periods 2-29 of 30", 28)]
     ends = 0
     for e in reps:  # one track: its slices follow each other, section after section
         t0 = round(e["ts"] * 1e6)
         assert t0 >= ends
         ends = round((e["ts"] + e["dur"]) * 1e6)
     assert (d / "full" / "trace.json").stat().st_size > 10 * (d / "periodic" / "trace.json").stat().st_size
+
+
+def _nested_rows(times: int) -> list:
+    """Two records before, ``times`` periods of 50 records (a layer: a PE_CPU record, 24 tiles
+    of two records each, repeating, and an end record; PE0's commands +25 a period, PE1's
+    +26, times +1000 ps), one record after."""
+    rows = [[0, 0, -1, 0, 5, -1, 8, -1, -1, -1], [2, 0, -1, 1, 7, -1, 0, -1, -1, -1]]
+    for j in range(times):
+        b, c0, c1 = 1000 * j + 10, 25 * j + 1, 26 * j + 1
+        rows.append([0, c0, -1, b, b + 5, -1, 8, -1, -1, -1])
+        for i in range(24):
+            rows += [[1, c0 + 1 + i, i, b + 10 + 20 * i, b + 25 + 20 * i, b + 12 + 20 * i, 4096, -1, -1, -1],
+                     [2, c1 + i, -1, b + 25 + 20 * i, b + 28 + 20 * i, -1, 0, -1, -1, -1]]
+        rows.append([2, c1 + 24, -1, b + 600, b + 601, -1, 0, -1, -1, -1])
+    return rows + [[2, 999, -1, 1000 * times + 50, 1000 * times + 51, -1, 0, -1, -1, -1]]
+
+
+def _nested_file(tmp_path, edit=lambda lines: lines):
+    t = _table(_nested_rows(4))
+    t.form = find_periodic(t, 50)
+    f = io.StringIO()
+    assert t.write(f) == 10
+    path = tmp_path / "op_log.jsonl"
+    path.write_text("".join(edit(f.getvalue().splitlines(keepends=True))))
+    return path, t.text()
+
+
+def test_a_period_whose_tiles_repeat_is_written_with_them_nested_and_reads_back_exactly(tmp_path):
+    t = _table(_nested_rows(4))
+    form = find_periodic(t, 50)
+    assert (form.prefix, form.period, form.times, form.nested) == (2, 50, 4, 1)
+    assert [(s.prefix, s.period, s.times) for s in form.inner] == [(3, 2, 24)]
+    # as drawn: the tiles within the first and the last layer
+    assert [(s.prefix, s.period, s.times) for s in form.drawn()] == [(2, 50, 4), (3, 2, 24), (153, 2, 24)]
+    path, full = _nested_file(tmp_path)
+    text = path.read_text().splitlines()
+    assert text[0] == '{"op_log": "periodic", "records": 203, "prefix": 2, "period": 50, "times": 4, "nested": 1}'
+    assert text[6] == ('{"repeat": {"records": 2, "times": 23, "depth": 1, "shift": {"cmd": 1, "tile": [1, 0], '
+                       '"t_start_ns": 0.02, "t_end_ns": 0.02, "t_data_ns": 0.02}}}')
+    assert text[8] == ('{"repeat": {"records": 50, "times": 3, "shift": {"cmd": {"by_name": [[0, "cpu", "load", 25], '
+                       '[0, "dma_read", "load", 25], [1, "gemm", "mm", 26]]}, "t_start_ns": 1.0, "t_end_ns": 1.0, '
+                       '"t_data_ns": 1.0}}}')
+    assert "".join(oplog.lines(path)) == full and "".join(oplog.lines(path, chunk=1)) == full
+    back = RecordTable.parse(path)
+    assert back.text() == full and back.form.nested == 1
+    assert [(s.prefix, s.period, s.times) for s in back.form.drawn()] == [(2, 50, 4), (3, 2, 24), (153, 2, 24)]
+
+
+_OUTSIDE = ("the nested repeat line's 8 records, 23 more times, do not lie in the first period of the section of "
+            "50 records from record 2")
+_NO_NAME = "the repeat line's shift of cmd by name has no shift for pe 1 gemm mm"
+
+
+@pytest.mark.parametrize("edit, error, parse_error", [
+    (_swap(0, '"nested": 1', '"nested": 2'), ": a periodic op_log with 1 nested repeat lines; its header says 2",
+     ": a periodic op_log with 1 nested repeat lines; its header says 2"),
+    (_swap(6, '"records": 2,', '"records": 8,'), f":7: malformed periodic op_log line ({_OUTSIDE})",
+     f':7: malformed op_log record (ValueError("{_OUTSIDE}"))'),
+    (lambda ls: ls[:6] + ls[7:], ":8: malformed periodic op_log line (the repeat line does not follow the header's "
+                                 "2 + 50 records, 4 times)",
+     ":8: malformed op_log record (ValueError(\"the repeat line does not follow the header's 2 + 50 records, 4 times\"))"),
+    (_swap(8, ', [1, "gemm", "mm", 26]', ""), f":9: malformed periodic op_log line ({_NO_NAME})",
+     f':9: malformed op_log record (ValueError("{_NO_NAME}"))'),
+])
+def test_a_broken_nested_op_log_is_named(tmp_path, edit, error, parse_error):
+    path, _ = _nested_file(tmp_path, edit)
+    with pytest.raises(ValueError) as e:
+        list(oplog.lines(path))
+    assert str(e.value) == f"{path}{error}"
+    with pytest.raises(ValueError) as e:
+        RecordTable.parse(path)
+    assert str(e.value) == f"{path}{parse_error}"

@@ -66,37 +66,42 @@ def _lines(f, p: Path, chunk: int) -> Iterator[str]:
         return
     head = _parsed(first, p, 1, periodic_header)
     secs = head["sections"]
-    period = RecordTable()
-    forms, seen = [], 0
+    held = RecordTable()  # the records of the first period being read (repetitions of nested ones included)
+    forms, seen, nested = [], 0, 0
     for lineno, line in enumerate(f, 2):
         if not line.endswith("\n"):
             raise ValueError(f"{p}:{lineno}: the last line is cut short")
         if not line.startswith('{"repeat"'):
             if line.startswith('{"op_log"'):
                 raise ValueError(f"{p}:{lineno}: a second header")
-            if len(forms) < len(secs) and seen >= secs[len(forms)][4]:  # a record of a section's first period
-                _parsed(line, p, lineno, period._add)
+            if len(forms) < len(secs) and seen >= secs[len(forms)][0]:  # a record of a section's first period
+                _parsed(line, p, lineno, held._add)
             seen += 1
             yield line
             continue
-        if len(forms) == len(secs):
+        depth = _parsed(line, p, lineno, lambda r: r["repeat"].get("depth", 0))
+        if not depth and len(forms) == len(secs):
             raise ValueError(f"{p}:{lineno}: " + ("a second repeat line" if len(secs) == 1 else
                                                   f"a repeat line after the header's {len(secs)} sections' ones"))
-        form = _parsed(line, p, lineno, lambda r: repeat_form(r, head, seen, len(forms)))
-        forms.append(form)
-        first_period, n = period.array(), len(period)
-        step = shift_rows(form)
-        for j in range(1, form.times):
-            period.buf[:] = (first_period + j * step).tobytes()
-            for lo in range(0, n, chunk):
-                yield period.text(lo, min(n, lo + chunk))
-        period = RecordTable()
+        codes = lambda m: held.column("name", len(held) - m) if 0 < m <= len(held) else None  # noqa: E731
+        form = _parsed(line, p, lineno, lambda r: repeat_form(r, head, seen, len(forms), codes, held.names))
+        n = len(held)
+        held._repeat(form.period, form.times, shift_rows(form))
+        for lo in range(n, len(held), chunk):
+            yield held.text(lo, min(len(held), lo + chunk))
+        seen += len(held) - n
+        if depth:
+            nested += 1
+        else:
+            forms.append(form)
+            held = RecordTable()
     if len(forms) < len(secs):
         raise ValueError(f"{p}: a periodic op_log with no repeat line" if not forms else
                          f"{p}: a periodic op_log with {len(forms)} of its {len(secs)} sections' repeat lines")
-    total = seen + sum(s.period * (s.times - 1) for s in forms)
-    if total != head["records"]:
-        raise ValueError(f"{p}: a periodic op_log of {total} records; its header says {head['records']}")
+    if seen != head["records"]:
+        raise ValueError(f"{p}: a periodic op_log of {seen} records; its header says {head['records']}")
+    if nested != head["nested"]:
+        raise ValueError(f"{p}: a periodic op_log with {nested} nested repeat lines; its header says {head['nested']}")
 
 
 def _parsed(line: str, p: Path, lineno: int, take):

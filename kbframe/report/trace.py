@@ -33,11 +33,14 @@ as they are made; only the commands still in flight are held (the records are in
 completion order, and a command's ``scheduler`` record follows its stages).
 
 A table in periodic form (a fast-forwarded run's op_log, kbframe.records) is drawn with the
-first and last periods of each repeating section in full; each repetition between them is
-one slice per PE on a track ``repeated`` (``name`` ``period j of R``, or ``section k period
-j of R`` when there are several sections; ``args`` its records and its shift from the
-section's first period), and the phases and flows that lie within them are left out: the
-trace grows with the run's distinct work, not with its repetitions.
+first and last periods of each repeating section in full (a nested section within each of
+them the same way); each repetition between them is one slice per PE on a track
+``repeated`` (``name`` ``period j of R``, or ``section k period j of R`` when there are
+several sections; ``args`` its records and its shift from the section's first period), or,
+for a period of fewer than :data:`SLICE_EACH_FROM` records, one slice per PE for them all
+(``periods 2-{R-1} of R``, ``args`` ``repetitions`` and ``every_us``), and the phases and
+flows that lie within them are left out: the trace grows with the run's distinct work, not
+with its repetitions.
 """
 from __future__ import annotations
 
@@ -86,34 +89,44 @@ LANE_STRIDE = 1000
 PHASE_TID = 900 * LANE_STRIDE
 #: the tid of a PE's track of repeated periods (a table in periodic form)
 REPEAT_TID = 899 * LANE_STRIDE
+#: a section whose period holds fewer records is drawn with one slice per PE for all its
+#: left-out repetitions (a slice a repetition would outweigh the records it stands for)
+SLICE_EACH_FROM = 256
 
 
-def _repeats(table: RecordTable) -> tuple[list, list]:
-    """A table in periodic form (kbframe.records.Periodic): per repeating section, the
-    indices of the records the trace leaves out (every repetition but the first and last),
-    and, per left-out repetition and PE, ``(section, pe, j, t0_ps, t1_ps, records)``: the
-    span of its records on that PE."""
+def _repeats(table: RecordTable) -> tuple[list, list, list]:
+    """A table in periodic form (kbframe.records.Periodic): its sections as drawn
+    (:meth:`~kbframe.records.Periodic.drawn`: nested ones within their section's first and
+    last repetitions), per section the indices of the records the trace leaves out (every
+    repetition but the first and last), and, per left-out repetition and PE, ``(section,
+    pe, j, t0_ps, t1_ps, records)``: the span of its records on that PE."""
     p = table.form
     if p is None:
-        return [], []
+        return [], [], []
     pe_of = np.array(table.name_col(0), dtype=np.int64)
+    sections = p.drawn()
     left_out, out, end = [], [], {}
-    for k, s in enumerate(p.sections):
+    for k, s in enumerate(sections):
         if s.times < 3:
             continue
         lo, hi = s.prefix + s.period, s.end - s.period
-        for j in range(1, s.times - 1):
-            a = lo + (j - 1) * s.period
-            c = table.cols(a, a + s.period)
-            pe = pe_of[c["name"]]
-            for q in np.unique(pe).tolist():
-                at = pe == q
-                t0, t1 = int(c["t0"][at].min()), int(c["t1"][at].max())
-                t0 = max(t0, end.get(q, t0))  # slices on one track must not overlap: a repetition starts as
-                end[q] = t1                   # the one before ends, if its first record began earlier
-                out.append((k, q, j + 1, t0, t1, int(at.sum())))
+        c = table.cols(lo, hi)
+        j = np.arange(hi - lo) // s.period + 2  # the repetition each record is in
+        pe = pe_of[c["name"]]
+        if s.period < SLICE_EACH_FROM:
+            j[:] = 0  # one span per PE for them all
+        key = j * (int(pe.max()) + 1) + pe  # one span per (repetition, PE)
+        order = np.argsort(key, kind="stable")
+        keys, first, count = np.unique(key[order], return_index=True, return_counts=True)
+        t0 = np.minimum.reduceat(c["t0"][order], first)
+        t1 = np.maximum.reduceat(c["t1"][order], first)
+        for jj, q, a, b, n in zip((keys // (int(pe.max()) + 1)).tolist(), (keys % (int(pe.max()) + 1)).tolist(),
+                                  t0.tolist(), t1.tolist(), count.tolist()):
+            a = max(a, end.get(q, a))  # slices on one track must not overlap: a repetition starts as
+            end[q] = b                 # the one before ends, if its first record began earlier
+            out.append((k, q, jj, a, b, n))
         left_out.append(range(lo, hi))
-    return left_out, out
+    return sections, sorted(left_out, key=lambda r: r.start), out
 
 
 def _busy(table: RecordTable, lo: int, hi: int) -> list:
@@ -127,24 +140,31 @@ def _busy(table: RecordTable, lo: int, hi: int) -> list:
             zip(c["name"][at].tolist(), b0[at].tolist(), c["t1"][at].tolist())]
 
 
-def _write_repeats(write, repeats: list, form, dumps) -> set:
+def _write_repeats(write, repeats: list, sections: list, dumps) -> set:
     """Write the slices of the left-out repetitions (:func:`_repeats`): each is its
     section's period 1's records shifted, ``later_us`` later when every record moves by the
-    same time (a steady state); with several sections, named and marked by their section
-    (1 the first). The PEs they are on."""
+    same time (a steady state); with several sections (``sections``, as drawn), named and
+    marked by their section (1 the first). The PEs they are on."""
     per_us = {}
-    for k, s in enumerate(form.sections if repeats else ()):
+    for k, s in enumerate(sections if repeats else ()):
         dt = s.shift["t1"]
         per_us[k] = float(dt[0]) / 1e6 if (dt == dt[0]).all() else None
-    several = form is not None and len(form.sections) > 1
+    several = len(sections) > 1
     for k, pe, j, t0, t1, n in repeats:
         args = {"records": n, "as": "period 1"}
         if several:
             args["section"] = k + 1
-        if per_us[k] is not None:
-            args["later_us"] = per_us[k] * (j - 1)
-        name = (f"section {k + 1} period {j} of {form.sections[k].times}" if several
-                else f"period {j} of {form.times}")
+        times = sections[k].times
+        if j:
+            if per_us[k] is not None:
+                args["later_us"] = per_us[k] * (j - 1)
+            name = f"period {j} of {times}"
+        else:  # every left-out repetition in one slice (SLICE_EACH_FROM)
+            args["repetitions"] = times - 2
+            if per_us[k] is not None:
+                args["every_us"] = per_us[k]
+            name = f"periods 2-{times - 1} of {times}"
+        name = f"section {k + 1} {name}" if several else name
         write(',\n{"name":"%s","cat":"repeated","ph":"X","ts":%s,"dur":%s,"pid":%d,"tid":%d,"args":%s}'
               % (name, _us(t0), _us(t1 - t0), pe, REPEAT_TID, dumps(args)))
     return {pe for _, pe, *_ in repeats}
@@ -318,7 +338,7 @@ def write_trace(records, out: Path | str, tracks: dict | None = None, critical=N
         return zip([known[k] for k in code], p0, p1, data.tolist(), list(map(repr, (c["t0"] / 1e6).tolist())),
                    list(map(str, cmd)), list(map(str, tile)), list(map(str, nbytes)), [None] * len(code))
 
-    left_out, repeats = _repeats(records)
+    sections, left_out, repeats = _repeats(records)
     parts = [(0, len(records))]
     if left_out:  # the left-out repetitions: record indices after them move up; phases within them go
         parts, at = [], 0
@@ -409,7 +429,7 @@ def write_trace(records, out: Path | str, tracks: dict | None = None, critical=N
             f.write("".join(pieces))
             write = f.write
             phase_lanes = _write_phases(write, phases, dumps)
-            repeat_pes = _write_repeats(write, repeats, records.form, dumps)
+            repeat_pes = _write_repeats(write, repeats, sections, dumps)
             for pe, t, w in power_counters(power, busy) if power is not None else ():
                 write(',\n{"name":"power W","ph":"C","ts":%s,"pid":%d,"tid":%d,"args":{"W":%r}}'
                       % ("0" if t is None else _us(t), pe, POWER_TID, w))

@@ -309,6 +309,8 @@ def _simulate(run: _Run, rd: RunDir) -> None:
                           "period": form.period, "times": form.times}
         if form.rest:  # the other repeating sections, as the header names them
             run.oplog_form["sections"] = form.more
+        if form.nested:  # sections repeating within sections' first periods
+            run.oplog_form["nested"] = form.nested
     run.sanitizer = run.sim.sanitizer
     if run.ff == "verify" and not run.forwarded.whole:
         fastforward.verify(run.cfg, run.wl, run.kernel, run.recipes, run.check, run.sim)

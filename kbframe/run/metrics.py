@@ -179,9 +179,14 @@ def summary(metrics: dict, out_dir: Path) -> str:
     form = metrics.get("op_log")
     if form:
         reps = [(form["times"], form["period"])] + [(t, m) for _, m, t in form.get("sections", [])]
-        what = "; ".join(f"{t} repetitions of {m:,}" for t, m in reps)
-        if len(reps) > 1:
+        what = "; ".join(f"{t} repetitions of {m:,}" for t, m in reps[:3])
+        if len(reps) > 3:  # the one that leaves out the most records, and how many more
+            t, m = max(reps, key=lambda r: (r[0] - 1) * r[1])
+            what = f"{t} repetitions of {m:,} and {len(reps) - 1:,} more sections"
+        elif len(reps) > 1:
             what = f"{len(reps)} sections: {what}"
+        if form.get("nested"):
+            what += f", {form['nested']:,} nested in their first periods"
         lines.append(f"  op_log      periodic: {form['records']:,} records in {form['lines']:,} lines "
                      f"({what}); python -m kbframe.report.oplog {out_dir} prints them all")
     return "\n".join(lines)
