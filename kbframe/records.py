@@ -230,12 +230,15 @@ def _windows_ok(cols: dict, m: int) -> np.ndarray:
     ``i`` in every written field (the name equal), one column at a time (``cols``: the
     written fields of the records searched)."""
     c = cols["name"]
-    ok = (c[m:-m] == c[:-2 * m]) & (c[2 * m:] == c[:-2 * m])
+    e = c[m:] == c[:-m]
+    ok = e[m:] & e[:-m]
     c = cols["td"] < 0  # a data phase in all three or none (a repetition keeps "none")
-    ok &= (c[m:-m] == c[:-2 * m]) & (c[2 * m:] == c[:-2 * m])
+    e = c[m:] == c[:-m]
+    ok &= e[m:] & e[:-m]
     for f in SHIFTED:
         c = cols[f]
-        ok &= (c[2 * m:] - c[m:-m]) == (c[m:-m] - c[:-2 * m])
+        d = c[m:] - c[:-m]
+        ok &= d[m:] == d[:-m]
     return ok
 
 
@@ -318,8 +321,9 @@ def find_periodic(table: "RecordTable", period: int, min_times: int = 3) -> Peri
     :data:`CANDIDATES`), each window the one before shifted by the same amount per record
     (every written field, :data:`WRITTEN`; the name not at all), at least ``min_times``
     windows each, taken greedily: the run that leaves out the most records, then the same in
-    the records no run holds yet, up to :data:`MAX_SECTIONS`; within each section's first
-    period the same, nested (:data:`NEST_FROM`). The first in record order, the others its
+    the records no run holds yet, up to :data:`MAX_SECTIONS` (the given period's first, then
+    the common sizes in the records between); within each section's first period the same,
+    nested (:data:`NEST_FROM`). The first in record order, the others its
     :attr:`~Periodic.rest`; None when there is no such run. Its records need not come from
     any particular mechanism: the windows are found in the table (linear time a window size
     and a section, a column at a time)."""
@@ -327,8 +331,14 @@ def find_periodic(table: "RecordTable", period: int, min_times: int = 3) -> Peri
     if not n:
         return None
     cols = {f: table.column(f) for f in WRITTEN}
-    sizes = [period // k for k in range(1, SPLITS + 1) if period > 0 and period % k == 0] + _distances(cols["name"])
-    forms = _forms(cols, 0, _sections(cols, sizes, min_times), n, min_times, 1)
+    found = _sections(cols, [period // k for k in range(1, SPLITS + 1) if period > 0 and period % k == 0], min_times)
+    at, gaps = 0, []  # then the records no section holds, with the sizes common in each
+    for a, m, times in [*found, (n, 0, 0)]:
+        if a - at >= NEST_FROM:
+            part = {f: c[at:a] for f, c in cols.items()}
+            gaps += [(at + b, w, t) for b, w, t in _sections(part, _distances(part["name"]), min_times)]
+        at = a + m * times
+    forms = _forms(cols, 0, sorted(found + gaps), n, min_times, 1)
     if not forms:
         return None
     return replace(forms[0], rest=tuple(forms[1:]))

@@ -47,10 +47,10 @@ def table_lines(metrics: dict, indent: str = "  ") -> list[str]:
     # many PEs: the table is the first PE's (metrics.json pes[] has every PE's)
     head = "unit" if len(pes) < 2 else f"PE{pes[0]['pe']} unit"
     lines.append(f"{indent}{head:<10}"
-                 f"{'busy ns':>12}{'util':>12}{'count':>9}{'bytes':>14}")
+                 f"{'busy ns':>12}{'util':>12}{'count':>11}{'bytes':>18}")
     for name, u in metrics.get("units", {}).items():
         if name == "scheduler":
             continue
         lines.append(f"{indent}{u.get('label', name):<10}{u['busy_ns']:>12.1f}"
-                     f"{u['utilisation']:>12.1%}{u['count']:>9,}{u['bytes']:>14,}")
+                     f"{u['utilisation']:>12.1%}{u['count']:>11,}{u['bytes']:>18,}")
     return lines
