@@ -294,9 +294,9 @@ def _units(c: Records, ta: int, tb: int, reps: int, multi_pe: bool, sched: dict)
     if not len(keep):
         return {}
     stream_of = np.asarray(c.pe, dtype=np.int64)[keep] * len(uvals) + ucodes[keep]
-    streams, g = np.unique(stream_of, return_inverse=True)
-    g = g.reshape(-1)
-    order = np.argsort(g, kind="stable")  # stream by stream, op_log order within each
+    streams, g = _dense(stream_of)
+    order = np.argsort(g.astype(np.int16) if len(streams) < 1 << 15 else g, kind="stable")  # stream by stream,
+    # op_log order within each (a radix sort on 16 bits)
     at, g = keep[order], g[order]
     t0, b1, td = (np.asarray(col, dtype=np.int64)[at] for col in (c.t0, c.t1, c.td))
     b0 = np.where(td >= 0, td, t0)
@@ -322,10 +322,13 @@ def _units(c: Records, ta: int, tb: int, reps: int, multi_pe: bool, sched: dict)
     amount = np.minimum(hi, tb) - np.maximum(lo, ta)
     pos = amount > 0
     key = np.concatenate([g[gap], g[gap]])[pos] * len(labels) + lab[pos]
-    keys, inverse = np.unique(key, return_inverse=True)
-    inverse = inverse.reshape(-1)
-    sums = np.zeros(len(keys), dtype=np.int64)
-    np.add.at(sums, inverse, amount[pos])
+    keys, inverse = _dense(key)
+    amount = amount[pos]
+    if amount.sum() < 1 << 53:  # every partial sum an exact float
+        sums = np.bincount(inverse, weights=amount, minlength=len(keys)).astype(np.int64)
+    else:
+        sums = np.zeros(len(keys), dtype=np.int64)
+        np.add.at(sums, inverse, amount)
     first = np.full(len(keys), np.iinfo(np.int64).max, dtype=np.int64)
     np.minimum.at(first, inverse, seq[pos])
     waits: dict = {}
@@ -345,6 +348,18 @@ def _units(c: Records, ta: int, tb: int, reps: int, multi_pe: bool, sched: dict)
             "busy_fraction": round(b / width, 6) if width else 0.0,
             "waited_for": {k: _ns(v / reps) for k, v in sorted(got, key=lambda kv: -kv[1])}}
     return out
+
+
+def _dense(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(values, return_inverse=True)`` for small non-negative integers (a
+    stream's or a label's code), by counting instead of sorting."""
+    if not len(values):
+        return values[:0], values[:0]
+    present = np.bincount(values)
+    uniq = np.nonzero(present)[0]
+    rank = np.zeros(len(present), dtype=np.int64)
+    rank[uniq] = np.arange(len(uniq))
+    return uniq, rank[values]
 
 
 def _gap_labels(c: Records, at: np.ndarray, sched: dict) -> tuple[list, np.ndarray]:

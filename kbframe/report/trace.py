@@ -129,6 +129,27 @@ def _repeats(table: RecordTable) -> tuple[list, list, list]:
     return sections, sorted(left_out, key=lambda r: r.start), out
 
 
+def _outside(phases: list, span: dict) -> list:
+    """The phases ``(pe, name, t0, t1, layer)`` that no span ``{(section, pe): (t0, t1)}``
+    on their PE holds (a span stands for left-out repetitions), in their order."""
+    if not phases or not span:
+        return list(phases)
+    by_pe: dict = {}
+    for (_, q), ab in span.items():
+        by_pe.setdefault(q, []).append(ab)
+    pe = np.array([ph[0] for ph in phases], dtype=np.int64)
+    t0 = np.array([ph[2] for ph in phases], dtype=np.int64)
+    t1 = np.array([ph[3] for ph in phases], dtype=np.int64)
+    held = np.zeros(len(phases), dtype=bool)
+    for q, ab in by_pe.items():
+        at = np.nonzero(pe == q)[0]
+        ab = np.array(ab, dtype=np.int64)
+        for lo in range(0, len(ab), 1024):  # bounded temporaries: phases × spans
+            a, b = ab[lo:lo + 1024, 0], ab[lo:lo + 1024, 1]
+            held[at] |= ((a[None] <= t0[at, None]) & (t1[at, None] <= b[None])).any(axis=1)
+    return [ph for ph, h in zip(phases, held.tolist()) if not h]
+
+
 def _busy(table: RecordTable, lo: int, hi: int) -> list:
     """``(pe, op_log unit, t0, t1)`` of the busy time of records ``[lo, hi)`` (a DMA's from
     its data phase on), for the power track (:func:`write_trace`'s ``busy``)."""
@@ -357,8 +378,7 @@ def write_trace(records, out: Path | str, tracks: dict | None = None, critical=N
         for sec, pe, _, t0, t1, _ in repeats:
             a, b = span.get((sec, pe), (t0, t1))
             span[(sec, pe)] = (min(a, t0), max(b, t1))
-        phases = [ph for ph in phases if not any(q == ph[0] and a <= ph[2] and ph[3] <= b
-                                                  for (_, q), (a, b) in span.items())]
+        phases = _outside(phases, span)
         if busy is not None:
             for r in left_out:
                 busy += _busy(records, r.start, r.stop)

@@ -103,9 +103,19 @@ class _Mover:
         """``rows`` (of the table :meth:`of` took) moved by ``k`` periods (a copy)."""
         return rows + k * self.step(rows)
 
-    def periods(self, rows: np.ndarray, X: int) -> np.ndarray:
-        """``rows`` (one period) moved by 1, 2, .. ``X`` periods, one after the other."""
-        return (rows[None] + np.arange(1, X + 1, dtype=np.int64)[:, None, None] * self.step(rows)[None]).reshape(-1, N)
+    def periods(self, rows: np.ndarray, X: int, plus: np.ndarray | None = None,
+                out: np.ndarray | None = None) -> np.ndarray:
+        """``rows`` (one period) moved by 1, 2, .. ``X`` periods, one after the other, each
+        also by ``plus`` (as ``rows``) if given; into ``out`` (``X * len(rows)`` rows) if
+        given. A period at a time: no ``X``-fold temporaries."""
+        out = np.empty((X * len(rows), N), dtype=np.int64) if out is None else out
+        step = self.step(rows)
+        base = rows if plus is None else rows + plus
+        for k in range(X):
+            part = out[k * len(rows):(k + 1) * len(rows)]
+            np.multiply(step, k + 1, out=part)
+            part += base
+        return out
 
 
 def _check(rows: np.ndarray, pe_of: np.ndarray, k: int, inst, p: int, per_pe: "_PerPe") -> tuple:
@@ -330,9 +340,8 @@ def _put_back_all(rows: np.ndarray, pe_of: np.ndarray, found: list, out: np.ndar
         if f is not None:  # its periods: the period before it moved 1..X periods, and by the jumps before it
             tmpl = rows[f.x - f.P:f.x]
             f.mover.of(rows)
-            block = f.mover.periods(tmpl, f.X).reshape(f.X, f.P, N)
-            block += _shifts(tmpl, pe_of, found, np.full(f.P, j - 1), rows)[None]
-            out[at:at + f.X * f.P] = block.reshape(-1, N)
+            f.mover.periods(tmpl, f.X, _shifts(tmpl, pe_of, found, np.full(f.P, j - 1), rows),
+                            out[at:at + f.X * f.P])
             at += f.X * f.P
         lo = 0 if f is None else f.x
         hi = found[j].x if j < len(found) else len(rows)

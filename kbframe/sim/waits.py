@@ -166,10 +166,20 @@ class WaitLog:
                 end_ref)
 
 
+def _by_key(key: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """``np.lexsort((at, key))``: by key, then ``at``; one stable sort when ``at`` ascends
+    (record indices in order), a radix sort when the keys fit 16 bits."""
+    if len(at) > 1 and not (at[1:] > at[:-1]).all():
+        return np.lexsort((at, key))
+    if len(key) and 0 <= key.min() and key.max() < 1 << 15:
+        key = key.astype(np.int16)
+    return np.argsort(key, kind="stable")
+
+
 def _previous_in_group(group, at) -> np.ndarray:
     """For each record ``at[i]`` (indices), the index of the latest record before it in
     the same ``group[i]`` (-1: none)."""
-    order = np.lexsort((at, group))
+    order = _by_key(group, at)
     prev = np.full(len(at), -1, dtype=np.int64)
     same = group[order][1:] == group[order][:-1]
     prev[order[1:][same]] = at[order[:-1][same]]
@@ -188,7 +198,7 @@ def _latest_before(keys, times, at, q_keys, q_times, q_at) -> np.ndarray:
         keys, q_keys = dense[:len(keys)], dense[len(keys):]
     e = (keys.astype(np.int64) << 50) | times
     q = (q_keys.astype(np.int64) << 50) | q_times
-    order = np.lexsort((at, e))
+    order = _by_key(e, at)
     e, a = e[order], at[order]
     rank = np.concatenate(([0], np.cumsum(e[1:] != e[:-1])))  # of each entry's (key, time)
     span = int(max(a.max(initial=0), q_at.max(initial=0))) + 1
