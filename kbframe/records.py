@@ -350,11 +350,19 @@ def repeat_shift(repeat: dict, period: int, codes: np.ndarray | None = None, nam
     ...]}`` looked up by the period's name ``codes`` into ``names``; times in ns). Raises
     ValueError or KeyError."""
     shift = {}
+    unknown = set(repeat["shift"]) - set(SHIFTED.values())
+    if unknown:
+        raise ValueError(f"the repeat line shifts no field {sorted(unknown)[0]!r} (fields: {', '.join(SHIFTED.values())})")
     for f, key in SHIFTED.items():
         time = f in ("t0", "t1", "td")
         v = repeat["shift"].get(key, 0)
         if isinstance(v, dict):
             v = _by_name_shift(v, key, codes, names)
+        elif not (_number(v) or (type(v) is list and all(map(_number, v)))):
+            raise ValueError(f"the repeat line's shift of {key} must be a number, a list of numbers or "
+                             f'{{"by_name": [...]}}')
+        if not time and not all(float(x).is_integer() for x in (v if type(v) is list else [v])):
+            raise ValueError(f"the repeat line's shift of {key} must be whole")
         v = np.asarray(v, dtype=np.float64 if time else np.int64)
         if time:
             if not np.isfinite(v).all() or (np.abs(v) > 2.0 ** 52 / 1000).any():
@@ -368,15 +376,20 @@ def repeat_shift(repeat: dict, period: int, codes: np.ndarray | None = None, nam
     return shift
 
 
+def _number(v) -> bool:
+    return type(v) in (int, float)
+
+
 def _by_name_shift(v: dict, key: str, codes, names) -> list:
     """A shift given per record name: one value per record of the period."""
     if set(v) != {"by_name"} or type(v["by_name"]) is not list or codes is None:
         raise ValueError(f'the repeat line\'s shift of {key} must be a number, a list or {{"by_name": [...]}}')
     by = {}
     for e in v["by_name"]:
-        if type(e) is not list or len(e) != 4 or type(e[0]) is not int:
+        if type(e) is not list or len(e) != 4 or type(e[0]) is not int or not _number(e[3]):
             raise ValueError(f"the repeat line's shift of {key} by name must list [pe, unit, op_kind, shift]")
-        by[tuple(e[:3])] = e[3]
+        if by.setdefault(tuple(e[:3]), e[3]) != e[3]:
+            raise ValueError(f"the repeat line's shift of {key} by name names pe {e[0]} {e[1]} {e[2]} twice")
     missing = [names[c] for c in dict.fromkeys(codes.tolist()) if names[c] not in by]
     if missing:
         raise ValueError(f"the repeat line's shift of {key} by name has no shift for pe {missing[0][0]} "
@@ -384,11 +397,13 @@ def _by_name_shift(v: dict, key: str, codes, names) -> list:
     return [by[names[c]] for c in codes.tolist()]
 
 
-def shift_rows(form: Periodic) -> np.ndarray:
-    """``form``'s shift as an ``(period, 10)`` row per record (zero where nothing moves)."""
+def shift_rows(form: Periodic, block: np.ndarray) -> np.ndarray:
+    """``form``'s shift of the records of its first period ``block`` as an ``(period, 10)``
+    row per record (zero where nothing moves; a record with no data phase keeps none)."""
     step = np.zeros((form.period, N), dtype=np.int64)
     for f in SHIFTED:
         step[:, FIELDS.index(f)] = form.shift[f]
+    step[block[:, FIELDS.index("td")] < 0, FIELDS.index("td")] = 0
     return step
 
 
@@ -543,13 +558,12 @@ class RecordTable:
             f.write(self.text(a, min(hi, a + chunk)))
         return max(0, hi - lo)
 
-    def _repeat(self, period: int, times: int, step: np.ndarray) -> None:
-        """Append ``times - 1`` repetitions of the last ``period`` records, the ``j``-th
-        shifted by ``j * step`` (``(period, 10)``; a record with no data phase keeps none),
-        about a million records at a time."""
+    def _repeat(self, form: Periodic) -> None:
+        """Append the ``form.times - 1`` repetitions of the last ``form.period`` records
+        (:func:`shift_rows`), about a million records at a time."""
+        times, period = form.times, form.period
         block = self.array(len(self) - period)
-        step = step.copy()
-        step[block[:, 5] < 0, 5] = 0
+        step = shift_rows(form, block)
         per = max(1, (1 << 20) // period)
         for j in range(1, times, per):
             js = np.arange(j, min(times, j + per), dtype=np.int64)
@@ -578,7 +592,7 @@ class RecordTable:
             return cls.of_dicts(json.loads("[" + ",".join(body) + "]") if body else [])
         except TooLarge as e:
             raise ValueError(f"{name or 'op_log'}: {e}") from None
-        except (ValueError, KeyError, TypeError, OverflowError):
+        except (ValueError, KeyError, TypeError, OverflowError, AttributeError):
             pass
         t = cls()  # a malformed line: found line by line, for its number
         for lineno, line in enumerate(lines, 1):
@@ -586,7 +600,9 @@ class RecordTable:
                 continue
             try:
                 t._add(json.loads(line))
-            except (ValueError, KeyError, TypeError, OverflowError) as e:
+            except TooLarge as e:
+                raise ValueError(f"{name or 'op_log'}: {e}") from None
+            except (ValueError, KeyError, TypeError, OverflowError, AttributeError) as e:
                 raise ValueError(f"{name or 'op_log'}:{lineno}: malformed op_log record ({e!r})") from None
         try:
             t._finish()
@@ -639,12 +655,12 @@ class RecordTable:
             raise ValueError("a repeat line without the periodic header, or a second one"
                              if len(forms) == 1 else f"a repeat line after the header's {len(forms)} sections' ones")
         form = repeat_form(r, head, len(self), len(forms), codes, self.names)
-        form = replace(form, inner=_adopt(self._pending, form, depth))
+        form = replace(form, inner=adopt_nested(self._pending, form, depth))
         if depth:
             self._pending.append((depth, form))
         else:
             forms.append(form)
-        self._repeat(form.period, form.times, shift_rows(form))
+        self._repeat(form)
 
     def _finish(self) -> None:
         """After the last line: a periodic op_log's record count checked against its header."""
@@ -666,16 +682,20 @@ class RecordTable:
         self.form = p
 
 
-def _adopt(pending: list, form: Periodic, depth: int) -> tuple:
+def adopt_nested(pending: list, form: Periodic, depth: int) -> tuple:
     """The nested forms a ``repeat`` line at ``depth`` takes as its :attr:`~Periodic.inner`:
     those of ``pending`` (``(depth, form)`` in line order) one level deeper, which come
     before it and lie in its first period; taken out of ``pending``. Raises ValueError
     when one does not lie there or a deeper one is left without its parent."""
     lo, hi = form.prefix, form.prefix + form.period
     mine = [f for d, f in pending if d == depth + 1]
-    if any(d > depth + 1 for d, _ in pending) or any(f.prefix < lo or f.end > hi for f in mine):
-        raise ValueError(f"a nested repeat line of depth {depth + 1} or more outside the first period "
-                         f"its depth-{depth} repeat line repeats")
+    orphan = [d for d, _ in pending if d > depth + 1]
+    if orphan:
+        raise ValueError(f"a nested repeat line of depth {orphan[0]} before this one has no depth-{orphan[0] - 1} "
+                         f"repeat line around it")
+    if any(f.prefix < lo or f.end > hi for f in mine):
+        raise ValueError(f"a nested repeat line of depth {depth + 1} before this one lies outside the first period "
+                         f"this one repeats")
     pending[:] = [(d, f) for d, f in pending if d <= depth]
     return tuple(mine)
 
@@ -728,21 +748,33 @@ def repeat_form(r: dict, head: dict, seen: int, k: int = 0, codes=None, names: l
     (for a shift given per name, in ``names``). Raises ValueError, KeyError, TypeError,
     OverflowError."""
     rep = r["repeat"]
+    if not isinstance(rep, dict) or not isinstance(rep.get("shift", {}), dict):
+        raise ValueError('a repeat line is {"repeat": {"records": M, "times": R, "shift": {...}}}')
     depth, period, times = rep.get("depth", 0), rep.get("records"), rep.get("times")
+    if any(type(v) is not int for v in (depth, period, times)):
+        raise ValueError("a repeat line's records, times and depth must be integers")
     if k >= len(head["sections"]):
         raise ValueError("a nested repeat line after the last section's repeat line")
     prefix, p, t, before, _ = head["sections"][k]
     if depth:
-        if type(depth) is not int or depth < 1 or type(period) is not int or type(times) is not int \
-                or period < 1 or times < 1:
+        if depth < 1 or period < 1 or times < 1:
             raise ValueError("a nested repeat line's depth, records and times must be positive integers")
         first = seen - period
         if first < prefix or seen + period * times > prefix + p:
             raise ValueError(f"the nested repeat line's {period} records, {times} more times, do not lie in "
                              f"the first period of the section of {p} records from record {prefix}")
-        return Periodic(head["records"], first, period, times + 1,
-                        repeat_shift(rep, period, codes(period) if codes else None, names))
+        return _in_range(Periodic(head["records"], first, period, times + 1,
+                                  repeat_shift(rep, period, codes(period) if codes else None, names)))
     if period != p or times != t - 1 or seen != prefix + p:
         raise ValueError(f"the repeat line does not follow the header's {before} + {p} "
                          f"records, {t} times")
-    return Periodic(head["records"], prefix, p, t, repeat_shift(rep, p, codes(p) if codes else None, names))
+    return _in_range(Periodic(head["records"], prefix, p, t, repeat_shift(rep, p, codes(p) if codes else None, names)))
+
+
+def _in_range(form: Periodic) -> Periodic:
+    """``form``, its repetitions' values checked to stay within 2^62 (int64, with room for
+    the values they shift). Raises ValueError."""
+    for f, key in SHIFTED.items():
+        if int(np.abs(form.shift[f]).max(initial=0)) * (form.times - 1) >= 1 << 62:
+            raise ValueError(f"the repeat line's shift of {key}, {form.times - 1} times, passes 2^62")
+    return form

@@ -379,6 +379,9 @@ def test_a_period_whose_tiles_repeat_is_written_with_them_nested_and_reads_back_
 _OUTSIDE = ("the nested repeat line's 8 records, 23 more times, do not lie in the first period of the section of "
             "50 records from record 2")
 _NO_NAME = "the repeat line's shift of cmd by name has no shift for pe 1 gemm mm"
+_ORPHAN = "a nested repeat line of depth 2 before this one has no depth-1 repeat line around it"
+_TWICE = "the repeat line's shift of cmd by name names pe 1 gemm mm twice"
+_PAST = "the repeat line's shift of cmd, 23 times, passes 2^62"
 
 
 @pytest.mark.parametrize("edit, error, parse_error", [
@@ -391,6 +394,15 @@ _NO_NAME = "the repeat line's shift of cmd by name has no shift for pe 1 gemm mm
      ":8: malformed op_log record (ValueError(\"the repeat line does not follow the header's 2 + 50 records, 4 times\"))"),
     (_swap(8, ', [1, "gemm", "mm", 26]', ""), f":9: malformed periodic op_log line ({_NO_NAME})",
      f':9: malformed op_log record (ValueError("{_NO_NAME}"))'),
+    (_swap(6, '"depth": 1', '"depth": 2'), f":9: malformed periodic op_log line ({_ORPHAN})",
+     f":9: malformed op_log record (ValueError('{_ORPHAN}'))"),
+    (_swap(8, '26]', '26], [1, "gemm", "mm", 27]'), f":9: malformed periodic op_log line ({_TWICE})",
+     f':9: malformed op_log record (ValueError("{_TWICE}"))'),
+    (_swap(6, '"cmd": 1,', f'"cmd": {1 << 60},'), f":7: malformed periodic op_log line ({_PAST})",
+     f':7: malformed op_log record (ValueError("{_PAST}"))'),
+    (lambda ls: ls[:4] + ['{"unit": "x", "op_log": "periodic", "records": 1}\n'] + ls[5:],
+     ":5: malformed periodic op_log line (not an op_log record)",
+     ":5: malformed op_log record (ValueError('the header {\"op_log\": \"periodic\", ...} must be the first line'))"),
 ])
 def test_a_broken_nested_op_log_is_named(tmp_path, edit, error, parse_error):
     path, _ = _nested_file(tmp_path, edit)

@@ -269,3 +269,17 @@ def test_rebuilding_a_trace_writes_through_no_link(tmp_path):
     assert victim.read_text() == "mine"
     assert not (run_dir / "trace.json").is_symlink()
     assert json.loads((run_dir / "trace.json").read_text())["traceEvents"]
+
+
+@pytest.mark.parametrize("text, why", [
+    ("[1, 2]", "not a JSON object"),
+    ('{"units": 5}', "'int' object is not iterable"),
+    ("garbage", "Expecting value: line 1 column 1 (char 0)"),
+])
+def test_a_broken_metrics_json_beside_the_op_log_is_named(tmp_path, capsys, text, why):
+    run_dir = tmp_path / "run"
+    run(run_dir, "bench.S_kv=64", "bench.data=false", "run.trace=false")
+    (run_dir / "metrics.json").write_text(text)
+    assert trace_main([str(run_dir)]) == 1
+    assert capsys.readouterr().err == f"kbframe: error: {run_dir / 'metrics.json'}: not a run's metrics.json ({why})\n"
+    assert not (run_dir / "trace.json").exists()

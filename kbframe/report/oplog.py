@@ -6,7 +6,7 @@ period and a ``repeat`` line with each field's shift; then the records after the
   expanded; its ``form`` says how the file was written), what the sanitizer and
   ``python -m kbframe.report.trace`` read;
 * :func:`lines`: the record-by-record op_log's lines, one at a time, holding one period in
-  memory: joined, they are byte for byte the op_log the run would have written record by
+  memory (with what repeats within it): joined, they are byte for byte the op_log the run would have written record by
   record;
 * ``python -m kbframe.report.oplog RUN_DIR|op_log.jsonl [OUT]``: those lines to standard
   output (or to ``OUT``), for ``grep``, ``jq`` or any reader of the record-by-record form.
@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import itertools
 import json
+from dataclasses import replace
 import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 from ..files import atomic_write, stdout_gone
-from ..records import RecordTable, periodic_header, repeat_form, shift_rows
+from ..records import RecordTable, adopt_nested, periodic_header, repeat_form, shift_rows
 
 
 def read(path) -> RecordTable:
@@ -38,11 +39,13 @@ def _file(path) -> Path:
 def lines(path, chunk: int = 1 << 14) -> Iterator[str]:
     """The op_log at ``path`` record by record: its own lines, as written, when it is written
     so (the first must be a record; :func:`read` parses and checks every one), else the
-    periodic form's lines with each repetition of each section's period made (``chunk``
-    records of text at a time; one period held in memory). Raises OSError, or ValueError
-    naming the file and line: a first line that is no op_log record or header, a malformed
-    header, period record or ``repeat`` line, more or fewer ``repeat`` lines than sections,
-    a count that differs from the header's, a last line cut short."""
+    periodic form's lines (every one checked) with each repetition of each section's
+    period made (``chunk`` records of text at a time; one period held in memory, with the
+    repetitions of the sections nested in it). Raises OSError, or ValueError naming the file
+    and line: a first line that is no op_log record or header, a malformed header, record
+    or ``repeat`` line, a nested ``repeat`` line outside its section's first period, more or
+    fewer ``repeat`` lines than sections, a count that differs from the header's, a last
+    line cut short."""
     p = _file(path)
     with open(p, encoding="utf-8", errors="strict") as f:
         try:
@@ -67,15 +70,21 @@ def _lines(f, p: Path, chunk: int) -> Iterator[str]:
     head = _parsed(first, p, 1, periodic_header)
     secs = head["sections"]
     held = RecordTable()  # the records of the first period being read (repetitions of nested ones included)
-    forms, seen, nested = [], 0, 0
+    scratch = RecordTable()
+    forms, pending, seen, nested = [], [], 0, 0
     for lineno, line in enumerate(f, 2):
         if not line.endswith("\n"):
             raise ValueError(f"{p}:{lineno}: the last line is cut short")
-        if not line.startswith('{"repeat"'):
-            if line.startswith('{"op_log"'):
+        if not line.strip():  # as RecordTable.parse reads it
+            continue
+        if not line.lstrip().startswith('{"repeat"'):
+            if line.lstrip().startswith('{"op_log"'):
                 raise ValueError(f"{p}:{lineno}: a second header")
             if len(forms) < len(secs) and seen >= secs[len(forms)][0]:  # a record of a section's first period
-                _parsed(line, p, lineno, held._add)
+                _parsed(line, p, lineno, lambda r: held._add(_record(r)))
+            else:  # checked as RecordTable.parse reads it (the written records are few)
+                _parsed(line, p, lineno, lambda r: scratch._add(_record(r)))
+                del scratch.buf[:]
             seen += 1
             yield line
             continue
@@ -85,23 +94,41 @@ def _lines(f, p: Path, chunk: int) -> Iterator[str]:
                                                   f"a repeat line after the header's {len(secs)} sections' ones"))
         codes = lambda m: held.column("name", len(held) - m) if 0 < m <= len(held) else None  # noqa: E731
         form = _parsed(line, p, lineno, lambda r: repeat_form(r, head, seen, len(forms), codes, held.names))
-        n = len(held)
-        held._repeat(form.period, form.times, shift_rows(form))
-        for lo in range(n, len(held), chunk):
-            yield held.text(lo, min(len(held), lo + chunk))
-        seen += len(held) - n
-        if depth:
+        form = _parsed(line, p, lineno, lambda r: replace(form, inner=adopt_nested(pending, form, depth)))
+        if depth:  # its repetitions are part of the enclosing first period: held
+            pending.append((depth, form))
             nested += 1
-        else:
-            forms.append(form)
-            held = RecordTable()
+            n = len(held)
+            held._repeat(form)
+            for lo in range(n, len(held), chunk):
+                yield held.text(lo, min(len(held), lo + chunk))
+            seen += len(held) - n
+            continue
+        forms.append(form)  # one repetition at a time: one period in memory
+        first_period, n = held.array(), len(held)
+        step = shift_rows(form, first_period)
+        for j in range(1, form.times):
+            held.buf[:] = (first_period + j * step).tobytes()
+            for lo in range(0, n, chunk):
+                yield held.text(lo, min(n, lo + chunk))
+        seen += n * (form.times - 1)
+        held = RecordTable()
     if len(forms) < len(secs):
         raise ValueError(f"{p}: a periodic op_log with no repeat line" if not forms else
                          f"{p}: a periodic op_log with {len(forms)} of its {len(secs)} sections' repeat lines")
+    if pending:
+        raise ValueError(f"{p}: a nested repeat line after its section's repeat line")
     if seen != head["records"]:
         raise ValueError(f"{p}: a periodic op_log of {seen} records; its header says {head['records']}")
     if nested != head["nested"]:
         raise ValueError(f"{p}: a periodic op_log with {nested} nested repeat lines; its header says {head['nested']}")
+
+
+def _record(r: dict) -> dict:
+    """``r``, an op_log record (a periodic op_log's header or repeat line is none here)."""
+    if not isinstance(r, dict) or "pe" not in r:
+        raise ValueError("not an op_log record")
+    return r
 
 
 def _parsed(line: str, p: Path, lineno: int, take):

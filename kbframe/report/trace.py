@@ -65,6 +65,21 @@ def tracks_from_units(units: dict) -> dict:
             for name, u in units.items()}
 
 
+def _metrics(path: Path) -> dict | None:
+    """A run's ``metrics.json`` (None when there is none), checked as far as the trace reads
+    it. Raises ValueError naming the file."""
+    if not path.is_file():
+        return None
+    try:
+        m = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(m, dict):
+            raise ValueError("not a JSON object")
+        tracks_from_metrics(m)
+        return m
+    except (ValueError, TypeError, AttributeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: not a run's metrics.json ({e})") from None
+
+
 def tracks_from_metrics(metrics: dict) -> dict:
     """:func:`tracks_from_units` of ``units`` and of every PE's (``pes[].units``), so a
     unit only some PEs use (an IPCQ send) keeps its label."""
@@ -514,7 +529,7 @@ def main(argv=None) -> int:
     dst = Path(args[1]) if len(args) > 1 else src.with_name("trace.json")
     try:
         metrics = src.with_name("metrics.json")  # the units' labels, as the run named its tracks
-        m = json.loads(metrics.read_text()) if metrics.is_file() else None
+        m = _metrics(metrics)
         tracks = tracks_from_metrics(m) if m is not None else None
         if power and (m is None or "energy" not in m):
             raise ValueError(f"--power: {metrics} has no energy section (a run of a kbframe with energy tables)")
