@@ -28,8 +28,9 @@ The op_log is written in one of two forms (:attr:`RecordTable.form`):
   is repeated ``R - 1`` more times, the ``j``-th repetition shifted by ``j`` times each
   field's shift: one integer, one per record of the period, or ``{"by_name": [[pe, unit,
   op_kind, shift], ...]}``, one per record name; ``t_*_ns`` in ns; a record with no
-  ``t_data_ns`` has none in any repetition), then the records after it. Expanding it gives exactly the record-by-record file's records
-  (:meth:`RecordTable.parse` expands it; :mod:`kbframe.report.oplog` streams it).
+  ``t_data_ns`` has none in any repetition), then the records after it. Expanding it gives
+  exactly the record-by-record file's records (:meth:`RecordTable.parse` expands it;
+  :mod:`kbframe.report.oplog` streams it).
 
   A table may have several repeating sections, one after another (a fast-forwarded run whose
   PEs each work through several items, each item's loop repeating). The header then names
@@ -352,7 +353,8 @@ def repeat_shift(repeat: dict, period: int, codes: np.ndarray | None = None, nam
     shift = {}
     unknown = set(repeat["shift"]) - set(SHIFTED.values())
     if unknown:
-        raise ValueError(f"the repeat line shifts no field {sorted(unknown)[0]!r} (fields: {', '.join(SHIFTED.values())})")
+        raise ValueError(f"the repeat line shifts no field {sorted(unknown)[0]!r} "
+                         f"(fields: {', '.join(SHIFTED.values())})")
     for f, key in SHIFTED.items():
         time = f in ("t0", "t1", "td")
         v = repeat["shift"].get(key, 0)

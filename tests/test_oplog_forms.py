@@ -176,9 +176,9 @@ def test_a_periodic_runs_files_grow_with_distinct_work_not_repetitions(step_runs
     assert {(e["args"]["repetitions"], e["name"].split(" ", 2)[2]) for e in tiles} == {
         (4, "periods 2-5 of 6"), (5, "periods 2-6 of 7")}
     ends = {}
-    for e in reps:  # one track a PE: its slices follow each other, none overlaps the next
-        t0, t1 = round(e["ts"] * 1e6), round((e["ts"] + e["dur"]) * 1e6)
-        assert t0 >= ends.get(e["pid"], 0)
+    for e in reps:  # one track a PE: its slices follow each other (the tiles' in the first layer
+        t0, t1 = round(e["ts"] * 1e6), round((e["ts"] + e["dur"]) * 1e6)  # first), none overlaps the next
+        assert t0 >= ends.get(e["pid"], 0) and t1 > t0
         ends[e["pid"]] = t1
 
 
@@ -305,7 +305,8 @@ def test_a_run_of_several_items_writes_each_repeating_section_once(item_runs, tm
     d, m = item_runs
     assert m["periodic"]["fast_forward"]["applied"] and not m["full"]["fast_forward"]["applied"]
     assert m["periodic"]["op_log"] == {"form": "periodic", "records": 36900, "lines": 675, "prefix": 416,
-                                       "period": 18, "times": 972, "sections": [[71, 18, 28], [62, 18, 990], [27, 16, 30]]}
+                                       "period": 18, "times": 972,
+                                       "sections": [[71, 18, 28], [62, 18, 990], [27, 16, 30]]}
     full = (d / "full" / "op_log.jsonl").read_text()
     assert len(full.splitlines()) == 36900
     assert len((d / "periodic" / "op_log.jsonl").read_text().splitlines()) == 675
@@ -391,7 +392,8 @@ _PAST = "the repeat line's shift of cmd, 23 times, passes 2^62"
      f':7: malformed op_log record (ValueError("{_OUTSIDE}"))'),
     (lambda ls: ls[:6] + ls[7:], ":8: malformed periodic op_log line (the repeat line does not follow the header's "
                                  "2 + 50 records, 4 times)",
-     ":8: malformed op_log record (ValueError(\"the repeat line does not follow the header's 2 + 50 records, 4 times\"))"),
+     ":8: malformed op_log record (ValueError(\"the repeat line does not follow the header's 2 + 50 records, "
+     "4 times\"))"),
     (_swap(8, ', [1, "gemm", "mm", 26]', ""), f":9: malformed periodic op_log line ({_NO_NAME})",
      f':9: malformed op_log record (ValueError("{_NO_NAME}"))'),
     (_swap(6, '"depth": 1', '"depth": 2'), f":9: malformed periodic op_log line ({_ORPHAN})",

@@ -6,8 +6,8 @@ period and a ``repeat`` line with each field's shift; then the records after the
   expanded; its ``form`` says how the file was written), what the sanitizer and
   ``python -m kbframe.report.trace`` read;
 * :func:`lines`: the record-by-record op_log's lines, one at a time, holding one period in
-  memory (with what repeats within it): joined, they are byte for byte the op_log the run would have written record by
-  record;
+  memory (with what repeats within it): joined, they are byte for byte the op_log the run
+  would have written record by record;
 * ``python -m kbframe.report.oplog RUN_DIR|op_log.jsonl [OUT]``: those lines to standard
   output (or to ``OUT``), for ``grep``, ``jq`` or any reader of the record-by-record form.
 """
@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import itertools
 import json
-from dataclasses import replace
 import signal
 import sys
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 from ..files import atomic_write, stdout_gone

@@ -121,8 +121,9 @@ def _repeats(table: RecordTable) -> tuple[list, list, list]:
     pe_of = np.array(table.name_col(0), dtype=np.int64)
     sections = p.drawn()
     left_out, out, end = [], [], {}
-    for k, s in enumerate(sections):
-        if s.times < 3:
+    for k in sorted(range(len(sections)), key=lambda k: sections[k].prefix + sections[k].period):
+        s = sections[k]  # in the order of the records left out: a section's nested ones in its
+        if s.times < 3:  # first period come before its repetitions, those in its last after
             continue
         lo, hi = s.prefix + s.period, s.end - s.period
         c = table.cols(lo, hi)
@@ -141,7 +142,7 @@ def _repeats(table: RecordTable) -> tuple[list, list, list]:
             end[q] = b                 # the one before ends, if its first record began earlier
             out.append((k, q, jj, a, b, n))
         left_out.append(range(lo, hi))
-    return sections, sorted(left_out, key=lambda r: r.start), out
+    return sections, left_out, out
 
 
 def _outside(phases: list, span: dict) -> list:
