@@ -138,8 +138,11 @@ def check_records_estimate(cfg, wl, kernel, recipes: dict, units: dict | None = 
         return
     count = {}
 
+    one: list = []
+
     def records(n: int) -> int:
         w = wl.with_axis(n)
+        one.append(w)
         count[n] = dry_run(cfg.hardware, w, kernel, recipes, w.cfg.dtype, None, count_stages=True,
                            units=copy.deepcopy(units) if units is not None else None).get("records", 0)
         return count[n]
@@ -150,8 +153,11 @@ def check_records_estimate(cfg, wl, kernel, recipes: dict, units: dict | None = 
     per = max(FF_BYTES_PER_RECORD, SANITIZER_BYTES_PER_RECORD if check else 0)
     head = (f"{cfg.bench.name} at {_shape_text(wl)} would make about {est:,} op_log records ({count[1]:,} with 1 "
             f"of its {q:,} {key} steps, {count[2] - count[1]:,} more with each further one)")
+    # a model step's one step of the axis estimates the whole step (metrics.json step.model)
+    instead = (f", or simulate one (bench.{key}={step}: metrics.json step.model estimates the whole step from it)"
+               if one[0].model_layers() is not None else "")
     if est > budget:
-        raise ConfigError(f"{head}, over run.max_records={budget:,}; raise run.max_records or shrink the run")
+        raise ConfigError(f"{head}, over run.max_records={budget:,}; raise run.max_records or shrink the run{instead}")
     have = physical_memory_bytes()
     if have is not None and est * per > have:
         raise ConfigError(f"{head}, about {_gib(est * per)} of host memory ({per} B each"

@@ -399,6 +399,12 @@ def test_a_step_over_its_record_budget_is_refused_with_its_exact_count(tmp_path)
                                           rf"steps, [\d,]+ more with each further one\), over run.max_records={n - 1:,}"):
         run(tmp_path / "over", *args, f"run.max_records={n - 1}", bench="decoder_layer")
     run(tmp_path / "at", *args, f"run.max_records={n}", bench="decoder_layer")
+    # a step of a model (a preset's layer count): one layer estimates it
+    with pytest.raises(ConfigError) as e:
+        run(tmp_path / "model", *args, "bench.model_layers=9", f"run.max_records={n - 1}", bench="decoder_layer")
+    assert str(e.value).endswith(f"over run.max_records={n - 1:,}; raise run.max_records or shrink the run, or "
+                                 "simulate one (bench.layers=1: metrics.json step.model estimates the whole step "
+                                 "from it)")
 
 
 def test_a_run_of_fewer_layers_than_its_model_estimates_the_whole_step(tmp_path):
