@@ -25,7 +25,7 @@ run: bytecode
 # the suite in parallel (pytest-xdist, one worker per core); tests of one xdist_group (the
 # rows sharing one fixture, the tests marked serial) run on one worker, one after another
 test: bytecode
-	$(PY) -m pytest -n auto --dist loadgroup
+	$(PY) -m pytest -n auto --dist loadgroup -rs
 
 bench: bytecode
 	$(PY) benchmarks/sim_speed.py

@@ -306,7 +306,8 @@ def test_a_run_of_several_items_writes_each_repeating_section_once(item_runs, tm
     assert m["periodic"]["fast_forward"]["applied"] and not m["full"]["fast_forward"]["applied"]
     assert m["periodic"]["op_log"] == {"form": "periodic", "records": 36900, "lines": 675, "prefix": 416,
                                        "period": 18, "times": 972,
-                                       "sections": [[71, 18, 28], [62, 18, 990], [27, 16, 30]]}
+                                       "sections": [[71, 18, 28], [62, 18, 990], [27, 16, 30]],
+                                       "largest": {"prefix": 18549, "period": 18, "times": 990}}
     full = (d / "full" / "op_log.jsonl").read_text()
     assert len(full.splitlines()) == 36900
     assert len((d / "periodic" / "op_log.jsonl").read_text().splitlines()) == 675

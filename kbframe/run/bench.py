@@ -307,8 +307,10 @@ def _simulate(run: _Run, rd: RunDir) -> None:
     if form is not None:  # written in periodic form (kbframe.records)
         run.oplog_form = {"form": "periodic", "records": form.records, "lines": lines, "prefix": form.prefix,
                           "period": form.period, "times": form.times}
-        if form.rest:  # the other repeating sections, as the header names them
+        if form.rest:  # the other repeating sections, as the header names them, and the one that leaves out most
             run.oplog_form["sections"] = form.more
+            big = max(form.sections, key=lambda s: (s.times - 1) * s.period)
+            run.oplog_form["largest"] = {"prefix": big.prefix, "period": big.period, "times": big.times}
         if form.nested:  # sections repeating within sections' first periods
             run.oplog_form["nested"] = form.nested
     run.sanitizer = run.sim.sanitizer

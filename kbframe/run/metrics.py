@@ -157,7 +157,7 @@ def summary(metrics: dict, out_dir: Path) -> str:
     q = metrics.get("ipcq")
     if q and q["links"]:
         busiest = max(q["links"], key=lambda ln: ln["busy_ns"])
-        lines.append(f"  IPCQ        {len(q['links'])} links, {q['sends']} sends, {q['bytes']:,} B; busiest "
+        lines.append(f"  IPCQ        {len(q['links'])} links, {q['sends']:,} sends, {q['bytes']:,} B; busiest "
                      f"PE{busiest['src']}→PE{busiest['dst']} {busiest['busy_ns']:.1f} ns "
                      f"({busiest['utilisation']:.1%}), {busiest['max_queued']} of {busiest['credits']} credits")
     if "energy" in metrics:
@@ -179,14 +179,14 @@ def summary(metrics: dict, out_dir: Path) -> str:
     form = metrics.get("op_log")
     if form:
         reps = [(form["times"], form["period"])] + [(t, m) for _, m, t in form.get("sections", [])]
-        what = "; ".join(f"{t} repetitions of {m:,}" for t, m in reps[:3])
+        what = "; ".join(f"{t} periods of {m:,} records" for t, m in reps[:3])
         if len(reps) > 3:  # the one that leaves out the most records, and how many more
             t, m = max(reps, key=lambda r: (r[0] - 1) * r[1])
-            what = f"{t} repetitions of {m:,} and {len(reps) - 1:,} more sections"
+            what = f"{t} periods of {m:,} records, and {len(reps) - 1:,} more sections"
         elif len(reps) > 1:
             what = f"{len(reps)} sections: {what}"
         if form.get("nested"):
-            what += f", {form['nested']:,} nested in their first periods"
+            what += f"; {form['nested']:,} more within their first periods"
         lines.append(f"  op_log      periodic: {form['records']:,} records in {form['lines']:,} lines "
                      f"({what}); python -m kbframe.report.oplog {out_dir} prints them all")
     return "\n".join(lines)

@@ -152,7 +152,7 @@ def check_records_estimate(cfg, wl, kernel, recipes: dict, units: dict | None = 
     check = bool(cfg.run.check) if "run" in cfg else True
     per = max(FF_BYTES_PER_RECORD, SANITIZER_BYTES_PER_RECORD if check else 0)
     head = (f"{cfg.bench.name} at {_shape_text(wl)} would make about {est:,} op_log records ({count[1]:,} with 1 "
-            f"of its {q:,} {key} steps, {count[2] - count[1]:,} more with each further one)")
+            f"of its {q:,} steps of {key}, {count[2] - count[1]:,} more with each further one)")
     # a model step's one step of the axis estimates the whole step (metrics.json step.model)
     instead = (f", or simulate one (bench.{key}={step}: metrics.json step.model estimates the whole step from it)"
                if one[0].model_layers() is not None else "")

@@ -395,8 +395,8 @@ def test_a_step_over_its_record_budget_is_refused_with_its_exact_count(tmp_path)
     run(tmp_path / "ok", *args, bench="decoder_layer")
     with open(tmp_path / "ok" / "op_log.jsonl") as f:
         n = sum(1 for _ in f)
-    with pytest.raises(ConfigError, match=rf"would make about {n:,} op_log records \({one:,} with 1 of its 9 layers "
-                                          rf"steps, [\d,]+ more with each further one\), over run.max_records={n - 1:,}"):
+    with pytest.raises(ConfigError, match=rf"would make about {n:,} op_log records \({one:,} with 1 of its 9 steps of "
+                                          rf"layers, [\d,]+ more with each further one\), over run.max_records={n - 1:,}"):
         run(tmp_path / "over", *args, f"run.max_records={n - 1}", bench="decoder_layer")
     run(tmp_path / "at", *args, f"run.max_records={n}", bench="decoder_layer")
     # a step of a model (a preset's layer count): one layer estimates it
