@@ -13,7 +13,9 @@ import numpy as np
 import pytest
 
 from conftest import REPO, run
-from kbframe.records import N, RecordTable, find_periodic
+from kbframe.periodic_form import find_periodic
+from kbframe.record_fields import N
+from kbframe.records import RecordTable
 from kbframe.report import oplog
 
 #: a small model's step over a cube's 8 PEs, unfused: its layers fast-forward

@@ -22,7 +22,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..files import atomic_write, stdout_gone
-from ..records import RecordTable, adopt_nested, periodic_header, repeat_form, shift_rows
+from ..periodic_form import adopt_nested, periodic_header, repeat_form, shift_rows
+from ..records import RecordTable
 
 
 def read(path) -> RecordTable:

@@ -32,7 +32,7 @@ JSON layout is read into one first), a chunk of columns at a time, and events ar
 as they are made; only the commands still in flight are held (the records are in
 completion order, and a command's ``scheduler`` record follows its stages).
 
-A table in periodic form (a fast-forwarded run's op_log, kbframe.records) is drawn with the
+A table in periodic form (a fast-forwarded run's op_log, kbframe.periodic_form) is drawn with the
 first and last periods of each repeating section in full (a nested section within each of
 them the same way); each repetition between them is one slice per PE on a track
 ``repeated`` (``name`` ``period j of R``, or ``section k period j of R`` when there are
@@ -53,7 +53,8 @@ from pathlib import Path
 import numpy as np
 
 from ..files import final_name, temp_path
-from ..records import FIELDS, RecordTable
+from ..record_fields import FIELDS
+from ..records import RecordTable
 from .power import POWER_TID, power_counters, power_from_metrics
 
 
@@ -110,8 +111,8 @@ SLICE_EACH_FROM = 256
 
 
 def _repeats(table: RecordTable) -> tuple[list, list, list]:
-    """A table in periodic form (kbframe.records.Periodic): its sections as drawn
-    (:meth:`~kbframe.records.Periodic.drawn`: nested ones within their section's first and
+    """A table in periodic form (kbframe.periodic_form.Periodic): its sections as drawn
+    (:meth:`~kbframe.periodic_form.Periodic.drawn`: nested ones within their section's first and
     last repetitions), per section the indices of the records the trace leaves out (every
     repetition but the first and last), and, per left-out repetition and PE, ``(section,
     pe, j, t0_ps, t1_ps, records)``: the span of its records on that PE."""

@@ -60,7 +60,8 @@ import numpy as np
 
 from ..errors import KbframeError
 from ..sim.engine import build_units
-from ..records import RecordTable, find_periodic
+from ..periodic_form import find_periodic
+from ..records import RecordTable
 from ..sim import sanitizer
 from ..sim.steady import Axis, Steady
 from ..timebase import MAX_PS
@@ -101,7 +102,7 @@ class Outcome:
     sim: Simulation | None
     note: str
     #: records one period adds (every stream's block): its op_log's periodic form repeats
-    #: windows of this many records or of a part of it (kbframe.records.find_periodic)
+    #: windows of this many records or of a part of it (kbframe.periodic_form.find_periodic)
     period_records: int = 0
     #: ``sim`` is the run simulated in full (in one simulation, no loop left anything out):
     #: nothing was made; its sanitizer verdict is still to be taken

@@ -41,7 +41,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..records import FIELDS, N, ROW, RecordTable
+from ..record_fields import FIELDS, N, ROW
+from ..records import RecordTable
 from ..sim import access_templates, sanitizer
 from ..sim.steady import Instance, Steady
 from ..sim.waits import WAIT_CODE

@@ -20,7 +20,8 @@ from collections import defaultdict
 import numpy as np
 
 from ..ir.commands import command_kind
-from ..records import ROW, RecordTable
+from ..record_fields import ROW
+from ..records import RecordTable
 from .waits import _LINK_STAGE, _RAW_STAGE, WAIT_CODE, WaitLog
 
 #: records before the first write to a file (then this many more each time)
