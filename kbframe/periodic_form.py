@@ -87,21 +87,7 @@ class Periodic:
         """Every section as the records hold it, in record order: the sections, and each
         one's inner sections within its first and its last repetition (the ones a reader
         of the written records sees; the repetitions between hold theirs too)."""
-        out = []
-        for s in self.sections:
-            out.append(s)
-            for off in dict.fromkeys((0, s.period * (s.times - 1))):
-                out += [replace(i, prefix=i.prefix + off, rest=()) for i in Periodic._inner_drawn(s.inner)]
-        return sorted(out, key=lambda s: s.prefix)
-
-    @staticmethod
-    def _inner_drawn(inner: tuple) -> list:
-        out = []
-        for i in inner:
-            out.append(i)
-            for off in dict.fromkeys((0, i.period * (i.times - 1))):
-                out += [replace(j, prefix=j.prefix + off) for j in Periodic._inner_drawn(i.inner)]
-        return out
+        return sorted(_placed(self.sections), key=lambda s: s.prefix)
 
     def header(self) -> str:
         head = {"op_log": "periodic", "records": self.records, "prefix": self.prefix,
@@ -141,6 +127,17 @@ class Periodic:
         nest = f'"depth": {depth}, ' if depth else ""
         return (f'{{"repeat": {{"records": {self.period}, "times": {self.times - 1}, {nest}'
                 f'"shift": {{{", ".join(parts)}}}}}}}\n')
+
+
+def _placed(sections) -> list:
+    """``sections`` and, within the first and the last repetition of each, its inner ones
+    (and theirs), each at its first record."""
+    out = []
+    for s in sections:
+        out.append(s)
+        for off in dict.fromkeys((0, s.period * (s.times - 1))):
+            out += [replace(i, prefix=i.prefix + off) for i in _placed(s.inner)]
+    return out
 
 
 def _by_name(v: np.ndarray, codes: np.ndarray) -> list | None:
@@ -350,6 +347,52 @@ def shift_rows(form: Periodic, block: np.ndarray) -> np.ndarray:
         step[:, FIELDS.index(f)] = form.shift[f]
     step[block[:, FIELDS.index("td")] < 0, FIELDS.index("td")] = 0
     return step
+
+
+class Reading:
+    """What reading a periodic op_log has taken so far (:meth:`kbframe.records.RecordTable.parse`
+    and :mod:`kbframe.report.oplog` both read through one): its header (a dict, ``r``), its
+    sections' forms, and the nested ones waiting for their section's ``repeat`` line.
+    Raises ValueError, KeyError, TypeError (a malformed header)."""
+
+    def __init__(self, r: dict):
+        self.head = periodic_header(r)
+        self.forms: list = []
+        self.pending: list = []
+        self.nested = 0
+
+    def surplus(self, r: dict) -> bool:
+        """Whether ``repeat`` line ``r`` would be a section's past the header's last."""
+        return not r["repeat"].get("depth", 0) and len(self.forms) == len(self.head["sections"])
+
+    def repeat(self, r: dict, seen: int, codes, names: list) -> tuple:
+        """``(form, depth)`` of ``repeat`` line ``r`` after ``seen`` records (:func:`repeat_form`),
+        with the nested forms its first period holds (:func:`adopt_nested`)."""
+        depth = r["repeat"].get("depth", 0)
+        form = repeat_form(r, self.head, seen, len(self.forms), codes, names)
+        form = replace(form, inner=adopt_nested(self.pending, form, depth))
+        if depth:
+            self.pending.append((depth, form))
+            self.nested += 1
+        else:
+            self.forms.append(form)
+        return form, depth
+
+    def finish(self, seen: int) -> Periodic:
+        """The whole form, once ``seen`` records were read: every section's ``repeat`` line
+        there, none nested left over, the counts the header's. Raises ValueError."""
+        forms, want = self.forms, len(self.head["sections"])
+        if len(forms) < want:
+            raise ValueError("a periodic op_log with no repeat line" if not forms else
+                             f"a periodic op_log with {len(forms)} of its {want} sections' repeat lines")
+        if self.pending:
+            raise ValueError("a nested repeat line after its section's repeat line")
+        if seen != self.head["records"]:
+            raise ValueError(f"a periodic op_log of {seen} records; its header says {self.head['records']}")
+        if self.nested != self.head["nested"]:
+            raise ValueError(f"a periodic op_log with {self.nested} nested repeat lines; its header says "
+                             f"{self.head['nested']}")
+        return replace(forms[0], rest=tuple(forms[1:]))
 
 
 def adopt_nested(pending: list, form: Periodic, depth: int) -> tuple:

@@ -20,12 +20,11 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
-from .periodic_form import Periodic, adopt_nested, periodic_header, repeat_form, shift_rows
+from .periodic_form import Periodic, Reading, shift_rows
 from .record_fields import EXACT_PS, FIELDS, N, NS_FRAC, ROW, ns_text
 
 _B = ROW.size
@@ -89,9 +88,7 @@ class RecordTable:
         self._heads: list = []  # per name code: its op_log line's fixed leading text
         #: how its op_log is written: None record by record, else its :class:`Periodic` form
         self.form: Periodic | None = None
-        self._header: dict | None = None  # a periodic op_log's header, while it is parsed
-        self._forms: list = []  # its sections' forms read so far (their repeat lines)
-        self._pending: list = []  # nested forms read, not yet taken by their section's repeat line
+        self._reading: Reading | None = None  # a periodic op_log's reading, while it is parsed
 
     def code(self, pe: int, unit: str, op_kind: str) -> int:
         """The code of a record name ``(pe, unit, op_kind)``; callers cache it."""
@@ -266,53 +263,32 @@ class RecordTable:
 
     def _directive(self, r: dict) -> None:
         """A periodic op_log's header (the first line) or one of its ``repeat`` lines (each
-        right after the first period it repeats), checked against each other (module doc),
-        the repetitions appended at once."""
+        right after the first period it repeats), checked against each other
+        (kbframe.periodic_form), the repetitions appended at once."""
         if "op_log" in r:
-            if len(self) or self._header is not None:
+            if len(self) or self._reading is not None:
                 raise ValueError('the header {"op_log": "periodic", ...} must be the first line')
-            self._header = head = periodic_header(r)
-            self._forms, self._pending = [], []
-            need, have = 2 * head["records"] * _B, _available_memory_bytes()  # the repetitions, then the table
+            self._reading = reading = Reading(r)
+            need, have = 2 * reading.head["records"] * _B, _available_memory_bytes()  # the repetitions, the table
             if have is not None and need > have:
-                raise TooLarge(f"a periodic op_log of {head['records']:,} records needs {need / 2**30:.1f} GiB "
-                                 f"to expand, more than the {have / 2**30:.1f} GiB this machine has free; "
-                                 f"python -m kbframe.report.oplog streams it record by record")
+                raise TooLarge(f"a periodic op_log of {reading.head['records']:,} records needs {need / 2**30:.1f} "
+                               f"GiB to expand, more than the {have / 2**30:.1f} GiB this machine has free; "
+                               f"python -m kbframe.report.oplog streams it record by record")
             return
-        head, forms = self._header, self._forms
-        if head is None:
-            raise ValueError("a repeat line without the periodic header, or a second one")
-        codes = lambda m: self.column("name", len(self) - m) if 0 < m <= len(self) else None  # noqa: E731
-        depth = r["repeat"].get("depth", 0)
-        if not depth and len(forms) == len(head["sections"]):
+        reading = self._reading
+        if reading is None or reading.surplus(r):
             raise ValueError("a repeat line without the periodic header, or a second one"
-                             if len(forms) == 1 else f"a repeat line after the header's {len(forms)} sections' ones")
-        form = repeat_form(r, head, len(self), len(forms), codes, self.names)
-        form = replace(form, inner=adopt_nested(self._pending, form, depth))
-        if depth:
-            self._pending.append((depth, form))
-        else:
-            forms.append(form)
+                             if reading is None or len(reading.forms) == 1 else
+                             f"a repeat line after the header's {len(reading.forms)} sections' ones")
+        codes = lambda m: self.column("name", len(self) - m) if 0 < m <= len(self) else None  # noqa: E731
+        form, _ = reading.repeat(r, len(self), codes, self.names)
         self._repeat(form)
 
     def _finish(self) -> None:
-        """After the last line: a periodic op_log's record count checked against its header."""
-        head = self._header
-        if head is None:
-            return
-        self._header = None
-        forms, want = self._forms, len(head["sections"])
-        if len(forms) < want:
-            raise ValueError("a periodic op_log with no repeat line" if not forms else
-                             f"a periodic op_log with {len(forms)} of its {want} sections' repeat lines")
-        p = replace(forms[0], rest=tuple(forms[1:]))
-        if self._pending:
-            raise ValueError("a nested repeat line after its section's repeat line")
-        if len(self) != p.records:
-            raise ValueError(f"a periodic op_log of {len(self)} records; its header says {p.records}")
-        if p.nested != head["nested"]:
-            raise ValueError(f"a periodic op_log with {p.nested} nested repeat lines; its header says {head['nested']}")
-        self.form = p
+        """After the last line: a periodic op_log's counts checked against its header."""
+        if self._reading is not None:
+            self.form = self._reading.finish(len(self))
+            self._reading = None
 
 
 def _available_memory_bytes() -> int | None:

@@ -18,11 +18,10 @@ import json
 import signal
 import sys
 from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
 
 from ..files import atomic_write, stdout_gone
-from ..periodic_form import adopt_nested, periodic_header, repeat_form, shift_rows
+from ..periodic_form import Reading, shift_rows
 from ..records import RecordTable
 
 
@@ -68,11 +67,11 @@ def _lines(f, p: Path, chunk: int) -> Iterator[str]:
                                                       else "a periodic op_log's line in a record-by-record one"))
             yield line
         return
-    head = _parsed(first, p, 1, periodic_header)
-    secs = head["sections"]
+    reading = _parsed(first, p, 1, Reading)
+    secs = reading.head["sections"]
     held = RecordTable()  # the records of the first period being read (repetitions of nested ones included)
     scratch = RecordTable()
-    forms, pending, seen, nested = [], [], 0, 0
+    seen = 0
     for lineno, line in enumerate(f, 2):
         if not line.endswith("\n"):
             raise ValueError(f"{p}:{lineno}: the last line is cut short")
@@ -81,7 +80,7 @@ def _lines(f, p: Path, chunk: int) -> Iterator[str]:
         if not line.lstrip().startswith('{"repeat"'):
             if line.lstrip().startswith('{"op_log"'):
                 raise ValueError(f"{p}:{lineno}: a second header")
-            if len(forms) < len(secs) and seen >= secs[len(forms)][0]:  # a record of a section's first period
+            if len(reading.forms) < len(secs) and seen >= secs[len(reading.forms)][0]:  # in a section's first period
                 _parsed(line, p, lineno, lambda r: held._add(_record(r)))
             else:  # checked as RecordTable.parse reads it (the written records are few)
                 _parsed(line, p, lineno, lambda r: scratch._add(_record(r)))
@@ -89,24 +88,21 @@ def _lines(f, p: Path, chunk: int) -> Iterator[str]:
             seen += 1
             yield line
             continue
-        depth = _parsed(line, p, lineno, lambda r: r["repeat"].get("depth", 0))
-        if not depth and len(forms) == len(secs):
+        codes = lambda m: held.column("name", len(held) - m) if 0 < m <= len(held) else None  # noqa: E731
+        taken = _parsed(line, p, lineno, lambda r: None if reading.surplus(r) else
+                        reading.repeat(r, seen, codes, held.names))
+        if taken is None:
             raise ValueError(f"{p}:{lineno}: " + ("a second repeat line" if len(secs) == 1 else
                                                   f"a repeat line after the header's {len(secs)} sections' ones"))
-        codes = lambda m: held.column("name", len(held) - m) if 0 < m <= len(held) else None  # noqa: E731
-        form = _parsed(line, p, lineno, lambda r: repeat_form(r, head, seen, len(forms), codes, held.names))
-        form = _parsed(line, p, lineno, lambda r: replace(form, inner=adopt_nested(pending, form, depth)))
+        form, depth = taken
         if depth:  # its repetitions are part of the enclosing first period: held
-            pending.append((depth, form))
-            nested += 1
             n = len(held)
             held._repeat(form)
             for lo in range(n, len(held), chunk):
                 yield held.text(lo, min(len(held), lo + chunk))
             seen += len(held) - n
             continue
-        forms.append(form)  # one repetition at a time: one period in memory
-        first_period, n = held.array(), len(held)
+        first_period, n = held.array(), len(held)  # one repetition at a time: one period in memory
         step = shift_rows(form, first_period)
         for j in range(1, form.times):
             held.buf[:] = (first_period + j * step).tobytes()
@@ -114,15 +110,10 @@ def _lines(f, p: Path, chunk: int) -> Iterator[str]:
                 yield held.text(lo, min(n, lo + chunk))
         seen += n * (form.times - 1)
         held = RecordTable()
-    if len(forms) < len(secs):
-        raise ValueError(f"{p}: a periodic op_log with no repeat line" if not forms else
-                         f"{p}: a periodic op_log with {len(forms)} of its {len(secs)} sections' repeat lines")
-    if pending:
-        raise ValueError(f"{p}: a nested repeat line after its section's repeat line")
-    if seen != head["records"]:
-        raise ValueError(f"{p}: a periodic op_log of {seen} records; its header says {head['records']}")
-    if nested != head["nested"]:
-        raise ValueError(f"{p}: a periodic op_log with {nested} nested repeat lines; its header says {head['nested']}")
+    try:
+        reading.finish(seen)
+    except ValueError as e:
+        raise ValueError(f"{p}: {e}") from None
 
 
 def _record(r: dict) -> dict:
