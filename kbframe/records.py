@@ -159,7 +159,11 @@ class RecordTable:
             ("}\n" if td < 0 else f', "t_data_ns": {td // 1000}{frac[td % 1000]}}}\n')
             if peer < 0 and 0 <= t0 < top and 0 <= t1 < top and td < top
             else _line(heads[name], cmd, tile, t0, t1, td, nbytes, peer)
-            for name, cmd, tile, t0, t1, td, nbytes, peer, _, _ in ROW.iter_unpack(self.buf[lo * _B:hi * _B])])
+            for name, cmd, tile, t0, t1, td, nbytes, peer, _, _ in ROW.iter_unpack(self._bytes(lo, hi))])
+
+    def _bytes(self, lo: int, hi: int) -> bytes:
+        """Records ``[lo, hi)`` as native int64 bytes."""
+        return self.buf[lo * _B:hi * _B]
 
     def write(self, f, chunk: int = 1 << 16) -> int:
         """Write the op_log of every record to the text stream ``f`` in the table's

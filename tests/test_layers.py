@@ -25,7 +25,8 @@ ALLOWED = {
     "run": {"workloads", "kernels", "report", "tl", "sim", "hw", "ir"},
     "cli": {"run", "report", "workloads", "tl", "sim", "hw", "ir"},
 }
-FOUNDATION = {"errors", "timebase", "files", "internals", "params", "records", "record_fields", "periodic_form"}
+FOUNDATION = {"errors", "timebase", "files", "internals", "params", "records", "record_fields", "periodic_form",
+              "repeated"}
 
 
 def _imports(path: Path) -> set[str]:

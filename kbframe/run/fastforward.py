@@ -53,6 +53,7 @@ are extrapolated like the rest.
 from __future__ import annotations
 
 import copy
+import itertools
 import time
 from dataclasses import dataclass
 
@@ -61,7 +62,9 @@ import numpy as np
 from ..errors import KbframeError
 from ..sim.engine import build_units
 from ..periodic_form import find_periodic
+from ..record_fields import FIELDS
 from ..records import RecordTable
+from ..repeated import RepeatedTable
 from ..sim import sanitizer
 from ..sim.steady import Axis, Steady
 from ..timebase import MAX_PS
@@ -130,12 +133,16 @@ def _apply(sim: Simulation, tot: dict, table: RecordTable) -> None:
     sim.latency_ps = tot["latency_ps"]
     o.restore_totals(tot)
     o.replace_records(table)
-    c = table.cols()
-    pe_of = np.array(table.name_col(0), dtype=np.int64)[c["name"]]
-    is_cpu = np.array([u == "cpu" for u in table.name_col(1)], dtype=bool)[c["name"]]  # bytes: logical bytes
+    pe_of = np.array(table.name_col(0), dtype=np.int64)
+    is_cpu = np.array([u == "cpu" for u in table.name_col(1)], dtype=bool)
+    # each PE's dispatches' logical bytes in dispatch order (a period moves no bytes)
+    parts = ([(table.base[lo:hi], times) for lo, hi, times in table.pieces()] if isinstance(table, RepeatedTable)
+             else [(table.array(), 1)])
+    nb = FIELDS.index("bytes")
     for pe in e.pes.built():
+        mine = [(r[:, nb][is_cpu[r[:, 0]] & (pe_of[r[:, 0]] == pe.index)].tolist(), times) for r, times in parts]
         pe.cpu.restore(tot[("cpu", pe.index, "n_commands")], tot[("cpu", pe.index, "busy_ps")],
-                       c["bytes"][is_cpu & (pe_of == pe.index)].tolist())
+                       itertools.chain.from_iterable(b * times for b, times in mine))
     for key, ln in e.fabric.links.items():
         ln.restore_counters(**{f: tot[("link", key, f)] for f in ln.COUNTERS})
     for f in ("commands", "stages", "accesses"):
@@ -282,7 +289,7 @@ def _in_one(cfg, wl, kernel, recipes, check: bool, units: dict, key: str, q: int
                 return Outcome(sim, f"simulated in full: no loop along {' or '.join(a.key for a in axes)} looked "
                                     f"steady with a stretch to leave out" + (f" (before: {why})" if why else ""),
                                whole=True)
-            made = skipped.make(sim, steady, totals(sim))
+            made = skipped.make(sim, steady, totals(sim), repeated=bool(nested))
             break
         except skipped.NotSteady as e:  # a nested loop's jump, or one that looked steady too early: once more
             how = f"from {min_steps} steps on" if min_steps != first else f"along {key} alone"

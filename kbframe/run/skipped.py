@@ -43,6 +43,7 @@ import numpy as np
 
 from ..record_fields import FIELDS, N, ROW
 from ..records import RecordTable
+from ..repeated import RepeatedTable
 from ..sim import access_templates, sanitizer
 from ..sim.steady import Instance, Steady
 from ..sim.waits import WAIT_CODE
@@ -352,10 +353,12 @@ def _put_back_all(rows: np.ndarray, pe_of: np.ndarray, found: list, out: np.ndar
     return out
 
 
-def make(sim, steady: Steady, tot: dict) -> Made:
+def make(sim, steady: Steady, tot: dict, repeated: bool = False) -> Made:
     """Put back what ``sim`` (simulated with ``steady``) left out (module doc): the jumps
     of nested loops first, then those of the loops they are nested in; ``tot``: its totals
-    (kbframe.run.periodic.totals). Raises NotSteady."""
+    (kbframe.run.periodic.totals). ``repeated``: the outermost loop's one jump is not put
+    back record by record but held as a :class:`~kbframe.repeated.RepeatedTable` (a model
+    step's layers: the analyses work from the period). Raises NotSteady."""
     if steady.broken:
         raise NotSteady(steady.broken)
     jumps = steady.jumps
@@ -377,20 +380,26 @@ def make(sim, steady: Steady, tot: dict) -> Made:
         found.sort(key=lambda f: f.x)
         n = len(rows) + sum(f.X * f.P for f in found)
         final = level == levels[-1]
-        out = None
-        if final:  # straight into the table's buffer: the full run's records held once
-            made.buf = bytearray(n * ROW.size)
-            out = np.frombuffer(made.buf, dtype=np.int64).reshape(n, N)
-        if _in_order(found):
-            rows = _put_back_all(rows, pe_of, found, out)
-        else:  # one at a time, the last first: the records before it stay where they are
-            for f in reversed(found):
-                f.mover.of(rows)
-                rows = np.concatenate([rows[:f.x], f.mover.periods(rows[f.x - f.P:f.x], f.X),
-                                       f.mover.move(rows[f.x:], f.X)])
-            if out is not None:
-                out[:] = rows
-                rows = out
+        if final and repeated and len(found) == 1:  # held as the simulated records and the period
+            f = found[0]
+            f.mover.of(rows)
+            made = RepeatedTable(rows, table.names, f.x, f.P, f.X, f.mover.step(rows[f.x - f.P:f.x]),
+                                 f.mover.step(rows[f.x:]))
+        else:
+            out = None
+            if final:  # straight into the table's buffer: the full run's records held once
+                made.buf = bytearray(n * ROW.size)
+                out = np.frombuffer(made.buf, dtype=np.int64).reshape(n, N)
+            if _in_order(found):
+                rows = _put_back_all(rows, pe_of, found, out)
+            else:  # one at a time, the last first: the records before it stay where they are
+                for f in reversed(found):
+                    f.mover.of(rows)
+                    rows = np.concatenate([rows[:f.x], f.mover.periods(rows[f.x - f.P:f.x], f.X),
+                                           f.mover.move(rows[f.x:], f.X)])
+                if out is not None:
+                    out[:] = rows
+                    rows = out
         for f in reversed(found):
             latency += f.X * f.dt
             for name, v in f.delta.items():
@@ -405,7 +414,7 @@ def make(sim, steady: Steady, tot: dict) -> Made:
                         f"{'/'.join(str(p) for p in sorted({f.p for f in placed if f.inst.key == key}))} {key} step(s)"
                         for key in keys)
     note = (f"fast-forwarded in one simulation: {what} left out of {len(placed)} loop(s) "
-            f"({len(rows) - len(table)} of {len(rows)} records by shifting)")
+            f"({len(made) - len(table)} of {len(made)} records by shifting)")
     for f in placed:
         f.mover.of(None)  # no view of the table's buffer kept: it must stay free to grow
     del rows

@@ -22,6 +22,7 @@ import numpy as np
 from ..ir.commands import command_kind
 from ..record_fields import ROW
 from ..records import RecordTable
+from ..repeated import RepeatedTable
 from .waits import _LINK_STAGE, _RAW_STAGE, WAIT_CODE, WaitLog
 
 #: records before the first write to a file (then this many more each time)
@@ -154,7 +155,11 @@ class OpLog:
             raise ValueError("replace_records: the table names its records otherwise")
         for key in table.names[len(self.table.names):]:
             self.table.code(*key)
-        self.table.buf = self._buf = table.buf  # taken, not copied: a model step's records are gigabytes
+        if isinstance(table, RepeatedTable):  # made a slice at a time (kbframe.repeated)
+            self.table = self.waits.table = table
+            self._buf = None
+        else:
+            self.table.buf = self._buf = table.buf  # taken, not copied: a model step's records are gigabytes
         self.n_records = len(self.table)
 
     def write(self, path) -> int:
