@@ -115,6 +115,10 @@ class RepeatedTable(RecordTable):
     def _bytes(self, lo: int, hi: int) -> bytes:
         return self.array(lo, hi).tobytes()
 
+    def simulated(self) -> "RepeatedTable":
+        """The records simulated, ``base``, as a table of their own (the period put back no time)."""
+        return RepeatedTable(self.base, self.names, self.x, self.P, 0, self.step_period, self.step_tail)
+
     def pieces(self) -> tuple:
         """The full run as ``(lo, hi, times)`` slices of ``base`` in record order: fields a
         period does not move (names, bytes, tiles) read the same in each."""

@@ -222,6 +222,105 @@ def walk(rows, sched: dict | None = None) -> list:
     return [Segment._make(b) for b in back]
 
 
+class _Ends:
+    """The ends of a run's stages (sorted), counted over a stretch of time."""
+
+    def __init__(self, ends: np.ndarray):
+        self.ends, self.n = ends, len(ends)
+
+    def between(self, t_lo: int, t_hi: int) -> int:
+        """How many end in ``[t_lo, t_hi)``."""
+        return int(np.searchsorted(self.ends, t_hi) - np.searchsorted(self.ends, t_lo))
+
+
+class _RepeatedEnds(_Ends):
+    """The stage ends of a run made of the records simulated and ``X`` periods put back
+    (:class:`Repeat`): before the period, the period's ``X`` more times, and after it."""
+
+    def __init__(self, before: np.ndarray, period: np.ndarray, after: np.ndarray, X: int, dt: int):
+        self.parts = [np.sort(before), np.sort(period), np.sort(after) + X * dt]
+        self.X, self.dt = X, dt
+        self.n = len(before) + (X + 1) * len(period) + len(after)
+
+    def between(self, t_lo: int, t_hi: int) -> int:
+        before, period, after = self.parts
+        k = np.arange(self.X + 1, dtype=np.int64) * self.dt
+        return int(np.searchsorted(before, t_hi) - np.searchsorted(before, t_lo)
+                   + (np.searchsorted(period, t_hi - k) - np.searchsorted(period, t_lo - k)).sum()
+                   + np.searchsorted(after, t_hi) - np.searchsorted(after, t_lo))
+
+
+class Repeat(NamedTuple):
+    """A run made of its simulated records and ``X`` periods put back (kbframe.repeated):
+    the ``P`` records before record ``x`` of the records simulated, moved 1, 2, .. ``X``
+    periods of ``dt`` ps, then the records from ``x`` on moved by all of them. The run's
+    path is the simulated records' path with a period of it put back as often, when the
+    path repeats with the records (:meth:`extend`)."""
+
+    x: int
+    P: int
+    X: int
+    dt: int
+
+    def extend(self, segs: list) -> tuple[list, list] | None:
+        """``(the full run's path, the same with the records of the simulated ones)`` from
+        the simulated records' path ``segs``, or None when the path does not repeat with
+        the records. It repeats from some time ``b`` on when its segments over ``[b, b +
+        dt)`` are those over ``[b - dt, b)`` a period later (each record ``P`` on, each time
+        ``dt`` on): walked back from the end, the path then enters every period of the
+        full run alike, and the full run's path is the segments before ``b``, those over
+        ``[b - dt, b)`` again ``X`` times a period later each, then the rest ``X`` periods
+        later. Every record of the segments before ``b`` must come before ``x``, and those
+        over ``[b - dt, b)`` and any before ``x`` after ``b`` within the two periods
+        checked before it (kbframe.run.skipped)."""
+        x, P, X, dt = self.x, self.P, self.X, self.dt
+        if not segs or dt <= 0:
+            return None
+        t0 = np.fromiter((s.t0 for s in segs), dtype=np.int64, count=len(segs))
+        rec = np.fromiter((s.rec for s in segs), dtype=np.int64, count=len(segs))
+        tail = np.nonzero(rec >= x)[0]
+        last = int(tail[0]) if len(tail) else len(segs)  # b at or before the first segment of a later record
+        early = np.nonzero((rec >= 0) & (rec < x - 2 * P))[0]
+        first = int(early[-1]) + 1 if len(early) else 0  # W1 and all after it: no record before those checked
+        start = {int(t): i for i, t in enumerate(t0.tolist())}
+        for i in range(last, 0, -1):  # the latest b that repeats
+            b = int(t0[i]) if i < len(segs) else segs[-1].t1
+            i1, i2 = start.get(b - dt), start.get(b + dt, len(segs) if b + dt == segs[-1].t1 else None)
+            if i1 is None or i2 is None or i2 - i != i - i1 or i1 < first:
+                if last - i > 4096 or i1 is not None and i1 < first:
+                    return None
+                continue
+            w1, w2 = segs[i1:i], segs[i:i2]
+            if all(c.phase == d.phase and c.why == d.why and c.t0 + dt == d.t0 and c.t1 + dt == d.t1
+                   and (c.rec + P == d.rec if c.rec >= 0 else d.rec < 0) for c, d in zip(w1, w2)):
+                break
+            if last - i > 4096:  # the path does not repeat near the jump
+                return None
+        else:
+            return None
+        full, look = list(segs[:i]), list(segs[:i])
+        for j in range(1, X + 1):
+            full += [Segment(s.rec + j * P if s.rec >= 0 else -1, s.phase, s.t0 + j * dt, s.t1 + j * dt, s.why)
+                     for s in w1]
+            look += [Segment(s.rec, s.phase, s.t0 + j * dt, s.t1 + j * dt, s.why) for s in w1]
+        full += [Segment(s.rec + X * P if s.rec >= 0 else -1, s.phase, s.t0 + X * dt, s.t1 + X * dt, s.why)
+                 for s in segs[i:]]
+        look += [Segment(s.rec, s.phase, s.t0 + X * dt, s.t1 + X * dt, s.why) for s in segs[i:]]
+        return full, look
+
+    def ends(self, ends: np.ndarray, at: np.ndarray, t1) -> _RepeatedEnds:
+        """The full run's stage ends from the simulated records ``at`` (their ends ``t1``)."""
+        t1 = np.asarray(t1, dtype=np.int64)
+        x, P = self.x, self.P
+        return _RepeatedEnds(t1[at[at < x - P]], t1[at[(at >= x - P) & (at < x)]], t1[at[at >= x]], self.X, self.dt)
+
+    def weights(self, n: int) -> np.ndarray:
+        """How often each of ``n`` simulated records counts in the full run."""
+        w = np.ones(n, dtype=np.int64)
+        w[self.x - self.P:self.x] += self.X
+        return w
+
+
 def _signature(c: Records, s: Segment) -> tuple:
     i = s.rec
     if i < 0:
@@ -229,10 +328,10 @@ def _signature(c: Records, s: Segment) -> tuple:
     return c.pe[i], c.unit[i], c.kind[i], s.phase, s.t1 - s.t0
 
 
-def _period(sig: list, segs: list, ends: list, per_unit_records: float) -> tuple | None:
+def _period(sig: list, segs: list, ends: "_Ends", per_unit_records: float) -> tuple | None:
     """``(start, p, reps, units)``: the steady repetition around the middle of the path
     (module doc), or None. A repetition of ``p`` segments must cover a whole number of
-    units of progress: ``units`` ≈ its stages / ``per_unit_records`` (within
+    units of progress: ``units`` ≈ its stages (``ends``: the stages' ends) / ``per_unit_records`` (within
     :data:`UNIT_TOLERANCE`); a shorter one (two back-to-back transfers of one tile) is
     taken ``k`` times over, the fewest that cover whole units."""
     n = len(sig)
@@ -253,7 +352,7 @@ def _period(sig: list, segs: list, ends: list, per_unit_records: float) -> tuple
         hi = (c + p + int(after[0]) if len(after) else n - p) + p
         reps = (hi - lo) // p
         t_lo, t_hi = segs[lo].t0, segs[lo + reps * p - 1].t1
-        u = int(np.searchsorted(ends, t_hi) - np.searchsorted(ends, t_lo)) / reps / per_unit_records
+        u = ends.between(t_lo, t_hi) / reps / per_unit_records
         for k in range(1, reps // MIN_REPS + 1):
             units = round(k * u)
             if units >= 1 and abs(k * u - units) <= UNIT_TOLERANCE * units:
@@ -283,12 +382,17 @@ def _why_label(c: Records, i: int, sched) -> str:
     return {"room": "queue room", "wait": "tl.wait", "cpu": "dispatch", "unit": "unit busy"}.get(why, why)
 
 
-def _units(c: Records, ta: int, tb: int, reps: int, multi_pe: bool, sched: dict) -> dict:
+def _units(c: Records, ta: int, tb: int, reps: int, multi_pe: bool, sched: dict,
+           repeat: Repeat | None = None) -> dict:
     """Per unit: busy and idle ns per period over ``[ta, tb)``, and what the idle time
     waited for (labels → ns per period, largest first, ties in the order first seen).
     In op_log order each unit's busy intervals (DMA: data phases) come in start order: a
     record's idle gap runs from the latest end of its unit's records before it; the records
-    after one that ends past ``tb`` do not count. A column at a time (numpy)."""
+    after one that ends past ``tb`` do not count. A column at a time (numpy).
+    ``repeat``: ``c`` are the records simulated and ``[ta, tb)`` their whole run; the
+    figures are the full run's (:class:`Repeat`): a period's records count ``X`` times
+    more, the run is ``X`` periods longer, and a unit whose last record is the period's or
+    later ends that much later."""
     ucodes, uvals = label_codes(c.unit)
     keep = np.nonzero(ucodes != uvals.index("scheduler"))[0] if "scheduler" in uvals else np.arange(len(ucodes))
     if not len(keep):
@@ -309,6 +413,14 @@ def _units(c: Records, ta: int, tb: int, reps: int, multi_pe: bool, sched: dict)
         last_end[s_] = run[-1]
     live = prev < tb
     busy = np.where(live & (b1 > ta) & (b0 < tb), np.minimum(b1, tb) - np.maximum(b0, ta), 0)
+    w = repeat.weights(c.n)[at] if repeat is not None else None  # how often each record counts
+    extra = repeat.X * repeat.dt if repeat is not None else 0  # ps the full run is longer
+    if w is not None:
+        busy = busy * w
+        late = at >= repeat.x - repeat.P  # the period's records and later: ends move by extra
+        for s_, (a, b) in enumerate(zip(bounds[:-1], bounds[1:])):
+            e, moved = b1[a:b], late[a:b]
+            last_end[s_] = max(int(e[~moved].max(initial=0)), int(e[moved].max()) + extra if moved.any() else 0)
     busy_of = np.add.reduceat(busy, bounds[:-1])
     # the idle gap before a record: what it waited for, then (a DMA's data phase) its setup
     gap = np.nonzero(live & (b0 > prev) & (b0 > ta))[0]
@@ -323,7 +435,7 @@ def _units(c: Records, ta: int, tb: int, reps: int, multi_pe: bool, sched: dict)
     pos = amount > 0
     key = np.concatenate([g[gap], g[gap]])[pos] * len(labels) + lab[pos]
     keys, inverse = _dense(key)
-    amount = amount[pos]
+    amount = amount[pos] if w is None else (amount * np.concatenate([w[gap], w[gap]]))[pos]
     if amount.sum() < 1 << 53:  # every partial sum an exact float
         sums = np.bincount(inverse, weights=amount, minlength=len(keys)).astype(np.int64)
     else:
@@ -335,6 +447,7 @@ def _units(c: Records, ta: int, tb: int, reps: int, multi_pe: bool, sched: dict)
     for k, v, f in zip(keys.tolist(), sums.tolist(), first.tolist()):
         waits.setdefault(k // len(labels), []).append((f, labels[k % len(labels)], v))
     out = {}
+    tb += extra
     width = tb - ta
     names = [(s_ // len(uvals), uvals[s_ % len(uvals)]) for s_ in streams.tolist()]
     for s_ in sorted(range(len(streams)), key=lambda j: names[j]):
@@ -386,7 +499,8 @@ def _gap_labels(c: Records, at: np.ndarray, sched: dict) -> tuple[list, np.ndarr
     return labels, np.array([labels.index(t) for t in texts], dtype=np.int64)[inverse.reshape(-1)]
 
 
-def analyse(rows: list, n_units: int, unit_name: str = "unit", resources: dict | None = None) -> CriticalPath:
+def analyse(rows: list, n_units: int, unit_name: str = "unit", resources: dict | None = None,
+            repeat: "Repeat | None" = None) -> CriticalPath | None:
     """The critical path, steady-state period, terms and binding kind of a run.
 
     Args:
@@ -396,6 +510,11 @@ def analyse(rows: list, n_units: int, unit_name: str = "unit", resources: dict |
         unit_name: what one unit of progress is (``"KV tile"``, ``"output tile"``).
         resources: op_log unit name → resource kind (:func:`resources_from_roles`);
             default :data:`RESOURCE`; a unit it does not name binds under its own name.
+        repeat: ``rows`` are the records simulated, and the run is them with a period put
+            back :attr:`Repeat.X` times (:class:`Repeat`, kbframe.repeated): the analysis
+            is the full run's, made from them; None when it cannot be made so (the path
+            does not repeat with the records, or it has a steady state: then analyse the
+            full run's records).
     Returns:
         A :class:`CriticalPath`; its ``metrics`` are ``metrics.json`` ``critical_path``:
         ``binding``, ``unit_of_progress``, ``steady``, ``period_ns``, ``units_per_period``,
@@ -405,13 +524,22 @@ def analyse(rows: list, n_units: int, unit_name: str = "unit", resources: dict |
     rows = as_records(rows)
     sched = rows.last_of("scheduler")
     segs = walk(rows, sched)
+    look = segs  # the segments whose records name their unit, op kind and PE (the full run's: rows')
+    if repeat is not None:
+        extended = repeat.extend(segs)
+        if extended is None:
+            return None
+        segs, look = extended
     multi_pe = len(np.unique(np.asarray(rows.pe, dtype=np.int64))) > 1
     total = segs[-1].t1 - segs[0].t0 if segs else 0
     ucodes, uvals = label_codes(rows.unit)
     work = ~np.isin(ucodes, [uvals.index(u) for u in ("cpu", "scheduler") if u in uvals])
     ends = np.sort(np.asarray(rows.t1, dtype=np.int64)[work])  # the work: stages
-    found = (_period([_signature(rows, s) for s in segs], segs, ends, max(1, len(ends)) / max(1, n_units))
+    count = _Ends(ends) if repeat is None else repeat.ends(ends, np.nonzero(work)[0], rows.t1)
+    found = (_period([_signature(rows, s) for s in look], segs, count, max(1, count.n) / max(1, n_units))
              if segs else None)
+    if found is not None and repeat is not None:  # a window inside the run: from the full run's records
+        return None
     if found is not None:
         lo, p, reps, per_unit = found
         start = lo + _phase(rows, segs[lo:lo + p])
@@ -428,11 +556,15 @@ def analyse(rows: list, n_units: int, unit_name: str = "unit", resources: dict |
         ta, tb = (segs[0].t0, segs[-1].t1) if segs else (0, 0)
         period = total
         summed: dict = {}
-        for s in segs:
+        for s in look:
             if s.t1 > s.t0:
                 summed.setdefault(segment_name(rows, s), [s, 0])[1] += s.t1 - s.t0
         terms = sorted((_term(rows, s, ps) for s, ps in summed.values()), key=lambda t: -t["ns"])
-    units = _units(rows, ta, tb, reps, multi_pe, sched) if tb > ta else {}
+    if repeat is None:
+        units = _units(rows, ta, tb, reps, multi_pe, sched) if tb > ta else {}
+    else:  # the whole run: the simulated records' figures, a period's records counted X times more
+        units = _units(rows, 0, int(np.max(np.asarray(rows.t1, dtype=np.int64))), 1, multi_pe, sched,
+                       repeat) if tb > ta else {}
     busiest = max(units.items(), key=lambda kv: kv[1]["busy_fraction"], default=(None, None))
     binding = "chain"
     if busiest[0] is not None and busiest[1]["busy_fraction"] >= BUSY_THRESHOLD:

@@ -25,7 +25,9 @@ from ..files import atomic_write, write_json
 from ..report import critical_path
 from ..report.power import power_from_metrics
 from ..report.trace import tracks_from_metrics, write_trace
+from ..repeated import RepeatedTable
 from ..sim import sanitizer
+from ..sim.waits import WaitLog
 from ..sim.engine import build_units, check_topology
 from ..sim.targets import resolve_class, resolve_kernel
 from ..tl.recipe import load_recipes
@@ -333,8 +335,15 @@ def _report(run: _Run, rd: RunDir) -> dict:
     sim, wl = run.sim, run.wl
     engine, pe, oplog = sim.engine, sim.pe, sim.oplog
     roles = {name: u.roles for name, u in pe.stage_units.items()}
-    rows = critical_path.as_records(oplog.waits)
-    cp = critical_path.analyse(rows, wl.n_units(), wl.unit, critical_path.resources_from_roles(roles))
+    cp, table = None, oplog.table
+    resources = critical_path.resources_from_roles(roles)
+    if isinstance(table, RepeatedTable):  # a period put back: the path from the records simulated
+        cp = critical_path.analyse(WaitLog(table.simulated()), wl.n_units(), wl.unit, resources,
+                                   critical_path.Repeat(table.x, table.P, table.X, table.dt))
+        rows = critical_path.Records(*oplog.waits.columns(waits=False))
+    if cp is None:
+        rows = critical_path.as_records(oplog.waits)
+        cp = critical_path.analyse(rows, wl.n_units(), wl.unit, resources)
     metrics = run_metrics(run.cfg, wl, engine, pe, oplog, sim.latency_ps, cp.metrics)
     found, slices = phases.analyse(sim.phases or {}, rows, cp.segments, sim.latency_ps, roles, *_peaks(sim))
     metrics.update(found)

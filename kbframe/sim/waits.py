@@ -80,7 +80,7 @@ class WaitLog:
         end_ref)`` (:meth:`columns`, record by record)."""
         return list(zip(*(list(c) if isinstance(c, Labels) else c.tolist() for c in self.columns())))
 
-    def columns(self) -> tuple:
+    def columns(self, waits: bool = True) -> tuple:
         """The records' fields as ten columns, one per field, in record order: ``(pe, unit,
         op_kind, cmd, t_start, t_end, t_data, kind, ref, end_ref)``, times in ps (``t_data``
         -1: none), ``kind`` a name from :data:`KINDS`; the integers as int64 arrays, the
@@ -93,7 +93,8 @@ class WaitLog:
         one (``end_ref``); a dispatch that waited for ``cpu`` waited for the PE's previous
         dispatch; a command's ``end_ref`` is the stage just before its record, if that
         stage is its own. Column by column (numpy): one Python step per record would be
-        most of the critical path's cost on a long run."""
+        most of the critical path's cost on a long run. ``waits`` False: the records alone
+        (``kind``, ``ref`` and ``end_ref`` None)."""
         names = self.table.names
         c = self.table.cols()
         n = len(c["name"])
@@ -104,6 +105,10 @@ class WaitLog:
         units = sorted({u for _, u, _ in names})
         pe_of = np.array([pe for pe, _, _ in names], dtype=np.int64)[code]
         unit_of = np.array([units.index(u) for _, u, _ in names], dtype=np.int64)[code]
+        kinds = sorted({k for _, _, k in names})
+        kind_of = np.array([kinds.index(k) for _, _, k in names], dtype=np.int64)[code]
+        if not waits:  # the records alone
+            return (pe_of, Labels(unit_of, units), Labels(kind_of, kinds), cmd, t0, t1, t_data, None, None, None)
         cpu_u = units.index("cpu") if "cpu" in units else -1
         sched_u = units.index("scheduler") if "scheduler" in units else -1
         stage = kind <= _RAW_STAGE
@@ -159,8 +164,6 @@ class WaitLog:
                & (unit_of[b] != sched_u))
         end_ref[other[own]] = b[own]
 
-        kinds = sorted({k for _, _, k in names})
-        kind_of = np.array([kinds.index(k) for _, _, k in names], dtype=np.int64)[code]
         cmd, t0, t1, t_data = (np.ascontiguousarray(x) for x in (cmd, t0, t1, t_data))  # not views of the whole table
         return (pe_of, Labels(unit_of, units), Labels(kind_of, kinds), cmd, t0, t1, t_data, Labels(why, KINDS), ref,
                 end_ref)
