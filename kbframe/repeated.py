@@ -84,33 +84,39 @@ class RepeatedTable(RecordTable):
 
     def array(self, lo: int = 0, hi: int | None = None) -> np.ndarray:
         """Full-run records ``[lo, hi)`` as an ``(n, 10)`` int64 array, made from ``base``."""
+        return self._made(lo, hi, slice(None))
+
+    def column(self, field: str, lo: int = 0, hi: int | None = None) -> np.ndarray:
+        """Field ``field`` of full-run records ``[lo, hi)``."""
+        return self._made(lo, hi, FIELDS.index(field))
+
+    def _made(self, lo: int, hi: int | None, j) -> np.ndarray:
+        """Records ``[lo, hi)``: all fields (``j`` a slice) or field ``j``."""
         n = len(self)
         hi = n if hi is None else min(hi, n)
         lo = max(0, min(lo, hi))
-        out = np.empty((hi - lo, N), dtype=np.int64)
+        base, step_period, step_tail = self.base[:, j], self.step_period[:, j], self.step_tail[:, j]
+        out = np.empty((hi - lo, N) if isinstance(j, slice) else hi - lo, dtype=np.int64)
         x, P, end = self.x, self.P, self.end
         a, b = lo, min(hi, x)  # before the jump
         if b > a:
-            out[:b - a] = self.base[a:b]
+            out[:b - a] = base[a:b]
         a, b = max(lo, x), min(hi, end)  # the periods put back, a period at a time
         at = a
         while at < b:
-            k, j = divmod(at - x, P)
-            m = min(P - j, b - at)
+            k, i = divmod(at - x, P)
+            m = min(P - i, b - at)
             part = out[at - lo:at - lo + m]
-            np.multiply(self.step_period[j:j + m], k + 1, out=part)
-            part += self.base[x - P + j:x - P + j + m]
+            np.multiply(step_period[i:i + m], k + 1, out=part)
+            part += base[x - P + i:x - P + i + m]
             at += m
         a = max(lo, end)  # the records after them
         if hi > a:
             i = a - self.X * P
             part = out[a - lo:]
-            np.multiply(self.step_tail[i - x:i - x + hi - a], self.X, out=part)
-            part += self.base[i:i + hi - a]
+            np.multiply(step_tail[i - x:i - x + hi - a], self.X, out=part)
+            part += base[i:i + hi - a]
         return out
-
-    def column(self, field: str, lo: int = 0, hi: int | None = None) -> np.ndarray:
-        return self.array(lo, hi)[:, FIELDS.index(field)].copy()
 
     def _bytes(self, lo: int, hi: int) -> bytes:
         return self.array(lo, hi).tobytes()

@@ -10,7 +10,7 @@ from conftest import compose_cfg
 from kbframe.records import RecordTable
 from kbframe.repeated import RepeatedTable
 from kbframe.report import critical_path
-from kbframe.run import fastforward, skipped
+from kbframe.run import fastforward, phases, skipped
 from kbframe.run.bench import validate
 from kbframe.run.periodic import totals
 from kbframe.run.simulate import simulate
@@ -90,3 +90,19 @@ def test_a_path_that_does_not_repeat_with_the_records_is_not_made_from_them():
     assert full == [S(0, "run", 0, 10), S(1, "run", 10, 20), S(2, "run", 20, 30), S(3, "run", 30, 40),
                     S(4, "run", 40, 50), S(5, "run", 50, 60)]
     assert [s.rec for s in look] == [0, 1, 2, 2, 2, 3]  # the simulated records they stand for
+
+
+@pytest.mark.xdist_group("repeated_step")
+def test_the_phases_made_from_the_period_are_the_full_runs(step):
+    """Each phase's spans, busy times, critical-path time and the collectives' times, made
+    from the simulated run's phases and records, are those of the full run's records."""
+    _, wl, out = step
+    t, sim = out.sim.oplog.table, out.sim
+    roles = {name: u.roles for name, u in sim.pe.stage_units.items()}
+    cp = critical_path.analyse(WaitLog(t.simulated()), wl.n_units(), wl.unit,
+                               critical_path.resources_from_roles(roles), critical_path.Repeat(t.x, t.P, t.X, t.dt))
+    made = phases.analyse(sim.phases, None, cp.segments, sim.latency_ps, roles, 800.0, 100.0,
+                          repeated=phases.Repeated(t, *out.simulated))
+    full = phases.analyse(sim.phases, phases._records(t), cp.segments, sim.latency_ps, roles, 800.0, 100.0)
+    assert made == full
+    assert len(made[0]["phases"]["layers_ns"]) == 32 and len(made[0]["collectives"]) == 64

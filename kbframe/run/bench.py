@@ -335,17 +335,18 @@ def _report(run: _Run, rd: RunDir) -> dict:
     sim, wl = run.sim, run.wl
     engine, pe, oplog = sim.engine, sim.pe, sim.oplog
     roles = {name: u.roles for name, u in pe.stage_units.items()}
-    cp, table = None, oplog.table
+    cp, rows, repeated, table = None, None, None, oplog.table
     resources = critical_path.resources_from_roles(roles)
-    if isinstance(table, RepeatedTable):  # a period put back: the path from the records simulated
+    if isinstance(table, RepeatedTable):  # a period of layers put back: made from the records simulated
         cp = critical_path.analyse(WaitLog(table.simulated()), wl.n_units(), wl.unit, resources,
                                    critical_path.Repeat(table.x, table.P, table.X, table.dt))
-        rows = critical_path.Records(*oplog.waits.columns(waits=False))
+        repeated = phases.Repeated(table, *run.forwarded.simulated)
     if cp is None:
         rows = critical_path.as_records(oplog.waits)
         cp = critical_path.analyse(rows, wl.n_units(), wl.unit, resources)
     metrics = run_metrics(run.cfg, wl, engine, pe, oplog, sim.latency_ps, cp.metrics)
-    found, slices = phases.analyse(sim.phases or {}, rows, cp.segments, sim.latency_ps, roles, *_peaks(sim))
+    found, slices = phases.analyse(sim.phases or {}, rows, cp.segments, sim.latency_ps, roles, *_peaks(sim),
+                                   repeated=repeated)
     metrics.update(found)
     if found and wl.tokens():
         metrics["step"] = phases.step(metrics, wl.tokens(), wl.model_layers())

@@ -110,6 +110,9 @@ class Outcome:
     #: ``sim`` is the run simulated in full (in one simulation, no loop left anything out):
     #: nothing was made; its sanitizer verdict is still to be taken
     whole: bool = False
+    #: its records a RepeatedTable: the simulated run's phases, and per PE the period's
+    #: first command and commands (kbframe.run.skipped.Made.simulated)
+    simulated: tuple | None = None
 
     def write_oplog(self, path, form: str = "auto") -> int:
         """The full run's ``op_log.jsonl`` text, written to ``path`` from its record table
@@ -312,7 +315,7 @@ def _in_one(cfg, wl, kernel, recipes, check: bool, units: dict, key: str, q: int
     _apply(sim, made.tot, made.table)
     sim.phases = made.phases
     sim.engine.wall_s = time.perf_counter() - t_start
-    return Outcome(sim, made.note, made.period)
+    return Outcome(sim, made.note, made.period, simulated=made.simulated)
 
 
 def _phases(runs: Runs, n_a: int, p: int, k_full: int) -> dict | None:

@@ -16,9 +16,13 @@ critical path's rule), else by its ``chain``.
 """
 from __future__ import annotations
 
+from typing import Any, NamedTuple
+
 import numpy as np
 
 from ..records import label_codes
+from ..report.critical_path import Records
+from ..sim.waits import WaitLog
 from ..timebase import ps_to_ns
 
 #: unit role → the resource it stands for in a phase's busy times
@@ -38,34 +42,35 @@ def _resources(roles: dict) -> dict:
     return out
 
 
-def analyse(phases: dict, rows, segments, latency_ps: int, roles: dict, hbm_gbps: float = 0.0,
-            peak_tflops: float = 0.0) -> tuple[dict, list]:
-    """``(metrics, trace slices)`` of a run's phases, or ``({}, [])`` when it named none.
+class Repeated(NamedTuple):
+    """A run made of its simulated records and a period of its layers put back ``X`` times
+    (kbframe.repeated.RepeatedTable ``table``): the simulated run's ``phases``, and per PE
+    that jumped the period's first command id ``lo`` in the simulated run and its commands
+    ``per`` period (the full run's ``phases`` are these with the period's put back,
+    kbframe.run.skipped)."""
 
-    Args:
-        phases: ``{pe: [(name, first cmd, last cmd, info), ...]}`` (``TL.phases``).
-        rows: the run's records (kbframe.report.critical_path.Records).
-        segments: its critical path (``CriticalPath.segments``).
-        roles: ``{op_log unit name: roles}`` of the PEs' units.
-        hbm_gbps, peak_tflops: one PE's HBM bandwidth (its share, when the PEs share it)
-            and GEMM peak, for the analytic estimate: a phase whose info gives
-            ``hbm_bytes`` and ``flops`` takes ``max(hbm_bytes / hbm_gbps, flops / peak)``
-            on its busiest PE, a collective its ``model_ps`` (GenZ / LLM-Viewer style:
-            no dispatch, no chains, every transfer at full bandwidth).
-    Returns:
-        metrics: ``phases`` (``layers_ns``: each layer's span; ``by_phase``: per name its
-        ``count``, ``span_ns``, ``per_layer_ns``, ``share``, ``busy_ns`` per resource,
-        ``bound_ns``, ``binding``, ``critical_path_ns``, ``analytic_ns`` (None when its
-        phases give no costs); ``analytic_ns``: their sum; ``critical_path_other_ns``: path
-        time on no phase's record; ``link_bound_ns``: the busiest PE's IPCQ send time, the
-        links' roofline bound beside ``roofline``'s HBM, compute and dispatch) and ``collectives`` (each group
-        with ``collective`` info: ``algorithm``, ``pes``, ``bytes``, ``ns`` from the last
-        partial's end to the last PE's last command's end, ``model_ns``).
-        slices: ``(pe, name, t0_ps, t1_ps, layer)`` per occurrence, for the trace.
-    """
-    if not any(phases.values()):
-        return {}, []
-    res = _resources(roles)
+    table: Any
+    phases: dict
+    lo: dict
+    per: dict
+
+
+def _occurrences(phases: dict) -> list:
+    """Every occurrence, PE by PE: ``(pe, name, layer, info, group key, last command)``."""
+    table, seen = [], {}
+    for p, ph in sorted(phases.items()):
+        for name, first, last, info in ph:
+            k = (name, info.get("layer"))
+            seen[(p, k)] = seen.get((p, k), -1) + 1
+            table.append((p, name, info.get("layer"), info, (k, seen[(p, k)]), last))
+    return table
+
+
+def _stats(phases: dict, rows, res: dict) -> tuple:
+    """Per occurrence of ``phases`` (:func:`_occurrences` order), from the records ``rows``:
+    its first stage's start and last stage's end (ps; -1: none), its busy ps per resource
+    within them, and each record's occurrence (-1: none); the commands' ends ``{(pe, cmd):
+    ps}``; the IPCQ send time of each record (0 but sends). Also the records' PEs."""
     pe = np.asarray(rows.pe, dtype=np.int64)
     cmd = np.asarray(rows.cmd, dtype=np.int64)
     t0 = np.asarray(rows.t0, dtype=np.int64)
@@ -78,25 +83,8 @@ def analyse(phases: dict, rows, segments, latency_ps: int, roles: dict, hbm_gbps
     sched = code.get("scheduler", -1)
     res_of = np.asarray([RESOURCES.index(res[u]) if u in res else -1 for u in names], dtype=np.int64)[ucode]
     stage = (res_of >= 0) & (res_of != RESOURCES.index("dispatch"))
-    # each record's occurrence (-1: none): per PE, the phase whose id range holds its command
-    occ = np.full(len(pe), -1, dtype=np.int64)
-    table = []  # occurrence → (pe, name, layer, info, group key, last command)
-    seen: dict = {}
-    for p, ph in sorted(phases.items()):
-        if not ph:
-            continue
-        base = len(table)
-        for name, first, last, info in ph:
-            k = (name, info.get("layer"))
-            seen[(p, k)] = seen.get((p, k), -1) + 1
-            table.append((p, name, info.get("layer"), info, (k, seen[(p, k)]), last))
-        firsts = np.asarray([f for _, f, _, _ in ph], dtype=np.int64)
-        lasts = np.asarray([e for _, _, e, _ in ph], dtype=np.int64)
-        at = np.nonzero(pe == p)[0]
-        i = np.searchsorted(firsts, cmd[at], side="right") - 1
-        ok = (i >= 0) & (cmd[at] <= lasts[np.maximum(i, 0)])
-        occ[at[ok]] = base + i[ok]
-    n = len(table)
+    occ = _occ_of(phases, pe, cmd)
+    n = sum(len(ph) for ph in phases.values())
     big = np.iinfo(np.int64).max
     start = np.full(n, big, dtype=np.int64)
     end = np.full(n, -1, dtype=np.int64)
@@ -111,16 +99,135 @@ def analyse(phases: dict, rows, segments, latency_ps: int, roles: dict, hbm_gbps
     live = end[o] >= 0  # within the occurrence's span (PE_CPU dispatches ahead of it)
     inside = np.clip(np.minimum(t1[m], end[o]) - np.maximum(b0[m], start[o]), 0, None)
     np.add.at(busy, (o[live], res_of[m][live]), inside[live])
-    # the critical path's time per occurrence
-    on_path = np.zeros(n + 1, dtype=np.int64)  # [n]: time on no phase's record
-    for s in segments:
-        o = occ[s.rec] if s.rec >= 0 else -1
-        on_path[o if o >= 0 else n] += s.t1 - s.t0
-    # command ends, for the collectives
-    done = {}
+    done = {}  # command ends, for the collectives
     at = np.nonzero(ucode == sched)[0]
     for i in at.tolist():
         done[(int(pe[i]), int(cmd[i]))] = int(t1[i])
+    link = np.where(res_of == RESOURCES.index("link"), work, 0)
+    return start, end, busy, occ, done, link, pe
+
+
+def _repeated_stats(rep: Repeated, phases: dict, res: dict, segments: list) -> tuple | None:
+    """:func:`_stats` of the full run ``phases`` from its simulated records (``rep``): an
+    occurrence of the period before the jump again ``X`` times a period later each, the
+    later ones ``X`` periods later; a command's end likewise. The path's records are
+    looked up in the full run. None when an occurrence spans the jump."""
+    t = rep.table
+    X, dt = t.X, t.dt
+    start, end, busy, _, done, link, pe = _stats(rep.phases, _records(t.simulated()), res)
+    parts, at = [], 0
+    for p, ph in sorted(rep.phases.items()):
+        if not ph:
+            continue
+        idx = np.arange(at, at + len(ph))
+        at += len(ph)
+        if p not in rep.lo:
+            parts.append((idx, 0))
+            continue
+        lo, hi = rep.lo[p], rep.lo[p] + rep.per[p]
+        first = np.array([e[1] for e in ph])
+        last = np.array([e[2] for e in ph])
+        inside = (lo <= first) & (last < hi)
+        if ((first < hi) & (last >= hi)).any():
+            return None
+        parts.append((idx[first < hi], 0))
+        parts += [(idx[inside], k * dt) for k in range(1, X + 1)]
+        parts.append((idx[first >= hi], X * dt))
+    order = np.concatenate([i for i, _ in parts]) if parts else np.zeros(0, dtype=np.int64)
+    later = np.concatenate([np.full(len(i), d, dtype=np.int64) for i, d in parts]) if parts else order
+    live = end[order] >= 0  # an occurrence with stages (else its start and end say none)
+    f_start = np.where(live, start[order] + later, start[order])
+    f_end = np.where(live, end[order] + later, end[order])
+    if len(f_start) != sum(len(ph) for ph in phases.values()):
+        return None
+    # the commands' ends: those of the period's commands again a period later, the later ones X later
+    full_done = {}
+    for (q, c), v in done.items():
+        if q not in rep.lo or c < rep.lo[q]:
+            full_done[(q, c)] = v
+        elif c < rep.lo[q] + rep.per[q]:
+            for k in range(X + 1):
+                full_done[(q, c + k * rep.per[q])] = v + k * dt
+        else:
+            full_done[(q, c + X * rep.per[q])] = v + X * dt
+    w = np.ones(len(link), dtype=np.int64)
+    w[t.x - t.P:t.x] += X
+    # each record on the path: its occurrence in the full run
+    recs = np.array([s.rec for s in segments if s.rec >= 0], dtype=np.int64)
+    path = t.rows_at(recs) if len(recs) else np.zeros((0, 10), dtype=np.int64)
+    path_occ = _occ_of(phases, np.array(t.name_col(0), dtype=np.int64)[path[:, 0]], path[:, 1])
+    return f_start, f_end, busy[order], dict(zip(recs.tolist(), path_occ.tolist())), full_done, link * w, pe
+
+
+def _records(table):
+    """The records of ``table`` as columns, without what they waited for."""
+    return Records(*WaitLog(table).columns(waits=False))
+
+
+def _occ_of(phases: dict, pe: np.ndarray, cmd: np.ndarray) -> np.ndarray:
+    """Each record's occurrence (-1: none): per PE, the phase whose id range holds its
+    command (from its PE and command)."""
+    occ = np.full(len(pe), -1, dtype=np.int64)
+    base = 0
+    for p, ph in sorted(phases.items()):
+        if not ph:
+            continue
+        firsts = np.asarray([f for _, f, _, _ in ph], dtype=np.int64)
+        lasts = np.asarray([e for _, _, e, _ in ph], dtype=np.int64)
+        at = np.nonzero(pe == p)[0]
+        i = np.searchsorted(firsts, cmd[at], side="right") - 1
+        ok = (i >= 0) & (cmd[at] <= lasts[np.maximum(i, 0)])
+        occ[at[ok]] = base + i[ok]
+        base += len(ph)
+    return occ
+
+
+def analyse(phases: dict, rows, segments, latency_ps: int, roles: dict, hbm_gbps: float = 0.0,
+            peak_tflops: float = 0.0, repeated: Repeated | None = None) -> tuple[dict, list]:
+    """``(metrics, trace slices)`` of a run's phases, or ``({}, [])`` when it named none.
+
+    Args:
+        phases: ``{pe: [(name, first cmd, last cmd, info), ...]}`` (``TL.phases``).
+        rows: the run's records (kbframe.report.critical_path.Records); unused with
+            ``repeated``.
+        segments: its critical path (``CriticalPath.segments``).
+        roles: ``{op_log unit name: roles}`` of the PEs' units.
+        hbm_gbps, peak_tflops: one PE's HBM bandwidth (its share, when the PEs share it)
+            and GEMM peak, for the analytic estimate: a phase whose info gives
+            ``hbm_bytes`` and ``flops`` takes ``max(hbm_bytes / hbm_gbps, flops / peak)``
+            on its busiest PE, a collective its ``model_ps`` (GenZ / LLM-Viewer style:
+            no dispatch, no chains, every transfer at full bandwidth).
+        repeated: the run is its simulated records with a period of layers put back
+            (:class:`Repeated`): the figures are made from those.
+    Returns:
+        metrics: ``phases`` (``layers_ns``: each layer's span; ``by_phase``: per name its
+        ``count``, ``span_ns``, ``per_layer_ns``, ``share``, ``busy_ns`` per resource,
+        ``bound_ns``, ``binding``, ``critical_path_ns``, ``analytic_ns`` (None when its
+        phases give no costs); ``analytic_ns``: their sum; ``critical_path_other_ns``: path
+        time on no phase's record; ``link_bound_ns``: the busiest PE's IPCQ send time, the
+        links' roofline bound beside ``roofline``'s HBM, compute and dispatch) and ``collectives`` (each group
+        with ``collective`` info: ``algorithm``, ``pes``, ``bytes``, ``ns`` from the last
+        partial's end to the last PE's last command's end, ``model_ns``).
+        slices: ``(pe, name, t0_ps, t1_ps, layer)`` per occurrence, for the trace.
+    """
+    if not any(phases.values()):
+        return {}, []
+    res = _resources(roles)
+    table = _occurrences(phases)
+    n = len(table)
+    made = _repeated_stats(repeated, phases, res, segments) if repeated is not None else None
+    if made is not None:
+        start, end, busy, occ_of, done, link, pe = made
+        occ_on = [occ_of[s.rec] if s.rec >= 0 else -1 for s in segments]
+    else:
+        if repeated is not None:  # an occurrence spans the jump: the full run's records
+            rows = _records(repeated.table)
+        start, end, busy, occ, done, link, pe = _stats(phases, rows, res)
+        occ_on = [occ[s.rec] if s.rec >= 0 else -1 for s in segments]
+    # the critical path's time per occurrence
+    on_path = np.zeros(n + 1, dtype=np.int64)  # [n]: time on no phase's record
+    for s, o in zip(segments, occ_on):
+        on_path[o if o >= 0 else n] += s.t1 - s.t0
 
     groups: dict = {}
     for j, (p, name, layer, info, key, _) in enumerate(table):
@@ -169,8 +276,8 @@ def analyse(phases: dict, rows, segments, latency_ps: int, roles: dict, hbm_gbps
                     "binding": top if span_ns and b[top] >= BINDS * span_ns else "chain",
                     "critical_path_ns": ps_to_ns(e["critical_ps"]),
                     "analytic_ns": None if e["analytic_ps"] is None else ps_to_ns(round(e["analytic_ps"]))})
-    link = res_of == RESOURCES.index("link")  # the links' bound: the busiest PE's IPCQ sends
-    link_ps = int(np.bincount(pe[link], weights=work[link]).max()) if link.any() else 0
+    sends = link > 0  # the links' bound: the busiest PE's IPCQ sends
+    link_ps = int(np.bincount(pe[sends], weights=link[sends]).max()) if sends.any() else 0
     metrics = {"phases": {"layers_ns": [ps_to_ns(hi - lo) for _, (lo, hi) in sorted(layers.items())],
                           "by_phase": out, "critical_path_other_ns": ps_to_ns(int(on_path[n])),
                           "link_bound_ns": ps_to_ns(link_ps),

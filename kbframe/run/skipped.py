@@ -224,11 +224,13 @@ class Made:
     """The full run made from a run that skipped: its record table, totals (by name, as
     kbframe.run.periodic.totals names them), latency (ps), ``tl.phase`` annotations, the
     summary's note, the records of the shortest period of the outermost loops that jumped,
-    and its jumps (:class:`PutBack`)."""
+    and its jumps (:class:`PutBack`); with a :class:`~kbframe.repeated.RepeatedTable`,
+    ``simulated``: the simulated run's phases, and per PE the first command of the period
+    put back and its commands (kbframe.run.phases.Repeated)."""
 
-    def __init__(self, table, tot, latency_ps, phases, note, period, jumps):
+    def __init__(self, table, tot, latency_ps, phases, note, period, jumps, simulated=None):
         self.table, self.tot, self.latency_ps, self.phases = table, tot, latency_ps, phases
-        self.note, self.period, self.jumps = note, period, jumps
+        self.note, self.period, self.jumps, self.simulated = note, period, jumps, simulated
 
 
 def _after(inst: Instance, placed: list) -> tuple[Instance, dict]:
@@ -371,6 +373,7 @@ def make(sim, steady: Steady, tot: dict, repeated: bool = False) -> Made:
     latency = sim.latency_ps
     phases = {pe: list(ph) for pe, ph in (sim.phases or {}).items()}
     made = RecordTable.of_rows(table.names, rows[:0])
+    simulated = None  # with a RepeatedTable: its phases, and per PE the period's first command and commands
     placed: list = []  # every jump put back so far
     levels = sorted({inst.level for _, inst in jumps}, reverse=True)
     for level in levels:
@@ -385,6 +388,9 @@ def make(sim, steady: Steady, tot: dict, repeated: bool = False) -> Made:
             f.mover.of(rows)
             made = RepeatedTable(rows, table.names, f.x, f.P, f.X, f.mover.step(rows[f.x - f.P:f.x]),
                                  f.mover.step(rows[f.x:]))
+            J = f.inst.J - f.p
+            simulated = ({pe: list(ph) for pe, ph in phases.items()},
+                         {pe: ids[J] for pe, ids in f.inst.ids.items()}, dict(f.per_period))
         else:
             out = None
             if final:  # straight into the table's buffer: the full run's records held once
@@ -419,7 +425,7 @@ def make(sim, steady: Steady, tot: dict, repeated: bool = False) -> Made:
         f.mover.of(None)  # no view of the table's buffer kept: it must stay free to grow
     del rows
     outer = [f for f in placed if f.inst.level == levels[-1]]
-    return Made(made, tot, latency, phases, note, min(f.P for f in outer), placed)
+    return Made(made, tot, latency, phases, note, min(f.P for f in outer), placed, simulated)
 
 
 def _phases(ph: list, inst, pe: int, p: int, X: int) -> list:

@@ -20,10 +20,12 @@ from collections import defaultdict
 import numpy as np
 
 from ..ir.commands import command_kind
-from ..record_fields import ROW
+from ..record_fields import FIELDS, ROW
 from ..records import RecordTable
 from ..repeated import RepeatedTable
 from .waits import _LINK_STAGE, _RAW_STAGE, WAIT_CODE, WaitLog
+
+_T1 = FIELDS.index("t1")
 
 #: records before the first write to a file (then this many more each time)
 BATCH = 4096
@@ -110,13 +112,17 @@ class OpLog:
         out: dict = {}
         for (pe, _), t in sorted(self._totals.items()):
             out.setdefault(pe, {"end_ps": 0, "flops": 0})["flops"] += t.flops
-        c = self.table.cols()
-        if len(c["name"]):
-            pe_of = np.array(self.table.name_col(0), dtype=np.int64)[c["name"]]
-            ends = np.zeros(int(pe_of.max()) + 1, dtype=np.int64)
-            np.maximum.at(ends, pe_of, c["t1"])
-            for pe in out:
-                out[pe]["end_ps"] = int(ends[pe])
+        table = self.table
+        pe_code = np.array(table.name_col(0), dtype=np.int64)
+        ends = np.zeros(int(pe_code.max(initial=0)) + 1, dtype=np.int64)
+        # a period put back moves the ends of its records and of those after them (kbframe.repeated)
+        parts = (((table.base[:table.x - table.P], 0), (table.base[table.x - table.P:], table.X * table.dt))
+                 if isinstance(table, RepeatedTable) else ((table.array(), 0),))
+        for rows, later in parts:
+            if len(rows):
+                np.maximum.at(ends, pe_code[rows[:, 0]], rows[:, _T1] + later)
+        for pe in out:
+            out[pe]["end_ps"] = int(ends[pe])
         return out
 
     def _entry(self, pe: int, unit: str, full: bool = True) -> _Totals:
