@@ -89,6 +89,27 @@ class Periodic:
         of the written records sees; the repetitions between hold theirs too)."""
         return sorted(_placed(self.sections), key=lambda s: s.prefix)
 
+    def inserted(self, at: int, period: int, extra: int) -> "Periodic | None":
+        """This form with ``extra`` more periods of ``period`` records put in at record
+        ``at`` (kbframe.repeated: the records from ``at`` on come that many periods later):
+        the section whose repetitions run across ``at`` repeats ``extra * period`` records
+        more, the sections after it start that much later; None when no section runs
+        across ``at`` with a window that divides ``period`` (the form of the longer table
+        is then to be found in it)."""
+        grow = [s for s in self.sections if s.prefix + s.period <= at <= s.end - s.period and period % s.period == 0]
+        if len(grow) != 1:
+            return None
+        g, n = grow[0], extra * period
+
+        def moved(s: Periodic) -> Periodic:
+            if s is g:
+                return replace(s, records=s.records + n, times=s.times + n // s.period, inner=tuple(map(moved, s.inner)))
+            if s.prefix >= at:
+                return replace(s, records=s.records + n, prefix=s.prefix + n, inner=tuple(map(moved, s.inner)))
+            return replace(s, records=s.records + n, inner=tuple(map(moved, s.inner)))
+        first = moved(self)
+        return replace(first, rest=tuple(map(moved, self.rest)))
+
     def header(self) -> str:
         head = {"op_log": "periodic", "records": self.records, "prefix": self.prefix,
                 "period": self.period, "times": self.times}

@@ -123,7 +123,12 @@ class RepeatedTable(RecordTable):
 
     def simulated(self) -> "RepeatedTable":
         """The records simulated, ``base``, as a table of their own (the period put back no time)."""
-        return RepeatedTable(self.base, self.names, self.x, self.P, 0, self.step_period, self.step_tail)
+        return self.with_periods(0)
+
+    def with_periods(self, X: int) -> "RepeatedTable":
+        """The same run with the period put back ``X`` times (a shorter run, for ``X``
+        below :attr:`X`)."""
+        return RepeatedTable(self.base, self.names, self.x, self.P, X, self.step_period, self.step_tail)
 
     def pieces(self) -> tuple:
         """The full run as ``(lo, hi, times)`` slices of ``base`` in record order: fields a

@@ -3,13 +3,17 @@
 record, and the analyses made from the period are the full run's."""
 from __future__ import annotations
 
+import io
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
 from conftest import compose_cfg
+from kbframe.periodic_form import find_periodic
 from kbframe.records import RecordTable
 from kbframe.repeated import RepeatedTable
-from kbframe.report import critical_path
+from kbframe.report import critical_path, trace
 from kbframe.run import fastforward, phases, skipped
 from kbframe.run.bench import validate
 from kbframe.run.periodic import totals
@@ -106,3 +110,40 @@ def test_the_phases_made_from_the_period_are_the_full_runs(step):
     full = phases.analyse(sim.phases, phases._records(t), cp.segments, sim.latency_ps, roles, 800.0, 100.0)
     assert made == full
     assert len(made[0]["phases"]["layers_ns"]) == 32 and len(made[0]["collectives"]) == 64
+
+
+@pytest.mark.xdist_group("repeated_step")
+def test_the_op_log_form_found_with_fewer_periods_is_the_full_runs(step):
+    """The periodic form found in the run with the period put back 3 times, its section of
+    layers repeating the other period too, is the form found in the full run's records:
+    the op_log written in it is the same text."""
+    _, _, out = step
+    t = out.sim.oplog.table
+    made = fastforward._form(t, out.period_records)
+    found = find_periodic(t, out.period_records)
+    layers = [s for s in made.sections if s.period == t.P]
+    assert t.X > fastforward.FORM_PERIODS and len(layers) == 1 and layers[0].times == 7  # 28 of its 32 layers
+    assert made.header() == found.header()
+    texts = []
+    for form in (made, found):
+        t.form, f = form, io.StringIO()
+        t.write(f)
+        texts.append(f.getvalue())
+    assert texts[0] == texts[1] and texts[0].count("\n") < len(t) // 20
+
+
+@pytest.mark.xdist_group("repeated_step")
+def test_a_sections_left_out_spans_from_its_first_period_are_its_records(step):
+    """Where every record's times move alike, the trace's spans of a section's left-out
+    repetitions come from its first period; they are those its records give."""
+    _, _, out = step
+    t = out.sim.oplog.table
+    pe_of = np.array(t.name_col(0), dtype=np.int64)
+    checked = 0
+    for s in fastforward._form(t, out.period_records).drawn():
+        if s.times < 3 or s.period * s.times > 2_000_000:
+            continue
+        uneven = replace(s, shift={**s.shift, "t0": s.shift["t0"] + (np.arange(s.period) == 0)})  # read records
+        assert trace._spans(t, pe_of, s) == trace._spans(t, pe_of, uneven)
+        checked += 1
+    assert checked > 20

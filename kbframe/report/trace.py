@@ -127,23 +127,47 @@ def _repeats(table: RecordTable) -> tuple[list, list, list]:
         if s.times < 3:  # first period come before its repetitions, those in its last after
             continue
         lo, hi = s.prefix + s.period, s.end - s.period
-        c = table.cols(lo, hi)
-        j = np.arange(hi - lo) // s.period + 2  # the repetition each record is in
-        pe = pe_of[c["name"]]
-        if s.period < SLICE_EACH_FROM:
-            j[:] = 0  # one span per PE for them all
-        key = j * (int(pe.max()) + 1) + pe  # one span per (repetition, PE)
-        order = np.argsort(key, kind="stable")
-        keys, first, count = np.unique(key[order], return_index=True, return_counts=True)
-        t0 = np.minimum.reduceat(c["t0"][order], first)
-        t1 = np.maximum.reduceat(c["t1"][order], first)
-        for jj, q, a, b, n in zip((keys // (int(pe.max()) + 1)).tolist(), (keys % (int(pe.max()) + 1)).tolist(),
-                                  t0.tolist(), t1.tolist(), count.tolist()):
+        for jj, q, a, b, n in _spans(table, pe_of, s):
             a = max(a, end.get(q, a))  # slices on one track must not overlap: a repetition starts as
             end[q] = b                 # the one before ends, if its first record began earlier
             out.append((k, q, jj, a, b, n))
         left_out.append(range(lo, hi))
     return sections, left_out, out
+
+
+def _spans(table: RecordTable, pe_of: np.ndarray, s) -> list:
+    """``(j, pe, t0_ps, t1_ps, records)`` of the repetitions of section ``s`` the trace leaves
+    out (every one but the first and last), per repetition and PE in that order (``j`` from
+    2; 0: one span per PE for them all, a period shorter than :data:`SLICE_EACH_FROM`).
+    When every record's times move alike from one repetition to the next, from its first
+    period alone (a model step's period of layers: the records left out are not made)."""
+    d0, d1 = s.shift["t0"], s.shift["t1"]
+    if len(d0) and (d0 == d0[0]).all() and (d1 == d1[0]).all():
+        c = table.cols(s.prefix, s.prefix + s.period)
+        pe = pe_of[c["name"]]
+        order = np.argsort(pe, kind="stable")
+        qs, first, count = np.unique(pe[order], return_index=True, return_counts=True)
+        t0 = np.minimum.reduceat(c["t0"][order], first)
+        t1 = np.maximum.reduceat(c["t1"][order], first)
+        dt0, dt1, reps = int(d0[0]), int(d1[0]), s.times - 2
+        if s.period < SLICE_EACH_FROM:
+            return [(0, q, a + dt0, b + reps * dt1, n * reps)
+                    for q, a, b, n in zip(qs.tolist(), t0.tolist(), t1.tolist(), count.tolist())]
+        return [(r + 1, q, a + r * dt0, b + r * dt1, n) for r in range(1, reps + 1)
+                for q, a, b, n in zip(qs.tolist(), t0.tolist(), t1.tolist(), count.tolist())]
+    lo, hi = s.prefix + s.period, s.end - s.period
+    c = table.cols(lo, hi)
+    j = np.arange(hi - lo) // s.period + 2  # the repetition each record is in
+    pe = pe_of[c["name"]]
+    if s.period < SLICE_EACH_FROM:
+        j[:] = 0  # one span per PE for them all
+    key = j * (int(pe.max()) + 1) + pe  # one span per (repetition, PE)
+    order = np.argsort(key, kind="stable")
+    keys, first, count = np.unique(key[order], return_index=True, return_counts=True)
+    t0 = np.minimum.reduceat(c["t0"][order], first)
+    t1 = np.maximum.reduceat(c["t1"][order], first)
+    m = int(pe.max()) + 1
+    return list(zip((keys // m).tolist(), (keys % m).tolist(), t0.tolist(), t1.tolist(), count.tolist()))
 
 
 def _outside(phases: list, span: dict) -> list:

@@ -123,10 +123,28 @@ class Outcome:
         t = time.perf_counter()
         table = self.sim.oplog.table
         if not self.whole and (form == "periodic" or (form == "auto" and len(table) >= PERIODIC_FROM)):
-            table.form = find_periodic(table, self.period_records)
+            table.form = _form(table, self.period_records)
         lines = self.sim.oplog.write(path)
         self.sim.engine.wall_s += time.perf_counter() - t
         return lines
+
+
+#: a RepeatedTable's form is found in the run with its period put back this many times at most
+FORM_PERIODS = 3
+
+
+def _form(table: RecordTable, period: int):
+    """The periodic form of ``table``'s records (kbframe.periodic_form.find_periodic). A
+    :class:`~kbframe.repeated.RepeatedTable`'s is found in the same run with its period
+    put back :data:`FORM_PERIODS` times at most, the section that runs across them
+    repeating the periods left out too; else in its records."""
+    if isinstance(table, RepeatedTable) and table.X > FORM_PERIODS:
+        m = FORM_PERIODS
+        short = find_periodic(table.with_periods(m), period)
+        form = short.inserted(table.x + m * table.P, table.P, table.X - m) if short is not None else None
+        if form is not None:
+            return form
+    return find_periodic(table, period)
 
 
 def _apply(sim: Simulation, tot: dict, table: RecordTable) -> None:
