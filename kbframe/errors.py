@@ -20,6 +20,11 @@ class TimeBaseError(ConfigError):
     raised by the conversions, reported naming the unit or key that made it."""
 
 
+class RecordBudgetError(ConfigError):
+    """A run would hold more op_log records than ``run.max_records`` (or this machine's
+    memory); names the count and how to raise the budget or shrink the run."""
+
+
 class InputsError(KbframeError):
     """An inputs file is missing, unreadable or has inconsistent shapes; names the file."""
 

@@ -59,7 +59,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import KbframeError
+from ..errors import KbframeError, RecordBudgetError
 from ..sim.engine import build_units
 from ..periodic_form import find_periodic
 from ..record_fields import FIELDS
@@ -300,7 +300,7 @@ def _in_one(cfg, wl, kernel, recipes, check: bool, units: dict, key: str, q: int
     for n_try, (inner, min_steps) in enumerate(tries):
         axes = [Axis(key, tuple(wl.ff_periods or PERIODS), min_steps),
                 *(Axis(k, PERIODS, MIN_STEPS) for k in inner)]
-        steady = Steady(axes, skipped.snapshot)
+        steady = Steady(axes, skipped.snapshot, int(cfg.run.get("max_records", 0)) if "run" in cfg else 0)
         if not inner and q < axes[0].min_steps + axes[0].tail + 2 * axes[0].multiple:
             return Outcome(None, why)
         try:
@@ -315,11 +315,14 @@ def _in_one(cfg, wl, kernel, recipes, check: bool, units: dict, key: str, q: int
         except skipped.NotSteady as e:  # a nested loop's jump, or one that looked steady too early: once more
             how = f"from {min_steps} steps on" if min_steps != first else f"along {key} alone"
             why = f"{why}; {how}, {e}" if n_try else str(e)
+        except RecordBudgetError:
+            raise
         except KbframeError as e:
             return Outcome(None, f"the run failed ({e})")
     else:
         return Outcome(None, why)
-    preflight.check_forwarded_records(cfg, wl, int(made.tot["n_records"]))
+    preflight.check_forwarded_records(cfg, wl, int(made.tot["n_records"]),
+                                      len(made.table.base) if isinstance(made.table, RepeatedTable) else None)
     if made.latency_ps >= MAX_PS or any(isinstance(n, tuple) and n[-1] == "busy_ps" and v >= MAX_PS
                                          for n, v in made.tot.items()):
         return Outcome(None, "the run ends beyond the time base")

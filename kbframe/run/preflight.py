@@ -24,7 +24,7 @@ import zipfile
 import numpy as np
 
 from ..sim.engine import Engine
-from ..errors import ConfigError, InputsError, KbframeError, NumericsError, TcmOverflowError, TimeBaseError, raise_interrupt_behind
+from ..errors import ConfigError, InputsError, RecordBudgetError, KbframeError, NumericsError, TcmOverflowError, TimeBaseError, raise_interrupt_behind
 from ..ir.handles import itemsize
 from ..sim.numerics import Numerics
 from ..sim.oplog import OpLog
@@ -85,18 +85,22 @@ def check_sanitizer_memory(cfg, fig: dict) -> None:
 FF_BYTES_PER_RECORD = 450
 
 
-def check_forwarded_records(cfg, wl, records: int) -> None:
-    """Raise ConfigError if a fast-forwarded run would make more op_log records than
+def check_forwarded_records(cfg, wl, records: int, held: int | None = None) -> None:
+    """Raise ConfigError if a fast-forwarded run would hold more op_log records than
     ``run.max_records``, or more than this machine's memory holds: it is not simulated
-    record by record, but its records are all made (:data:`FF_BYTES_PER_RECORD` each).
-    Checked once the simulation that left a stretch out, or the short copies, gave the full
-    run's count, before any of its records is made."""
-    need = records * FF_BYTES_PER_RECORD
-    head = (f"{cfg.bench.name} at {_shape_text(wl)} would make {records:,} op_log records even fast-forwarded "
-            f"(about {_gib(need)} of host memory, {FF_BYTES_PER_RECORD} B each)")
+    record by record, but its records are made (:data:`FF_BYTES_PER_RECORD` each), all of
+    them or, a model step's, ``held``: its simulated layers' (kbframe.repeated). Checked
+    once the simulation that left a stretch out, or the short copies, gave the full run's
+    count, before the records left out are made."""
+    held = records if held is None else held
+    need = held * FF_BYTES_PER_RECORD
+    head = (f"{cfg.bench.name} at {_shape_text(wl)} would make {records:,} op_log records even fast-forwarded"
+            + (f" and hold {held:,} of them" if held < records else "")
+            + f" (about {_gib(need)} of host memory, {FF_BYTES_PER_RECORD} B each)")
+    records = held
     budget = int(cfg.run.get("max_records", 0)) if "run" in cfg else 0
     if budget and records > budget:
-        raise ConfigError(f"{head}, over run.max_records={budget:,}; raise run.max_records or shrink the run")
+        raise RecordBudgetError(f"{head}, over run.max_records={budget:,}; raise run.max_records or shrink the run")
     have = physical_memory_bytes()
     if have is not None and need > have:
         raise ConfigError(f"{head}; this machine has {_gib(have)}; shrink the run")
@@ -115,14 +119,29 @@ def estimated(cfg, wl) -> bool:
     return axis is not None and int(cfg.bench[axis[0]]) // axis[1] >= ESTIMATE_FROM_STEPS
 
 
+def held_steps(cfg, wl, q: int) -> int:
+    """How many of a run's ``q`` steps along its periodic axis it holds the records of, at
+    most: a fast-forwarded model step holds its simulated layers, the period of layers
+    being put back as often as it repeats without being made (kbframe.repeated): its
+    warm-up (``Workload.ff_min_steps``), two periods to see it steady and one after the
+    jump, the end and a jump's rounding to every candidate period (``ff_periods``); any
+    other run all ``q``."""
+    ff = str(cfg.run.get("fast_forward", "off")) if "run" in cfg else "off"
+    if ff == "off" or not wl.nested_axes() or not wl.ff_min_steps or not wl.ff_periods:
+        return q
+    periods = tuple(wl.ff_periods)
+    return min(q, wl.ff_min_steps + 3 * max(periods) + 2 + math.lcm(*periods))
+
+
 def check_records_estimate(cfg, wl, kernel, recipes: dict, units: dict | None = None) -> None:
     """Refuse, in seconds, a timing-only run along a periodic axis whose op_log records are
     far beyond ``run.max_records`` or this machine's memory, before it is fast-forwarded or
     dry-run, which both grow with the run (a model step: minutes). The records of one and
     then two steps of the axis (dry runs) give the run's count, which is affine in the
-    steps: ``R(1) + (q − 1)·(R(2) − R(1))``. Skipped when ``q·R(1)``, which bounds it, is
-    within the budget; the exact checks follow (:func:`check_resources`,
-    :func:`check_forwarded_records`).
+    steps: ``R(1) + (q − 1)·(R(2) − R(1))``; what counts is that of the steps whose records
+    the run holds (:func:`held_steps`: a model step's simulated layers). Skipped when
+    ``held·R(1)``, which bounds it, is within the budget; the exact checks follow
+    (:func:`check_resources`, :func:`check_forwarded_records`).
 
     Raises:
         ConfigError: the estimate exceeds ``run.max_records``, or the host memory the run
@@ -146,18 +165,22 @@ def check_records_estimate(cfg, wl, kernel, recipes: dict, units: dict | None = 
         count[n] = dry_run(cfg.hardware, w, kernel, recipes, w.cfg.dtype, None, count_stages=True,
                            units=copy.deepcopy(units) if units is not None else None).get("records", 0)
         return count[n]
-    if not records(1) or q * count[1] <= budget:
+    held = held_steps(cfg, wl, q)  # a step of layers holds the records of these alone (kbframe.repeated)
+    if not records(1) or held * count[1] <= budget:
         return
-    est = count[1] + (q - 1) * (records(2) - count[1])
+    est = count[1] + (held - 1) * (records(2) - count[1])
     check = bool(cfg.run.check) if "run" in cfg else True
     per = max(FF_BYTES_PER_RECORD, SANITIZER_BYTES_PER_RECORD if check else 0)
-    head = (f"{cfg.bench.name} at {_shape_text(wl)} would make about {est:,} op_log records ({count[1]:,} with 1 "
+    full = count[1] + (q - 1) * (count[2] - count[1])
+    head = (f"{cfg.bench.name} at {_shape_text(wl)} would make about {full:,} op_log records ({count[1]:,} with 1 "
             f"of its {q:,} steps of {key}, {count[2] - count[1]:,} more with each further one)")
+    if held < q:
+        head += f" and hold those of {held} steps, about {est:,}"
     # a model step's one step of the axis estimates the whole step (metrics.json step.model)
     instead = (f", or simulate one (bench.{key}={step}: metrics.json step.model estimates the whole step from it)"
                if one[0].model_layers() is not None else "")
     if est > budget:
-        raise ConfigError(f"{head}, over run.max_records={budget:,}; raise run.max_records or shrink the run{instead}")
+        raise RecordBudgetError(f"{head}, over run.max_records={budget:,}; raise run.max_records or shrink the run{instead}")
     have = physical_memory_bytes()
     if have is not None and est * per > have:
         raise ConfigError(f"{head}, about {_gib(est * per)} of host memory ({per} B each"

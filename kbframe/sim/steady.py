@@ -26,6 +26,8 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
+from ..errors import RecordBudgetError
+
 
 @dataclass(frozen=True)
 class Axis:
@@ -90,11 +92,14 @@ class Steady:
         snapshot: ``(engine) -> (records so far, totals dict, commands in flight per PE,
             {pe: commands completed})``, taken at each iteration start before a jump
             (kbframe.run.skipped).
+        max_records: a run holding more records than this while its outer loops have not
+            jumped stops with RecordBudgetError (0: never).
     """
 
-    def __init__(self, axes, snapshot):
+    def __init__(self, axes, snapshot, max_records: int = 0):
         self.axes = {a.key: (0 if j == 0 else 1, a) for j, a in enumerate(axes)}  # nested: level 1
         self.snapshot = snapshot
+        self.max_records = max_records  # records the run may hold before its outer loops jump (0: any)
         self.engine = None  # set by the engine it is installed on (kbframe.run.simulate)
         self.instances: list[Instance] = []  # every axis's, in the order first entered
         self._by_key: dict = {}  # key -> its instances, k-th first
@@ -140,6 +145,11 @@ class Steady:
             # the first PE to reach i follows the run and decides, while a jump could still leave enough out
             if inst.J is None and i > inst.furthest and n - i - 3 >= least:
                 inst.furthest = i
+                if level == 0 and self.max_records and len(self.engine.oplog.table) > self.max_records:
+                    raise RecordBudgetError(
+                        f"the run holds {len(self.engine.oplog.table):,} op_log records at step {i} of {n} along "
+                        f"{axis.key} before they repeat, over run.max_records={self.max_records:,}; raise "
+                        f"run.max_records or shrink the run")
                 inst.times.append(env.now)
                 if i >= axis.min_steps - axis.window:
                     inst.snaps[i] = self.snapshot(self.engine)

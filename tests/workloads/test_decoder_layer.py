@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from conftest import REPO, copies_only, load_out, read_oplog, run
-from kbframe.errors import ConfigError
+from kbframe.errors import ConfigError, RecordBudgetError
 from kbframe.run.metrics import summary
 from kbframe.workloads.decoder_layer import FILE_ARRAYS, reference_layers
 
@@ -425,3 +425,22 @@ def test_a_run_of_fewer_layers_than_its_model_estimates_the_whole_step(tmp_path)
     line = [x for x in summary(one, tmp_path).splitlines() if x.startswith("  model ")]
     assert line == [f"  model       {mo['latency_ns'] / 1e6:.3f} ms, {mo['tokens_per_s']:,.1f} tokens/s for the model's 6 "
                     f"layers, estimated (1 simulated layer(s) and 5 more of the last one's span)"]
+
+
+def test_a_step_that_fast_forwards_is_held_to_its_budget_by_the_layers_it_holds(tmp_path):
+    """A step whose layers fast-forward holds the records of its simulated layers alone (the
+    period of layers is put back without being made): its budget counts those of at most
+    21 layers (3 to settle, three periods of up to 4 and the end), the estimate says so,
+    and a budget below the full step's count but above that runs it whole."""
+    args = ("hardware=default", "bench.tp=1", "bench.H=32", "bench.H_q=8", "bench.H_kv=8", "bench.d=16", "bench.F=64",
+            "bench.S_kv=40", "bench.layers=60", "run.trace=false", "run.check=false")
+    with pytest.raises(RecordBudgetError, match=r"would make about ([\d,]+) op_log records \(([\d,]+) with 1 of its "
+                                                r"60 steps of layers, ([\d,]+) more with each further one\) and hold "
+                                                r"those of 21 steps, about ([\d,]+), over run.max_records=1;") as e:
+        run(tmp_path / "one", *args, "run.max_records=1", bench="decoder_layer")
+    full, one, more, held = (int(v.replace(",", "")) for v in
+                             re.search(r"about ([\d,]+) op_log records \(([\d,]+) with 1 .*, ([\d,]+) more .* "
+                                       r"about ([\d,]+),", str(e.value)).groups())
+    assert full == one + 59 * more and held == one + 20 * more
+    m = run(tmp_path / "held", *args, f"run.max_records={held}", bench="decoder_layer")
+    assert m["sim"]["events"] == full > held and m["fast_forward"]["applied"] and m["step"]["layers"] == 60
