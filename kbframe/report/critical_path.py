@@ -263,7 +263,7 @@ class Repeat(NamedTuple):
     dt: int
 
     def extend(self, segs: list) -> tuple[list, list] | None:
-        """``(the full run's path, the same with the records of the simulated ones)`` from
+        """``(the full run's path, the simulated record each of its segments stands for)`` from
         the simulated records' path ``segs``, or None when the path does not repeat with
         the records. It repeats from some time ``b`` on when its segments over ``[b, b +
         dt)`` are those over ``[b - dt, b)`` a period later (each record ``P`` on, each time
@@ -298,15 +298,13 @@ class Repeat(NamedTuple):
                 return None
         else:
             return None
-        full, look = list(segs[:i]), list(segs[:i])
+        full = list(segs[:i])
         for j in range(1, X + 1):
             full += [Segment(s.rec + j * P if s.rec >= 0 else -1, s.phase, s.t0 + j * dt, s.t1 + j * dt, s.why)
                      for s in w1]
-            look += [Segment(s.rec, s.phase, s.t0 + j * dt, s.t1 + j * dt, s.why) for s in w1]
         full += [Segment(s.rec + X * P if s.rec >= 0 else -1, s.phase, s.t0 + X * dt, s.t1 + X * dt, s.why)
                  for s in segs[i:]]
-        look += [Segment(s.rec, s.phase, s.t0 + X * dt, s.t1 + X * dt, s.why) for s in segs[i:]]
-        return full, look
+        return full, [s.rec for s in segs[:i]] + [s.rec for s in w1] * X + [s.rec for s in segs[i:]]
 
     def ends(self, ends: np.ndarray, at: np.ndarray, t1) -> _RepeatedEnds:
         """The full run's stage ends from the simulated records ``at`` (their ends ``t1``)."""
@@ -321,8 +319,8 @@ class Repeat(NamedTuple):
         return w
 
 
-def _signature(c: Records, s: Segment) -> tuple:
-    i = s.rec
+def _signature(c: Records, s: Segment, i: int) -> tuple:
+    """``s``'s PE, unit, op kind (of record ``i`` of ``c``), phase and duration."""
     if i < 0:
         return None, None, None, s.phase, s.t1 - s.t0
     return c.pe[i], c.unit[i], c.kind[i], s.phase, s.t1 - s.t0
@@ -524,7 +522,7 @@ def analyse(rows: list, n_units: int, unit_name: str = "unit", resources: dict |
     rows = as_records(rows)
     sched = rows.last_of("scheduler")
     segs = walk(rows, sched)
-    look = segs  # the segments whose records name their unit, op kind and PE (the full run's: rows')
+    look = [s.rec for s in segs]  # the record of rows each segment names its unit, op kind and PE by
     if repeat is not None:
         extended = repeat.extend(segs)
         if extended is None:
@@ -536,8 +534,8 @@ def analyse(rows: list, n_units: int, unit_name: str = "unit", resources: dict |
     work = ~np.isin(ucodes, [uvals.index(u) for u in ("cpu", "scheduler") if u in uvals])
     ends = np.sort(np.asarray(rows.t1, dtype=np.int64)[work])  # the work: stages
     count = _Ends(ends) if repeat is None else repeat.ends(ends, np.nonzero(work)[0], rows.t1)
-    found = (_period([_signature(rows, s) for s in look], segs, count, max(1, count.n) / max(1, n_units))
-             if segs else None)
+    found = (_period([_signature(rows, s, i) for s, i in zip(segs, look)], segs, count,
+                     max(1, count.n) / max(1, n_units)) if segs else None)
     if found is not None and repeat is not None:  # a window inside the run: from the full run's records
         return None
     if found is not None:
@@ -556,9 +554,15 @@ def analyse(rows: list, n_units: int, unit_name: str = "unit", resources: dict |
         ta, tb = (segs[0].t0, segs[-1].t1) if segs else (0, 0)
         period = total
         summed: dict = {}
-        for s in look:
+        names: dict = {}  # (record, phase, why) -> its term's name
+        for s, i in zip(segs, look):
             if s.t1 > s.t0:
-                summed.setdefault(segment_name(rows, s), [s, 0])[1] += s.t1 - s.t0
+                key = (i, s.phase, s.why)
+                name = names.get(key)
+                if name is None:
+                    name = names[key] = segment_name(rows, s._replace(rec=i))
+                    summed.setdefault(name, [s._replace(rec=i), 0])
+                summed[name][1] += s.t1 - s.t0
         terms = sorted((_term(rows, s, ps) for s, ps in summed.values()), key=lambda t: -t["ns"])
     if repeat is None:
         units = _units(rows, ta, tb, reps, multi_pe, sched) if tb > ta else {}

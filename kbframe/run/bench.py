@@ -338,9 +338,10 @@ def _report(run: _Run, rd: RunDir) -> dict:
     cp, rows, repeated, table = None, None, None, oplog.table
     resources = critical_path.resources_from_roles(roles)
     if isinstance(table, RepeatedTable):  # a period of layers put back: made from the records simulated
-        cp = critical_path.analyse(WaitLog(table.simulated()), wl.n_units(), wl.unit, resources,
+        simulated = critical_path.as_records(WaitLog(table.simulated()))
+        cp = critical_path.analyse(simulated, wl.n_units(), wl.unit, resources,
                                    critical_path.Repeat(table.x, table.P, table.X, table.dt))
-        repeated = phases.Repeated(table, *run.forwarded.simulated)
+        repeated = phases.Repeated(table, *run.forwarded.simulated, rows=simulated)
     if cp is None:
         rows = critical_path.as_records(oplog.waits)
         cp = critical_path.analyse(rows, wl.n_units(), wl.unit, resources)

@@ -46,13 +46,14 @@ class Repeated(NamedTuple):
     """A run made of its simulated records and a period of its layers put back ``X`` times
     (kbframe.repeated.RepeatedTable ``table``): the simulated run's ``phases``, and per PE
     that jumped the period's first command id ``lo`` in the simulated run and its commands
-    ``per`` period (the full run's ``phases`` are these with the period's put back,
+    ``per`` period, and its records as columns (``rows``, read from ``table`` when None) (the full run's ``phases`` are these with the period's put back,
     kbframe.run.skipped)."""
 
     table: Any
     phases: dict
     lo: dict
     per: dict
+    rows: Any = None  # the simulated records as columns, if known (kbframe.report.critical_path.Records)
 
 
 def _occurrences(phases: dict) -> list:
@@ -114,7 +115,8 @@ def _repeated_stats(rep: Repeated, phases: dict, res: dict, segments: list) -> t
     looked up in the full run. None when an occurrence spans the jump."""
     t = rep.table
     X, dt = t.X, t.dt
-    start, end, busy, _, done, link, pe = _stats(rep.phases, _records(t.simulated()), res)
+    start, end, busy, _, done, link, pe = _stats(rep.phases, rep.rows if rep.rows is not None
+                                                 else _records(t.simulated()), res)
     parts, at = [], 0
     for p, ph in sorted(rep.phases.items()):
         if not ph:
@@ -140,16 +142,7 @@ def _repeated_stats(rep: Repeated, phases: dict, res: dict, segments: list) -> t
     f_end = np.where(live, end[order] + later, end[order])
     if len(f_start) != sum(len(ph) for ph in phases.values()):
         return None
-    # the commands' ends: those of the period's commands again a period later, the later ones X later
-    full_done = {}
-    for (q, c), v in done.items():
-        if q not in rep.lo or c < rep.lo[q]:
-            full_done[(q, c)] = v
-        elif c < rep.lo[q] + rep.per[q]:
-            for k in range(X + 1):
-                full_done[(q, c + k * rep.per[q])] = v + k * dt
-        else:
-            full_done[(q, c + X * rep.per[q])] = v + X * dt
+    full_done = _RepeatedEnds(done, rep.lo, rep.per, X, dt)
     w = np.ones(len(link), dtype=np.int64)
     w[t.x - t.P:t.x] += X
     # each record on the path: its occurrence in the full run
@@ -157,6 +150,23 @@ def _repeated_stats(rep: Repeated, phases: dict, res: dict, segments: list) -> t
     path = t.rows_at(recs) if len(recs) else np.zeros((0, 10), dtype=np.int64)
     path_occ = _occ_of(phases, np.array(t.name_col(0), dtype=np.int64)[path[:, 0]], path[:, 1])
     return f_start, f_end, busy[order], dict(zip(recs.tolist(), path_occ.tolist())), full_done, link * w, pe
+
+
+class _RepeatedEnds:
+    """``{(pe, cmd): end ps}`` of the full run's commands from the simulated run's ``done``
+    (a mapping's ``get``): those of the period's commands again a period later each, the
+    later ones ``X`` periods later (their ids moved by the period's commands ``per``)."""
+
+    def __init__(self, done: dict, lo: dict, per: dict, X: int, dt: int):
+        self.done, self.lo, self.per, self.X, self.dt = done, lo, per, X, dt
+
+    def get(self, key, default=None):
+        q, c = key
+        if c is None or q not in self.lo or c < self.lo[q]:
+            return self.done.get(key, default)
+        k = min((c - self.lo[q]) // self.per[q], self.X)  # its period's command in the simulated run, k periods on
+        v = self.done.get((q, c - k * self.per[q]))
+        return default if v is None else v + k * self.dt
 
 
 def _records(table):

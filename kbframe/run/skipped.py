@@ -36,6 +36,7 @@ including what the nested jumps inside it put back.
 """
 from __future__ import annotations
 
+import bisect
 from dataclasses import replace
 from typing import NamedTuple
 
@@ -468,7 +469,8 @@ def sanitized(engine, made: Made) -> dict:
     per jump, those of the commands of the period before it as simulated, and of what the
     jumps of nested loops in that period put back, times the periods (``engine``: the
     simulation's, its stage records kept)."""
-    plans = dict((pe.index, plan) for pe, plan in sanitizer.plans(engine))
+    plans = dict((pe.index, plan) for pe, plan in sanitizer.plans(engine))  # each sorted by command id
+    ids = {pe: [cmd.id for cmd, _ in plan] for pe, plan in plans.items()}
     templates = access_templates.Templates()  # each command shape re-planned once, for every PE
     memo: dict = {}
 
@@ -477,7 +479,8 @@ def sanitized(engine, made: Made) -> dict:
             inst, got = jump.simulated, np.zeros(3, dtype=np.int64)
             for pe in jump.per_period:
                 lo, hi = inst.ids[pe][inst.J - jump.p], inst.ids[pe][inst.J]
-                sub = [(cmd, st) for cmd, st in plans.get(pe, []) if lo <= cmd.id < hi]
+                at = ids.get(pe, [])
+                sub = plans.get(pe, [])[bisect.bisect_left(at, lo):bisect.bisect_left(at, hi)]
                 got += (len(sub), sum(len(st) for _, st in sub),
                         sanitizer.check_data_dependencies(engine.pes[pe], sub, None, templates))
             memo[id(jump)] = got + sum((j.X * period(j) for j in jump.inner), np.zeros(3, dtype=np.int64))
