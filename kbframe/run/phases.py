@@ -20,14 +20,16 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from ..record_fields import FIELDS, N
 from ..records import label_codes
-from ..report.critical_path import Records
+from ..report.critical_path import Records, Repeat
 from ..sim.waits import WaitLog
 from ..timebase import ps_to_ns
 
 #: unit role → the resource it stands for in a phase's busy times
 RESOURCE = {"dma_read": "hbm", "dma_write": "hbm", "gemm": "gemm", "math": "math", "ipcq_send": "link"}
 RESOURCES = ("hbm", "gemm", "math", "link", "dispatch")
+_CMD = FIELDS.index("cmd")
 BINDS = 0.95
 
 
@@ -44,10 +46,10 @@ def _resources(roles: dict) -> dict:
 
 class Repeated(NamedTuple):
     """A run made of its simulated records and a period of its layers put back ``X`` times
-    (kbframe.repeated.RepeatedTable ``table``): the simulated run's ``phases``, and per PE
-    that jumped the period's first command id ``lo`` in the simulated run and its commands
-    ``per`` period, and its records as columns (``rows``, read from ``table`` when None) (the full run's ``phases`` are these with the period's put back,
-    kbframe.run.skipped)."""
+    (kbframe.repeated.RepeatedTable ``table``): the simulated run's ``phases`` (the full
+    run's are these with the period's put back, kbframe.run.skipped), per PE that jumped
+    the period's first command id ``lo`` in the simulated run and its commands ``per``
+    period, and the simulated records as columns (``rows``; read from ``table`` when None)."""
 
     table: Any
     phases: dict
@@ -142,17 +144,16 @@ def _repeated_stats(rep: Repeated, phases: dict, res: dict, segments: list) -> t
     f_end = np.where(live, end[order] + later, end[order])
     if len(f_start) != sum(len(ph) for ph in phases.values()):
         return None
-    full_done = _RepeatedEnds(done, rep.lo, rep.per, X, dt)
-    w = np.ones(len(link), dtype=np.int64)
-    w[t.x - t.P:t.x] += X
+    full_done = _CommandEnds(done, rep.lo, rep.per, X, dt)
+    w = Repeat(t.x, t.P, X, dt).weights(len(link))  # a send of the period counts X times more
     # each record on the path: its occurrence in the full run
     recs = np.array([s.rec for s in segments if s.rec >= 0], dtype=np.int64)
-    path = t.rows_at(recs) if len(recs) else np.zeros((0, 10), dtype=np.int64)
-    path_occ = _occ_of(phases, np.array(t.name_col(0), dtype=np.int64)[path[:, 0]], path[:, 1])
+    path = t.rows_at(recs) if len(recs) else np.zeros((0, N), dtype=np.int64)
+    path_occ = _occ_of(phases, np.array(t.name_col(0), dtype=np.int64)[path[:, 0]], path[:, _CMD])
     return f_start, f_end, busy[order], dict(zip(recs.tolist(), path_occ.tolist())), full_done, link * w, pe
 
 
-class _RepeatedEnds:
+class _CommandEnds:
     """``{(pe, cmd): end ps}`` of the full run's commands from the simulated run's ``done``
     (a mapping's ``get``): those of the period's commands again a period later each, the
     later ones ``X`` periods later (their ids moved by the period's commands ``per``)."""
