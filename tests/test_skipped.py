@@ -13,6 +13,7 @@ from kbframe.run import fastforward, skipped
 from kbframe.run.bench import validate
 from kbframe.run.periodic import totals
 from kbframe.run.simulate import simulate
+from kbframe.sim import sanitizer
 from kbframe.sim.steady import Axis, Instance, Steady
 from kbframe.sim.targets import resolve_kernel
 from kbframe.sim.waits import WAIT_CODE
@@ -193,3 +194,20 @@ def test_a_command_from_before_the_loop_in_flight_across_the_jump_is_caught(tmp_
         skipped.make(sim, steady, totals(sim))
     m = run(tmp_path, *args, "bench.data=false", "run.fast_forward=verify", "run.trace=false", bench="decoder_layer")
     assert m["fast_forward"]["applied"] is False and "command 6 from before the loop" in m["fast_forward"]["note"]
+
+
+def test_a_periods_accesses_are_counted_from_the_command_templates():
+    """The accesses rule 6 counts for commands already checked (a period put back) are
+    counted from their shapes' templates, nothing re-checked: as many as the check counts,
+    for the whole run and for any stretch of its commands."""
+    cfg = compose_cfg("hardware=cube", "bench.H_q=16", "bench.H_kv=16", "bench.S_kv=4096",
+                      "bench.mapping=round_robin", "bench.data=false", "run.progress=false", bench="decode_heads")
+    sim = simulate(cfg, validate(cfg), resolve_kernel(cfg.bench.kernel), load_recipes(cfg.recipes), None, None,
+                   True, False)
+    counted = []
+    for pe, plan in sanitizer.plans(sim.engine):
+        for sub in (plan, plan[3:40], plan[-7:]):
+            n = sanitizer.count_data_dependencies(pe, sub)
+            assert n == sanitizer.check_data_dependencies(pe, sub)
+            counted.append(n)
+    assert len(counted) == 24 and min(counted) > 0

@@ -482,7 +482,7 @@ def sanitized(engine, made: Made) -> dict:
                 at = ids.get(pe, [])
                 sub = plans.get(pe, [])[bisect.bisect_left(at, lo):bisect.bisect_left(at, hi)]
                 got += (len(sub), sum(len(st) for _, st in sub),
-                        sanitizer.check_data_dependencies(engine.pes[pe], sub, None, templates))
+                        sanitizer.count_data_dependencies(engine.pes[pe], sub, templates))
             memo[id(jump)] = got + sum((j.X * period(j) for j in jump.inner), np.zeros(3, dtype=np.int64))
         return memo[id(jump)]
     total = sum((j.X * period(j) for j in made.jumps), np.zeros(3, dtype=np.int64))

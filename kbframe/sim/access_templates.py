@@ -162,28 +162,49 @@ class Templates:
             return None
 
 
+    def count(self, pe, plan, planner) -> int | None:
+        """The accesses rule 6 counts for ``plan`` (as :meth:`columns` counts them), from
+        the templates alone, nothing checked: for commands already checked (a period the
+        run put back, kbframe.run.skipped). None when a command is unlike its template."""
+        per_op: dict = {}
+        ukey = plan_units_key(pe.by_role)
+        total = 0
+        for cmd, stages in plan:
+            tpl, _ = _template(cmd, stages, pe.by_role, ukey, per_op, planner, self.templates, self.space_ids)
+            if tuple([(id(st.unit), st.op_kind, st.tile) for st in stages]) != tpl.sig_on(pe):
+                return None
+            total += int(tpl.n.sum())
+        return total
+
+
+def _template(cmd, stages, units, ukey, per_op: dict, planner, templates: dict, space_ids: dict) -> tuple:
+    """``(template, its slot bases)`` of a command: its shape's template, built once."""
+    hs, gs, bases, ids = [], [], [], []  # the command's slots: per op its operands, then its out
+    for op in cmd.ops:
+        got = per_op.get(id(op))
+        if got is None:
+            got = per_op[id(op)] = _op_slots(op)  # OpSpecs repeat across commands
+        hs += got[0]
+        gs += got[1]
+        bases += got[2]
+        ids += got[3]
+    first: dict = {}
+    key = (ukey, plan_key(cmd), tuple(gs), tuple([first.setdefault(x, i) for i, x in enumerate(ids)]))
+    tpl = templates.get(key)
+    if tpl is None:
+        tpl = templates[key] = _build(cmd, stages, hs, bases, units, planner, space_ids)
+    return tpl, bases
+
+
 def _columns(pe, plan, planner, templates, space_ids):
-    per_op: dict = {}  # id(op) -> _op_slots(op): OpSpecs repeat across commands
+    per_op: dict = {}  # id(op) -> _op_slots(op)
     units = pe.by_role
     ukey = plan_units_key(pe.by_role)
     ran, expected = [], []  # the stages that ran, and (id(unit), op_kind, tile) of their plans
     used: dict = {}  # template -> [(first stage's index, first key space, slot bases)] of this PE
     n_keys = 0
     for cmd, stages in plan:
-        hs, gs, bases, ids = [], [], [], []  # the command's slots: per op its operands, then its out
-        for op in cmd.ops:
-            got = per_op.get(id(op))
-            if got is None:
-                got = per_op[id(op)] = _op_slots(op)
-            hs += got[0]
-            gs += got[1]
-            bases += got[2]
-            ids += got[3]
-        first: dict = {}
-        key = (ukey, plan_key(cmd), tuple(gs), tuple([first.setdefault(x, i) for i, x in enumerate(ids)]))
-        tpl = templates.get(key)
-        if tpl is None:
-            tpl = templates[key] = _build(cmd, stages, hs, bases, units, planner, space_ids)
+        tpl, bases = _template(cmd, stages, units, ukey, per_op, planner, templates, space_ids)
         got = used.get(tpl)
         if got is None:
             got = used[tpl] = []

@@ -258,6 +258,16 @@ def check_data_dependencies(pe, plan, hbm_writes: list | None = None, templates=
     return _walk_data_dependencies(pe, plan, hbm_writes)
 
 
+def count_data_dependencies(pe, plan, templates=None) -> int:
+    """The accesses rule ``data_dependencies`` counts for ``plan``, commands already checked
+    (a period a fast-forwarded run put back: kbframe.run.skipped.sanitized): from each
+    command shape's template alone (:meth:`~kbframe.sim.access_templates.Templates.count`),
+    else by :func:`check_data_dependencies`."""
+    templates = templates or access_templates.Templates()
+    n = templates.count(pe, plan, plan_stages)
+    return check_data_dependencies(pe, plan, None, templates) if n is None else n
+
+
 def _walk_data_dependencies(pe, plan, hbm_writes: list | None = None) -> int:
     """:func:`check_data_dependencies` re-planning every command: its accesses checked at
     once, and walked one by one when that does not show the rule holds."""
