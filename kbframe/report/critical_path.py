@@ -319,11 +319,59 @@ class Repeat(NamedTuple):
         return w
 
 
-def _signature(c: Records, s: Segment, i: int) -> tuple:
-    """``s``'s PE, unit, op kind (of record ``i`` of ``c``), phase and duration."""
-    if i < 0:
-        return None, None, None, s.phase, s.t1 - s.t0
-    return c.pe[i], c.unit[i], c.kind[i], s.phase, s.t1 - s.t0
+def _keys(c: Records, segs: list, look: list) -> tuple:
+    """Per segment: its record's name as a number (PE, unit and op kind of record
+    ``look[i]`` of ``c``, and the segment's phase; -1 parts for a wait), the same without
+    the PE, its duration (ps) and its ``why`` as a number."""
+    n = len(segs)
+    rec = np.asarray(look, dtype=np.int64)
+    has = rec >= 0
+    r = np.where(has, rec, 0)
+    ucodes, uvals = label_codes(c.unit)
+    kcodes, kvals = label_codes(c.kind)
+    pe = np.where(has, np.asarray(c.pe, dtype=np.int64)[r], -1) if n else np.zeros(0, dtype=np.int64)
+    u = np.where(has, np.asarray(ucodes, dtype=np.int64)[r], -1) if n else pe
+    k = np.where(has, np.asarray(kcodes, dtype=np.int64)[r], -1) if n else pe
+    phases: dict = {}
+    ph = np.fromiter((phases.setdefault(s.phase, len(phases)) for s in segs), dtype=np.int64, count=n)
+    whys: dict = {}
+    why = np.fromiter((whys.setdefault(s.why, len(whys)) for s in segs), dtype=np.int64, count=n)
+    dur = np.fromiter((s.t1 - s.t0 for s in segs), dtype=np.int64, count=n)
+    name = ((u + 1) * (len(kvals) + 1) + (k + 1)) * (len(phases) + 1) + ph
+    return (pe + 1) * (len(uvals) + 1) * (len(kvals) + 1) * (len(phases) + 1) + name, name, dur, why
+
+
+def _signature_ids(c: Records, segs: list, look: list) -> np.ndarray:
+    """Each segment's signature (its record's PE, unit and op kind, its phase and duration)
+    as a number: equal signatures, equal numbers (:func:`_period` compares them)."""
+    if not segs:
+        return np.zeros(0, dtype=np.int64)
+    key, _, dur, _ = _keys(c, segs, look)
+    order = np.lexsort((dur, key))
+    a, d = key[order], dur[order]
+    new = np.ones(len(order), dtype=bool)
+    new[1:] = (a[1:] != a[:-1]) | (d[1:] != d[:-1])
+    ids = np.empty(len(order), dtype=np.int64)
+    ids[order] = np.cumsum(new) - 1
+    return ids
+
+
+def _summed(c: Records, segs: list, look: list) -> dict:
+    """The path's time per term name (:func:`segment_name`), in the order the names first
+    occur: ``{name: [its first segment (its record of c), ps]}``."""
+    _, name, dur, why = _keys(c, segs, look)
+    key = name * (int(why.max(initial=0)) + 1) + why
+    at = np.nonzero(dur > 0)[0]
+    keys, first, inverse = np.unique(key[at], return_index=True, return_inverse=True)
+    ps = np.zeros(len(keys), dtype=np.int64)
+    np.add.at(ps, inverse.reshape(-1), dur[at])
+    out: dict = {}
+    for j in np.argsort(first, kind="stable").tolist():  # the keys in the order they first occur
+        s = segs[int(at[first[j]])]
+        s = s._replace(rec=look[int(at[first[j]])])
+        got = out.setdefault(segment_name(c, s), [s, 0])
+        got[1] += int(ps[j])
+    return out
 
 
 def _period(sig: list, segs: list, ends: "_Ends", per_unit_records: float) -> tuple | None:
@@ -534,8 +582,8 @@ def analyse(rows: list, n_units: int, unit_name: str = "unit", resources: dict |
     work = ~np.isin(ucodes, [uvals.index(u) for u in ("cpu", "scheduler") if u in uvals])
     ends = np.sort(np.asarray(rows.t1, dtype=np.int64)[work])  # the work: stages
     count = _Ends(ends) if repeat is None else repeat.ends(ends, np.nonzero(work)[0], rows.t1)
-    found = (_period([_signature(rows, s, i) for s, i in zip(segs, look)], segs, count,
-                     max(1, count.n) / max(1, n_units)) if segs else None)
+    found = (_period(_signature_ids(rows, segs, look), segs, count, max(1, count.n) / max(1, n_units))
+             if segs else None)
     if found is not None and repeat is not None:  # a window inside the run: from the full run's records
         return None
     if found is not None:
@@ -553,16 +601,7 @@ def analyse(rows: list, n_units: int, unit_name: str = "unit", resources: dict |
         reps, per_unit = 1, max(1, n_units)
         ta, tb = (segs[0].t0, segs[-1].t1) if segs else (0, 0)
         period = total
-        summed: dict = {}
-        names: dict = {}  # (record, phase, why) -> its term's name
-        for s, i in zip(segs, look):
-            if s.t1 > s.t0:
-                key = (i, s.phase, s.why)
-                name = names.get(key)
-                if name is None:
-                    name = names[key] = segment_name(rows, s._replace(rec=i))
-                    summed.setdefault(name, [s._replace(rec=i), 0])
-                summed[name][1] += s.t1 - s.t0
+        summed = _summed(rows, segs, look)
         terms = sorted((_term(rows, s, ps) for s, ps in summed.values()), key=lambda t: -t["ns"])
     if repeat is None:
         units = _units(rows, ta, tb, reps, multi_pe, sched) if tb > ta else {}
