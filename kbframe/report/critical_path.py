@@ -299,11 +299,12 @@ class Repeat(NamedTuple):
         else:
             return None
         full = list(segs[:i])
-        for j in range(1, X + 1):
-            full += [Segment(s.rec + j * P if s.rec >= 0 else -1, s.phase, s.t0 + j * dt, s.t1 + j * dt, s.why)
-                     for s in w1]
-        full += [Segment(s.rec + X * P if s.rec >= 0 else -1, s.phase, s.t0 + X * dt, s.t1 + X * dt, s.why)
-                 for s in segs[i:]]
+        for part, js in ((w1, range(1, X + 1)), (segs[i:], (X,))):
+            rec, ph, a, b, why = (list(c) for c in zip(*part)) if part else ([],) * 5
+            rec, a, b = (np.array(v, dtype=np.int64) for v in (rec, a, b))
+            for j in js:  # the segments a period later j times: each made once, field by field
+                full += map(Segment._make, zip(np.where(rec >= 0, rec + j * P, -1).tolist(), ph,
+                                               (a + j * dt).tolist(), (b + j * dt).tolist(), why))
         return full, [s.rec for s in segs[:i]] + [s.rec for s in w1] * X + [s.rec for s in segs[i:]]
 
     def ends(self, ends: np.ndarray, at: np.ndarray, t1) -> _RepeatedEnds:
@@ -341,12 +342,13 @@ def _keys(c: Records, segs: list, look: list) -> tuple:
     return (pe + 1) * (len(uvals) + 1) * (len(kvals) + 1) * (len(phases) + 1) + name, name, dur, why
 
 
-def _signature_ids(c: Records, segs: list, look: list) -> np.ndarray:
-    """Each segment's signature (its record's PE, unit and op kind, its phase and duration)
-    as a number: equal signatures, equal numbers (:func:`_period` compares them)."""
-    if not segs:
+def _signature_ids(keys: tuple) -> np.ndarray:
+    """Each segment's signature (its record's PE, unit and op kind, its phase and duration;
+    ``keys``: :func:`_keys`) as a number: equal signatures, equal numbers (:func:`_period`
+    compares them)."""
+    key, _, dur, _ = keys
+    if not len(key):
         return np.zeros(0, dtype=np.int64)
-    key, _, dur, _ = _keys(c, segs, look)
     order = np.lexsort((dur, key))
     a, d = key[order], dur[order]
     new = np.ones(len(order), dtype=bool)
@@ -356,10 +358,10 @@ def _signature_ids(c: Records, segs: list, look: list) -> np.ndarray:
     return ids
 
 
-def _summed(c: Records, segs: list, look: list) -> dict:
+def _summed(c: Records, segs: list, look: list, keys: tuple) -> dict:
     """The path's time per term name (:func:`segment_name`), in the order the names first
-    occur: ``{name: [its first segment (its record of c), ps]}``."""
-    _, name, dur, why = _keys(c, segs, look)
+    occur: ``{name: [its first segment (its record of c), ps]}`` (``keys``: :func:`_keys`)."""
+    _, name, dur, why = keys
     key = name * (int(why.max(initial=0)) + 1) + why
     at = np.nonzero(dur > 0)[0]
     keys, first, inverse = np.unique(key[at], return_index=True, return_inverse=True)
@@ -582,7 +584,8 @@ def analyse(rows: list, n_units: int, unit_name: str = "unit", resources: dict |
     work = ~np.isin(ucodes, [uvals.index(u) for u in ("cpu", "scheduler") if u in uvals])
     ends = np.sort(np.asarray(rows.t1, dtype=np.int64)[work])  # the work: stages
     count = _Ends(ends) if repeat is None else repeat.ends(ends, np.nonzero(work)[0], rows.t1)
-    found = (_period(_signature_ids(rows, segs, look), segs, count, max(1, count.n) / max(1, n_units))
+    keys = _keys(rows, segs, look)
+    found = (_period(_signature_ids(keys), segs, count, max(1, count.n) / max(1, n_units))
              if segs else None)
     if found is not None and repeat is not None:  # a window inside the run: from the full run's records
         return None
@@ -601,7 +604,7 @@ def analyse(rows: list, n_units: int, unit_name: str = "unit", resources: dict |
         reps, per_unit = 1, max(1, n_units)
         ta, tb = (segs[0].t0, segs[-1].t1) if segs else (0, 0)
         period = total
-        summed = _summed(rows, segs, look)
+        summed = _summed(rows, segs, look, keys)
         terms = sorted((_term(rows, s, ps) for s, ps in summed.values()), key=lambda t: -t["ns"])
     if repeat is None:
         units = _units(rows, ta, tb, reps, multi_pe, sched) if tb > ta else {}
