@@ -38,10 +38,13 @@ class RepeatedTable(RecordTable):
         x: the first record after the jump, ``P <= x <= len(base)``.
         step_period: ``(P, 10)``: how each record of ``base[x - P:x]`` moves a period.
         step_tail: ``(len(base) - x, 10)``: how each record of ``base[x:]`` moves a period.
+    Raises:
+        ValueError: the period, its place or the steps do not fit ``base``.
     """
 
     def __init__(self, base: np.ndarray, names: list, x: int, P: int, X: int, step_period: np.ndarray,
                  step_tail: np.ndarray):
+        # a RecordTable's fields but its buffer (:attr:`buf` makes the full run's on demand)
         self.names, self._codes, self._heads, self.form, self._reading = [], {}, [], None, None
         for key in names:
             self.code(*key)

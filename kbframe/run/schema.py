@@ -120,8 +120,8 @@ class RunConfig:
     trace: bool = param(True, doc="write trace.json (python -m kbframe.report.trace RUN_DIR makes it later)")
     fast_forward: FastForward = param(FastForward.on, choices=FastForward,
                               doc="off | on | verify: a periodic timing-only schedule is written, not simulated")
-    max_records: int = param(20_000_000, lo=0, doc="op_log records a run may make (checked before it "
-                                                    "simulates; 0: no limit)")
+    max_records: int = param(20_000_000, lo=0, doc="op_log records a run may hold (checked before it "
+                                                    "simulates; a model step: its simulated layers'; 0: no limit)")
     power_track: bool = param(False, doc="trace.json gets a power counter track per PE (kbframe.report.trace)")
     oplog: OplogForm = param(OplogForm.auto, choices=OplogForm,
                              doc="auto | full | periodic: a fast-forwarded run's op_log.jsonl record by record, or "
