@@ -300,15 +300,16 @@ class Repeat(NamedTuple):
             return None
         full = list(segs[:i])
         for part, js in ((w1, range(1, X + 1)), (segs[i:], (X,))):
-            rec, ph, a, b, why = (list(c) for c in zip(*part)) if part else ([],) * 5
-            rec, a, b = (np.array(v, dtype=np.int64) for v in (rec, a, b))
+            rec, ph, lo, hi, why = (list(c) for c in zip(*part)) if part else ([],) * 5
+            rec, lo, hi = (np.array(v, dtype=np.int64) for v in (rec, lo, hi))
             for j in js:  # the segments a period later j times: each made once, field by field
                 full += map(Segment._make, zip(np.where(rec >= 0, rec + j * P, -1).tolist(), ph,
-                                               (a + j * dt).tolist(), (b + j * dt).tolist(), why))
+                                               (lo + j * dt).tolist(), (hi + j * dt).tolist(), why))
         return full, [s.rec for s in segs[:i]] + [s.rec for s in w1] * X + [s.rec for s in segs[i:]]
 
-    def ends(self, ends: np.ndarray, at: np.ndarray, t1) -> _RepeatedEnds:
-        """The full run's stage ends from the simulated records ``at`` (their ends ``t1``)."""
+    def ends(self, at: np.ndarray, t1) -> _RepeatedEnds:
+        """The full run's stage ends from the simulated stage records ``at`` (``t1``: every
+        simulated record's end)."""
         t1 = np.asarray(t1, dtype=np.int64)
         x, P = self.x, self.P
         return _RepeatedEnds(t1[at[at < x - P]], t1[at[(at >= x - P) & (at < x)]], t1[at[at >= x]], self.X, self.dt)
@@ -582,8 +583,9 @@ def analyse(rows: list, n_units: int, unit_name: str = "unit", resources: dict |
     total = segs[-1].t1 - segs[0].t0 if segs else 0
     ucodes, uvals = label_codes(rows.unit)
     work = ~np.isin(ucodes, [uvals.index(u) for u in ("cpu", "scheduler") if u in uvals])
-    ends = np.sort(np.asarray(rows.t1, dtype=np.int64)[work])  # the work: stages
-    count = _Ends(ends) if repeat is None else repeat.ends(ends, np.nonzero(work)[0], rows.t1)
+    # the work's (stages') ends
+    count = (_Ends(np.sort(np.asarray(rows.t1, dtype=np.int64)[work])) if repeat is None
+             else repeat.ends(np.nonzero(work)[0], rows.t1))
     keys = _keys(rows, segs, look)
     found = (_period(_signature_ids(keys), segs, count, max(1, count.n) / max(1, n_units))
              if segs else None)
