@@ -125,9 +125,9 @@ def held_steps(cfg, wl, q: int) -> int:
     being put back as often as it repeats without being made (kbframe.repeated): its
     warm-up (``Workload.ff_min_steps``), two periods to see it steady and one after the
     jump, the end and a jump's rounding to every candidate period (``ff_periods``); any
-    other run all ``q``."""
+    other run all ``q`` (``run.fast_forward=verify`` too: it simulates the full run as well)."""
     ff = str(cfg.run.get("fast_forward", "off")) if "run" in cfg else "off"
-    if ff == "off" or not wl.nested_axes() or not wl.ff_min_steps or not wl.ff_periods:
+    if ff != "on" or not wl.nested_axes() or not wl.ff_min_steps or not wl.ff_periods:
         return q
     periods = tuple(wl.ff_periods)
     return min(q, wl.ff_min_steps + 3 * max(periods) + 2 + math.lcm(*periods))

@@ -444,3 +444,8 @@ def test_a_step_that_fast_forwards_is_held_to_its_budget_by_the_layers_it_holds(
     assert full == one + 59 * more and held == one + 20 * more
     m = run(tmp_path / "held", *args, f"run.max_records={held}", bench="decoder_layer")
     assert m["sim"]["events"] == full > held and m["fast_forward"]["applied"] and m["step"]["layers"] == 60
+    # run.fast_forward=verify simulates the full step as well: its budget counts every layer
+    with pytest.raises(RecordBudgetError, match=rf"would make about {full:,} op_log records \({one:,} with 1 of its "
+                                                rf"60 steps of layers, {more:,} more with each further one\), over "
+                                                rf"run.max_records={held:,};"):
+        run(tmp_path / "verify", *args, f"run.max_records={held}", "run.fast_forward=verify", bench="decoder_layer")
