@@ -151,13 +151,6 @@ class RepeatedTable(RecordTable):
                 out[a:a + step] = self.array(a, a + step)
         return self._full
 
-    def materialize(self) -> RecordTable:
-        """The full run as a plain :class:`~kbframe.records.RecordTable` (its form kept)."""
-        t = RecordTable.of_rows(self.names, np.zeros((0, N), dtype=np.int64))
-        t.buf = self.buf
-        t.form = self.form
-        return t
-
     def append(self, *record) -> None:
         raise TypeError("a RepeatedTable is made, not grown")
 
