@@ -38,6 +38,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from .record_fields import FIELDS, N, SHIFTED, WRITTEN, ns_text
+from .sorting import stable_order
 
 
 @dataclass(frozen=True)
@@ -209,7 +210,7 @@ def _distances(names: np.ndarray, lags: int = 2) -> list:
     next-but-one) record of its name code, commonest first, each at most a third of the
     records."""
     names = names[:SAMPLE]
-    order = np.argsort(names, kind="stable")
+    order = stable_order(names)
     sorted_names = names[order]
     ds = []
     for lag in range(1, lags + 1):

@@ -26,7 +26,7 @@ ALLOWED = {
     "cli": {"run", "report", "workloads", "tl", "sim", "hw", "ir"},
 }
 FOUNDATION = {"errors", "timebase", "files", "internals", "params", "records", "record_fields", "periodic_form",
-              "repeated"}
+              "repeated", "sorting"}
 
 
 def _imports(path: Path) -> set[str]:

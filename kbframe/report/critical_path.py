@@ -47,6 +47,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..records import label_codes
+from ..sorting import stable_order
 
 #: a unit busy at least this share of the period makes the period resource-bound
 BUSY_THRESHOLD = 0.95
@@ -448,8 +449,7 @@ def _units(c: Records, ta: int, tb: int, reps: int, multi_pe: bool, sched: dict,
         return {}
     stream_of = np.asarray(c.pe, dtype=np.int64)[keep] * len(uvals) + ucodes[keep]
     streams, g = _dense(stream_of)
-    order = np.argsort(g.astype(np.int16) if len(streams) < 1 << 15 else g, kind="stable")  # stream by stream,
-    # op_log order within each (a radix sort on 16 bits)
+    order = stable_order(g)  # stream by stream, op_log order within each
     at, g = keep[order], g[order]
     t0, b1, td = (np.asarray(col, dtype=np.int64)[at] for col in (c.t0, c.t1, c.td))
     b0 = np.where(td >= 0, td, t0)

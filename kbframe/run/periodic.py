@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..records import RecordTable
+from ..sorting import stable_order
 from .simulate import Simulation
 
 #: a record's integers that shift from period to period: command, tile, start, end, data
@@ -42,7 +43,7 @@ def records_of(table) -> list[tuple]:
     kind = np.array(table.name_col(2), dtype=object)[code].tolist()
     streams: dict = {}
     sid = np.array([streams.setdefault(k, len(streams)) for k in zip(pe, unit)], dtype=np.int64)
-    order = np.argsort(sid, kind="stable")
+    order = stable_order(sid)
     first = np.searchsorted(sid[order], sid[order])  # where each record's stream starts, in order
     local = np.empty(len(sid), dtype=np.int64)
     local[order] = np.arange(len(sid)) - first       # its place within its stream
@@ -78,7 +79,7 @@ def global_refs(table: list, codes: np.ndarray, nums: np.ndarray) -> np.ndarray:
     streams: dict = {}
     sid = np.array([streams.setdefault((n[0], n[1]), len(streams)) for n in table], dtype=np.int64)[codes]
     ref_sid = np.array([streams.get(n[7], -1) if n[7] is not None else -1 for n in table], dtype=np.int64)[codes]
-    order = np.argsort(sid, kind="stable")  # each stream's records, in record order, stream after stream
+    order = stable_order(sid)  # each stream's records, in record order, stream after stream
     start = np.searchsorted(sid[order], np.arange(len(streams)))
     count = np.bincount(sid, minlength=len(streams))
     out = nums.copy()

@@ -48,6 +48,7 @@ from ..repeated import RepeatedTable
 from ..sim import access_templates, sanitizer
 from ..sim.steady import Instance, Steady
 from ..sim.waits import WAIT_CODE
+from ..sorting import stable_order
 from .periodic import is_peak, running_totals
 
 _CMD, _T0, _T1, _TD, _WHY, _REF = (FIELDS.index(f) for f in ("cmd", "t0", "t1", "td", "why", "ref"))
@@ -84,8 +85,7 @@ class _Mover:
 
     def looped(self, at: np.ndarray) -> np.ndarray:
         """Whether each record ``at`` (of the table :meth:`of` took) is the loop's or later."""
-        r = self.rows[at]
-        return r[:, _CMD] >= self.first[self.pe_of[r[:, 0]]]
+        return self.rows[at, _CMD] >= self.first[self.pe_of[self.rows[at, 0]]]  # two fields, not whole rows
 
     def step(self, rows: np.ndarray) -> np.ndarray:
         """How much each field of ``rows`` (of the table :meth:`of` took) moves a period."""
@@ -181,7 +181,10 @@ class _PerPe:
     def __init__(self, rows: np.ndarray, pe_of: np.ndarray):
         pe = pe_of[rows[:, 0]]
         self.rows = rows
-        self.at = {q: np.nonzero(pe == q)[0] for q in np.unique(pe).tolist()}
+        order = stable_order(pe)  # each PE's records in record order, one sort for all
+        ps = pe[order]
+        starts = np.flatnonzero(ps[1:] != ps[:-1]) + 1
+        self.at = dict(zip(ps[np.r_[0, starts]].tolist(), np.split(order, starts))) if len(ps) else {}
         self.last = {q: int(at[-1]) for q, at in self.at.items()}
         self.low = {q: np.minimum.accumulate(rows[at, _CMD][::-1])[::-1] for q, at in self.at.items()}
 

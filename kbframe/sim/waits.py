@@ -39,6 +39,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..records import Labels, RecordTable
+from ..sorting import stable_order
 
 #: wait kind names, by the code stored per record
 KINDS = ("start", "cpu", "room", "wait", "dispatch", "hazard", "fifo", "dep", "admit", "unit", "link")
@@ -171,12 +172,10 @@ class WaitLog:
 
 def _by_key(key: np.ndarray, at: np.ndarray) -> np.ndarray:
     """``np.lexsort((at, key))``: by key, then ``at``; one stable sort when ``at`` ascends
-    (record indices in order), a radix sort when the keys fit 16 bits."""
+    (record indices in order: kbframe.sorting)."""
     if len(at) > 1 and not (at[1:] > at[:-1]).all():
         return np.lexsort((at, key))
-    if len(key) and 0 <= key.min() and key.max() < 1 << 15:
-        key = key.astype(np.int16)
-    return np.argsort(key, kind="stable")
+    return stable_order(key)
 
 
 def _previous_in_group(group, at) -> np.ndarray:

@@ -1,0 +1,22 @@
+"""Stable orderings of record columns (numpy): the one place for the radix-sort trick.
+
+numpy sorts 16-bit integers stably by radix, in linear time; wider integers by merge sort.
+A column of small codes (a PE, a unit stream, a record name) stored as int64 is narrowed
+first: the order is the same, found several times faster (an 11-million-record column: 0.06
+against 0.7 s). A foundation module: every layer orders its columns through it.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+_INT16 = np.iinfo(np.int16)
+
+
+def stable_order(keys) -> np.ndarray:
+    """Indices that sort the integers ``keys`` (any shape-``(n,)`` array) ascending, ties
+    in their order (``np.argsort(keys, kind="stable")``); a radix sort when they fit 16 bits."""
+    keys = np.asarray(keys)
+    if len(keys) and keys.dtype.kind in "iu" and keys.dtype.itemsize > 2 \
+            and _INT16.min <= keys.min() and keys.max() <= _INT16.max:
+        keys = keys.astype(np.int16)
+    return np.argsort(keys, kind="stable")

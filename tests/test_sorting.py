@@ -1,0 +1,20 @@
+"""kbframe.sorting: the radix-sort trick gives numpy's stable order exactly."""
+import numpy as np
+import pytest
+
+from kbframe.sorting import stable_order
+
+
+@pytest.mark.parametrize("keys", [
+    np.array([3, 1, 3, 0, 1, 3], dtype=np.int64),               # ties keep their order
+    np.array([-5, 7, -5, 32767, -32768, 0], dtype=np.int64),    # the int16 range's ends
+    np.array([1 << 20, 3, 1 << 20, 2], dtype=np.int64),         # too wide: merge sort
+    np.array([2, 0, 2, 1], dtype=np.uint32),
+    np.array([], dtype=np.int64),
+])
+def test_stable_order_is_numpys_stable_argsort(keys):
+    assert stable_order(keys).tolist() == np.argsort(keys, kind="stable").tolist()
+
+
+def test_stable_order_of_pe_codes():
+    assert stable_order(np.array([1, 0, 1, 0, 2])).tolist() == [1, 3, 0, 2, 4]
