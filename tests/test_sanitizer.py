@@ -588,6 +588,7 @@ def test_templates_miss_no_hazard_the_walk_finds(tmp_path, monkeypatch):
     from kbframe.sim.access_templates import Templates
     held = {}
     monkeypatch.setattr(sanitizer, "check", lambda engine, records: held.setdefault("engine", engine) and {})
+    monkeypatch.setattr(sanitizer, "release", lambda engine: None)  # its stage records kept for the test
     run(tmp_path, "bench.S_kv=600", "bench.data=false", "run.fast_forward=off", "run.progress=false",
         "run.trace=false", bench="decode_opt2")
     pe, plan = next(sanitizer.plans(held["engine"]))
@@ -613,3 +614,17 @@ def test_templates_miss_no_hazard_the_walk_finds(tmp_path, monkeypatch):
                 sanitizer.check_data_dependencies(pe, plan)
         st.t_start, st.t_data = saved
     assert found
+
+
+def test_a_run_drops_its_stage_records_once_checked(tmp_path, monkeypatch):
+    """The stage records are released after the verdict (sanitizer.release): asking for
+    them again is the same error as never keeping them."""
+    held = {}
+    check = sanitizer.check
+    monkeypatch.setattr(sanitizer, "check", lambda engine, records: held.setdefault("engine", engine) and
+                        check(engine, records))
+    m = run(tmp_path, "bench.S_kv=600", "bench.data=false", "run.fast_forward=off", "run.progress=false",
+            "run.trace=false", bench="decode_opt2")
+    assert m["sanitizer"]["rules_checked"] == 6
+    with pytest.raises(SanitizerError, match="PE_SCHEDULER kept no stage record"):
+        next(sanitizer.plans(held["engine"]))

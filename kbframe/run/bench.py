@@ -328,6 +328,8 @@ def _check(run: _Run) -> None:
     if run.forwarded is not None and not run.forwarded.whole:
         return
     run.sanitizer = sanitizer.check(run.sim.engine, run.sim.oplog.table) if run.check else {"rules_checked": 0}
+    if run.check:
+        sanitizer.release(run.sim.engine)
 
 
 def _report(run: _Run, rd: RunDir) -> dict:

@@ -333,6 +333,7 @@ def _in_one(cfg, wl, kernel, recipes, check: bool, units: dict, key: str, q: int
             return Outcome(None, f"the run failed ({e})")
         for f, v in skipped.sanitized(sim.engine, made).items():
             made.tot[("sanitizer", f)] = sim.sanitizer[f] + v
+        sanitizer.release(sim.engine)
     _apply(sim, made.tot, made.table)
     sim.phases = made.phases
     sim.engine.wall_s = time.perf_counter() - t_start

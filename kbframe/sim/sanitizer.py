@@ -112,6 +112,15 @@ def check(engine, records) -> dict:
             "stages": n_stages, "accesses": n_acc}
 
 
+def release(engine) -> None:
+    """Drop the stage records of every PE of ``engine`` once its verdict is taken: a long
+    run's millions of Stage objects are not held through its report (:func:`plans` then
+    raises, as before :func:`enable`)."""
+    engine.keep_stage_records = False
+    for pe in engine.pes.built():
+        pe.scheduler.record = None
+
+
 def plans(engine):
     """``(pe, plan)`` per built PE in order, the plan sorted by command id (raises
     SanitizerError at the first PE that kept no stage record)."""
