@@ -31,7 +31,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from conftest import compose_cfg  # noqa: E402
-from kbframe.errors import KbframeError  # noqa: E402
 from kbframe.run import preflight  # noqa: E402
 from kbframe.run.bench import run_bench, validate  # noqa: E402
 
@@ -69,17 +68,16 @@ def run(cfg) -> dict:
 
 def refusal(model: str, hardware: str, context: int, batch: int) -> str | None:
     """None if the whole step's weights and KV cache fit the hardware's HBM, else "does not
-    fit: N GiB needed, M GiB available" from kbframe's refusal (the workload's per-cube
-    check, then pre-flight's HBM check, as a run of the full step would make them)."""
-    cfg = config(model, hardware, context, batch)
-    try:
-        preflight.check_hbm(cfg, validate(cfg))
-    except KbframeError as e:
-        nums = [int(x) for x in re.findall(r"(\d+) B \(", str(e))]
-        if len(nums) < 2:
-            return f"does not fit: {e}"
-        return f"does not fit: {nums[0] / 2 ** 30:.0f} GiB needed, {nums[1] / 2 ** 30:.0f} GiB available"
-    return None
+    fit: N GiB needed, M GiB available" from kbframe's refusal of a run of the full step
+    (kbframe.run.preflight.model_refusal: the workload's per-cube check, then the HBM check)."""
+    cfg = config(model, hardware, context, batch, 1)
+    why = preflight.model_refusal(cfg, validate(cfg))
+    if why is None:
+        return None
+    nums = [int(x) for x in re.findall(r"(\d+) B \(", why)]
+    if len(nums) < 2:
+        return f"does not fit: {why}"
+    return f"does not fit: {nums[0] / 2 ** 30:.0f} GiB needed, {nums[1] / 2 ** 30:.0f} GiB available"
 
 
 def cell(model: str, hardware: str, context: int, batch: int) -> dict:

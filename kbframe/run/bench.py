@@ -352,7 +352,7 @@ def _report(run: _Run, rd: RunDir) -> dict:
                                    repeated=repeated)
     metrics.update(found)
     if found and wl.tokens():
-        metrics["step"] = phases.step(metrics, wl.tokens(), wl.model_layers())
+        metrics["step"] = phases.step(metrics, wl.tokens(), wl.model_layers(), preflight.model_refusal(run.cfg, wl))
     if run.trace:  # from the run's record table, as its op_log was
         power = power_from_metrics(metrics) if run.cfg.run.get("power_track", False) else None
         write_trace(oplog.table, run.trace_path, tracks_from_metrics(metrics), critical=cp.records,

@@ -312,7 +312,7 @@ def _add(a, b):
     return None if a is None or b is None else a + b
 
 
-def step(metrics: dict, tokens: int, model_layers: int | None = None) -> dict:
+def step(metrics: dict, tokens: int, model_layers: int | None = None, refused: str | None = None) -> dict:
     """``metrics.json`` ``step`` of a model's decode step making ``tokens`` tokens (one per
     sequence): its latency, ``tokens_per_s``, layers, per-layer latency, each phase's share
     and binding, what binds the step and the analytic estimate beside it.
@@ -321,7 +321,9 @@ def step(metrics: dict, tokens: int, model_layers: int | None = None) -> dict:
     then estimates the whole step as the run's latency plus the last layer's span for each
     layer not simulated, with its tokens/s: the layers repeat, so this is close when a layer
     is long against what links two (1.6·10⁻⁵ for Llama-3-70B at 8192 tokens on cube_mesh,
-    2.4 % for a 7.6 µs test layer; docs/decoder_layer.md)."""
+    2.4 % for a 7.6 µs test layer; docs/decoder_layer.md). ``refused``: why a run of the whole
+    model would be refused (kbframe.run.preflight.model_refusal): ``step.model`` then says so
+    and estimates nothing (its latency and tokens/s None)."""
     lat = metrics["sim"]["latency_ns"]
     ph = metrics.get("phases", {})
     layers = ph.get("layers_ns", [])
@@ -331,7 +333,9 @@ def step(metrics: dict, tokens: int, model_layers: int | None = None) -> dict:
            "analytic_ns": ph.get("analytic_ns"),
            "phases": [{k: e[k] for k in ("phase", "per_layer_ns", "share", "critical_path_ns", "binding",
                                          "analytic_ns")} for e in ph.get("by_phase", [])]}
-    if model_layers and layers and model_layers > len(layers):
+    if model_layers and layers and model_layers > len(layers) and refused:
+        out["model"] = {"layers": model_layers, "latency_ns": None, "tokens_per_s": None, "refused": refused}
+    elif model_layers and layers and model_layers > len(layers):
         est = lat + (model_layers - len(layers)) * layers[-1]
         out["model"] = {"layers": model_layers, "latency_ns": est, "tokens_per_s": tokens / est * 1e9,
                         "estimated": f"{len(layers)} simulated layer(s) and {model_layers - len(layers)} more of "
@@ -352,11 +356,14 @@ def summary_lines(metrics: dict) -> list[str]:
     lines = []
     st = metrics.get("step")
     if st:
-        an = f"; analytic roofline {st['analytic_ns'] / 1000:.2f} µs" if st["analytic_ns"] else ""
+        an = f"; analytic {st['analytic_ns'] / 1000:.2f} µs" if st["analytic_ns"] else ""
         lines.append(f"  step        {st['latency_ns'] / 1000:.2f} µs for {st['tokens']} token(s) over "
                      f"{st['layers']} layer(s): {st['tokens_per_s']:,.0f} tokens/s, binding {st['binding']}{an}")
         mo = st.get("model")
-        if mo:
+        if mo and mo.get("refused"):
+            lines.append(f"  model       not estimated: a run of the model's {mo['layers']} layers would be refused "
+                         f"({mo['refused']})")
+        elif mo:
             lines.append(f"  model       {mo['latency_ns'] / 1e6:.3f} ms, {mo['tokens_per_s']:,.1f} tokens/s for the "
                          f"model's {mo['layers']} layers, estimated ({mo['estimated']})")
     if layers:

@@ -327,6 +327,20 @@ def check_hbm(cfg, wl) -> None:
                           f"{_shape_text(wl)} ({b.dtype}), hardware.hbm_bytes is {hbm_cap} B ({_gib(hbm_cap)})")
 
 
+def model_refusal(cfg, wl) -> str | None:
+    """Why a run of the whole model's step would be refused before it simulates (the
+    workload's own checks with all its layers, :meth:`Workload.whole_model`, then
+    :func:`check_hbm`), or None: a run of fewer layers estimates the whole step
+    (``metrics.json`` ``step.model``) only for a model that fits."""
+    try:
+        whole = wl.whole_model()
+        if whole is not None:
+            check_hbm(cfg, whole)
+    except ConfigError as e:
+        return str(e)
+    return None
+
+
 def check_resources(cfg, wl, kernel, recipes: dict, inputs: dict | None, units: dict | None = None) -> dict:
     """HBM and TCM needs of the bench's workload against ``cfg.hardware``, before any
     simulation (:func:`check_hbm`, then a :func:`dry_run`). A fast-forwarded run

@@ -212,6 +212,16 @@ class Workload:
         (``metrics.json`` ``step.model``); None (the default): the run is the whole step."""
         return None
 
+    def whole_model(self) -> "Workload | None":
+        """This workload with all of its model's layers (:meth:`model_layers`), validated:
+        what a run of the whole step would be (None: the run is the whole step).
+
+        Raises:
+            ConfigError: the whole step would be refused (its weights and KV cache over a
+                cube's HBM, ...), as a run of it would be.
+        """
+        return None
+
     def extra_metrics(self, inputs: dict | None) -> dict:
         """Workload-specific top-level ``metrics.json`` entries."""
         return {}

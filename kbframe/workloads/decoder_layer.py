@@ -32,6 +32,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+from omegaconf import open_dict
 
 from ..errors import ConfigError, InputsError
 from ..params import param
@@ -134,10 +135,13 @@ class DecoderLayer(Workload):
         need = sum(math.prod(s) for s in self.tensors().values()) * isz * int(ranks.max()) // int(c.tp)
         have = int(hw.hbm_bytes) // cubes
         if need > have:
-            raise ConfigError(f"bench.tp={c.tp} (bench.placement={c.placement}) puts {int(ranks.max())} ranks' "
-                              f"shards, {need} B ({need / 2 ** 30:.3g} GiB), in one cube's HBM of {have} B "
-                              f"({have / 2 ** 30:.3g} GiB: hardware.hbm_bytes over {cubes} cubes); spread the "
-                              f"ranks over the cubes (bench.placement=spread) or use more of them (bench.tp)")
+            most = int(ranks.max())
+            whose = "1 rank's" if most == 1 else f"{most} ranks'"
+            fix = ("use more ranks (bench.tp), each a smaller shard" if c.placement == "spread" else
+                   "spread the ranks over the cubes (bench.placement=spread) or use more of them (bench.tp)")
+            raise ConfigError(f"bench.tp={c.tp} (bench.placement={c.placement}) puts {whose} shards, {need} B "
+                              f"({need / 2 ** 30:.3g} GiB), in one cube's HBM of {have} B ({have / 2 ** 30:.3g} GiB: "
+                              f"hardware.hbm_bytes over {cubes} cubes); {fix}")
 
     def _per_cube(self) -> int:
         hw = self.hardware
@@ -309,6 +313,17 @@ class DecoderLayer(Workload):
     def model_layers(self) -> int | None:
         m = self.cfg.get("model_layers")
         return int(m) if m is not None and int(m) > int(self.cfg.layers) else None
+
+    def whole_model(self) -> "DecoderLayer | None":
+        n = self.model_layers()
+        if n is None:
+            return None
+        bench = self.cfg.copy()
+        with open_dict(bench):
+            bench.layers = n
+        w = type(self)(bench, n_pes=self.n_pes, hardware=self.hardware)
+        w.validate()
+        return w
 
     def progress_stream(self) -> tuple[str, int]:
         return "w_down", int(self.cfg.F)

@@ -427,6 +427,21 @@ def test_a_run_of_fewer_layers_than_its_model_estimates_the_whole_step(tmp_path)
                     f"layers, estimated (1 simulated layer(s) and 5 more of the last one's span)"]
 
 
+def test_a_model_whose_whole_step_would_not_fit_is_not_estimated(tmp_path):
+    """step.model is given only for a model a run of every layer could simulate: one whose
+    weights and KV cache exceed the HBM says why, and estimates nothing."""
+    args = ("hardware=cube", "bench.tp=2", *SMALL, "bench.layers=1", "bench.model_layers=1000",
+            "hardware.hbm_bytes=1048576", "run.trace=false", "run.check=false")
+    m = run(tmp_path, *args, bench="decoder_layer")
+    why = ("HBM too small: x, attn_norm, ffn_norm, positions, wqkv, wo, w_gate_shards, w_up_shards, w_down, k_rows, "
+           "v_rows, out need 74649600 B (0.0695 GiB) at model=None B=1 H=64 H_q=4 H_kv=2 G=2 d=16 F=96 S_kv=100 "
+           "layers=1000 tp=2 fusion=fused allreduce=ring inner=opt2 tile=64 (float16), hardware.hbm_bytes is 1048576 B "
+           "(0.000977 GiB)")
+    assert m["step"]["model"] == {"layers": 1000, "latency_ns": None, "tokens_per_s": None, "refused": why}
+    line = [x for x in summary(m, tmp_path).splitlines() if x.startswith("  model ")]
+    assert line == [f"  model       not estimated: a run of the model's 1000 layers would be refused ({why})"]
+
+
 def test_a_step_that_fast_forwards_is_held_to_its_budget_by_the_layers_it_holds(tmp_path):
     """A step whose layers fast-forward holds the records of its simulated layers alone (the
     period of layers is put back without being made): its budget counts those of at most
