@@ -41,6 +41,14 @@ def _target(path: Path) -> str:
     return "?"
 
 
+def benches_with(key: str) -> list[str]:
+    """The benches (``conf/bench/``) whose workload's config declares ``key`` (``model``:
+    those a ``+model=`` preset can set)."""
+    takes = {cls.__name__ for cls in workload_classes().values()
+             if key in {f.name for f in dataclasses.fields(cls.Config)}}
+    return [p.stem for p in sorted((CONF / "bench").glob("*.yaml")) if _target(p) in takes]
+
+
 def unit_classes() -> dict:
     """Every unit class of :mod:`kbframe.hw` that declares parameters, ``{dotted name: class}``."""
     from .. import hw

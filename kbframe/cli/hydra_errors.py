@@ -42,6 +42,25 @@ def choice_error(msg: str) -> str:
     return f"{key} {problem(spec.choices, spec, m['value'], typed=True)}".replace("the key=", f"{key}=")
 
 
+_GROUP_KEY = re.compile(r"^(?P<key>bench\.(?P<field>\w+)): In '(?P<group>\w+)/(?P<name>[\w.-]+)': ConfigKeyError "
+                        r"raised while composing config:; Key '(?P=field)' not in '(?P<cls>\w+)'$")
+
+
+def group_key_error(msg: str) -> str:
+    """A preset of a config group that sets a bench key the chosen bench does not have
+    (``+bench=decode_opt2 +model=llama3_8b``): which benches take it; any other message
+    as it is."""
+    m = _GROUP_KEY.match(msg)
+    if m is None:
+        return msg
+    from .help import benches_with  # the error's path only: it imports every workload
+    takes = benches_with(m["field"])
+    goes = (f"the {m['group']} presets go with " + " or ".join(f"+bench={b}" for b in takes) if takes else
+            f"no bench has {m['key']}")
+    return (f"{m['key']}: +{m['group']}={m['name']} sets it, and this bench ({m['cls']}) has no such key; "
+            f"{goes}")
+
+
 def one_line(text: str) -> str:
     """Fold Hydra's multi-line error text into one line (key first, options listed; a
     refused choice as its declared message, :func:`choice_error`)."""
@@ -68,7 +87,7 @@ def one_line(text: str) -> str:
         msg = f"{key}: {msg}"
     if options:
         msg += f" (available: {', '.join(options)})"
-    return choice_error(msg)
+    return group_key_error(choice_error(msg))
 
 
 _YAML_EXC = re.compile(r"^(yaml(?:\.\w+)*\.\w*Error): (.*)$")
