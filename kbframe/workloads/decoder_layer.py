@@ -96,6 +96,10 @@ class DecoderLayer(Workload):
         if c.arch != "llama":
             raise ConfigError(f"{preset_note(c)}bench.arch='{c.arch}' is not a layer decoder_layer runs "
                               f"(it runs arch llama: RMSNorm, RoPE, GQA, SwiGLU)")
+        if c.get("model_layers") is not None and c.layers > c.model_layers:
+            source = f", from model preset '{c.model}'" if c.model else ""
+            raise ConfigError(f"bench.layers={c.layers} is more than the model's {c.model_layers} "
+                              f"(bench.model_layers{source}); set bench.model_layers={c.layers} too for a deeper model")
         if c.inputs.path is not None and not self._file_shape:
             return  # the shape checks below wait for the file's dimensions (validated again once applied)
         if c.H_q % c.H_kv:
