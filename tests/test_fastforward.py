@@ -154,7 +154,7 @@ def test_a_run_whose_copies_would_cost_too_much_is_simulated_in_full_budget(tmp_
         "simulated in full: not periodic (the records of cpu on PE0 move 102500 ps a period, the run 287000 ps); "
         "more short copies would cost over 30% of the run")
     m = _ff(tmp_path / "c", "bench.S_kv=131072", "run.check=false", "run.trace=false", mode="on")
-    assert m["fast_forward"]["note"] == ("fast-forwarded 1981 of 1984 periods of 1 S_kv step(s) (35658 of 36882 "
+    assert m["fast_forward"]["note"] == ("fast-forwarded 1981 of 1984 periods of 1 step(s) along S_kv (35658 of 36882 "
                                          "records by shifting)")
 
 
@@ -204,9 +204,9 @@ def test_a_completion_tied_with_its_own_stage_follows_it():
 
 @pytest.mark.usefixtures("copies")
 @pytest.mark.parametrize("items, inner, note", [
-    (2, "opt2", "957 of 960 periods of 1 S_kv step(s) (34452 of 36900"),
-    (3, "opt2", "957 of 960 periods of 1 S_kv step(s) (51678 of 55350"),
-    (2, "opt3", "1005 of 1008 periods of 1 S_kv step(s) (78390 of 79914")])  # GEMM names repeat across items
+    (2, "opt2", "957 of 960 periods of 1 step(s) along S_kv (34452 of 36900"),
+    (3, "opt2", "957 of 960 periods of 1 step(s) along S_kv (51678 of 55350"),
+    (2, "opt3", "1005 of 1008 periods of 1 step(s) along S_kv (78390 of 79914")])  # GEMM names repeat across items
 def test_several_items_on_one_pe_fast_forward_exactly(tmp_path, items, inner, note):
     """Two and three (sequence, KV head) items on one PE: a KV tile more per item adds a
     block to each item's loop in every stream. The blocks are found per item, PE_CPU's
@@ -326,7 +326,7 @@ def test_a_rule_broken_in_a_copy_of_a_candidate_ruled_out_still_counts(monkeypat
     assert out.note == "simulated in full: a short copy failed (sanitizer: rule unit_capacity violated: planted)"
     monkeypatch.setattr(sanitizer, "check", real)
     out = fastforward.run(cfg, validate(cfg), resolve_kernel(cfg.bench.kernel), load_recipes(cfg.recipes), True)
-    assert out.note == "fast-forwarded 73 of 76 periods of 1 S_kv step(s) (1314 of 2538 records by shifting)"
+    assert out.note == "fast-forwarded 73 of 76 periods of 1 step(s) along S_kv (1314 of 2538 records by shifting)"
 
 
 @pytest.mark.usefixtures("copies")
@@ -354,7 +354,7 @@ def test_the_last_copys_verdict_taken_after_the_full_records_still_counts(monkey
         "simulated in full: a short copy failed (sanitizer: rule unit_capacity violated: planted)"
     monkeypatch.setattr(sanitizer, "check", one_access_more_at_67_tiles)
     out = fastforward.run(cfg, *args)
-    assert out.note == "fast-forwarded 35 of 38 periods of 2 S_kv step(s) (1260 of 2538 records by shifting)"
+    assert out.note == "fast-forwarded 35 of 38 periods of 2 step(s) along S_kv (1260 of 2538 records by shifting)"
     assert out.sim.sanitizer["accesses"] == real(*_checked_full_run(cfg, *args[:3]))["accesses"]
 
 

@@ -31,14 +31,14 @@ def _skipping(*overrides, bench):
 
 @pytest.mark.parametrize("bench, overrides, note", [
     ("decode_heads", ("bench.H_q=4", "bench.H_kv=2", "bench.S_kv=65536"),  # two items, one after the other
-     "1944 period(s) of 1 S_kv step(s) left out of 2 loop(s) (34992 of 36900"),
+     "1944 period(s) of 1 step(s) along S_kv left out of 2 loop(s) (34992 of 36900"),
     ("decode_heads", ("bench.H_q=4", "bench.H_kv=2", "bench.S_kv=8191", "bench.inner=opt3"),  # ragged last tile
-     "192 period(s) of 1 S_kv step(s) left out of 2 loop(s) (7488 of 10026"),
+     "192 period(s) of 1 step(s) along S_kv left out of 2 loop(s) (7488 of 10026"),
     ("decode_heads", ("hardware=cube", "bench.H_q=16", "bench.H_kv=16", "bench.S_kv=16384",
                       "bench.mapping=round_robin"),  # 16 items on 8 PEs, their loops in step
-     "408 period(s) of 1 S_kv step(s) left out of 2 loop(s) (58752 of 74016"),
+     "408 period(s) of 1 step(s) along S_kv left out of 2 loop(s) (58752 of 74016"),
     ("decode_splitk", ("hardware=cube", "bench.S_kv=65536"),  # 8 splits, then merges over IPCQ
-     "72 period(s) of 1 S_kv step(s) left out of 1 loop(s) (10368 of 18749"),
+     "72 period(s) of 1 step(s) along S_kv left out of 1 loop(s) (10368 of 18749"),
 ])
 def test_a_loop_leaves_out_a_steady_stretch_exactly(tmp_path, bench, overrides, note):
     m = run(tmp_path, *overrides, "bench.data=false", "run.fast_forward=verify", "run.trace=false", bench=bench)
@@ -138,11 +138,11 @@ def test_a_run_that_never_looks_steady_is_its_own_full_simulation(tmp_path):
 
 
 @pytest.mark.parametrize("overrides, note", [
-    (("++bench.s_buffers=5",), "fast-forwarded in one simulation: 120 period(s) of 1 S_kv step(s) left out of 1 "
+    (("++bench.s_buffers=5",), "fast-forwarded in one simulation: 120 period(s) of 1 step(s) along S_kv left out of 1 "
                                "loop(s) (2160 of 4626 records by shifting)"),
     (("++bench.s_buffers=7", "++bench.k_prefetch=6"),
-     "fast-forwarded in one simulation: 168 period(s) of 1 S_kv step(s) left out of 1 loop(s) (3024 of 4626 records "
-     "by shifting)"),
+     "fast-forwarded in one simulation: 168 period(s) of 1 step(s) along S_kv left out of 1 loop(s) (3024 of 4626 "
+     "records by shifting)"),
 ])
 def test_a_jump_is_a_multiple_of_the_loops_buffer_rings(tmp_path, overrides, note):
     """opt2 takes its S buffer by the tile's index modulo s_buffers: a jump that is not a
@@ -162,9 +162,9 @@ def test_a_loop_that_looked_steady_too_early_is_judged_again_later(tmp_path):
     m = run(tmp_path, "bench.S_kv=65537", "++bench.s_buffers=8", "++bench.k_prefetch=7", "++bench.v_staging=prefetch",
             "++bench.v_buffers=10", "hardware.units.scheduler.max_queued_commands=5", "bench.data=false",
             "run.fast_forward=verify", "run.trace=false", bench="decode_opt2")
-    assert m["fast_forward"]["note"] == ("fast-forwarded in one simulation: 840 period(s) of 1 S_kv step(s) left out "
-                                         "of 1 loop(s) (16800 of 20518 records by shifting); verified against the "
-                                         "full simulation")
+    assert m["fast_forward"]["note"] == ("fast-forwarded in one simulation: 840 period(s) of 1 step(s) along S_kv "
+                                         "left out of 1 loop(s) (16800 of 20518 records by shifting); verified "
+                                         "against the full simulation")
 
 
 def test_jumps_put_back_in_one_pass_equal_one_at_a_time(monkeypatch):

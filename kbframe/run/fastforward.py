@@ -442,7 +442,7 @@ def _run(copies: _Copies, q: int, key: str, t_start: float, min_steps: int = MIN
             _apply(sim, tot, table)
             sim.phases = _phases(runs, n_a, p, k_full)
             sim.engine.wall_s = time.perf_counter() - t_start
-            return Outcome(sim, f"fast-forwarded {k_full - 3} of {k_full} periods of {p} {key} step(s) "
+            return Outcome(sim, f"fast-forwarded {k_full - 3} of {k_full} periods of {p} step(s) along {key} "
                                 f"({len(table) - len(runs.recs[3])} of {len(table)} records by shifting)",
                            len(runs.blk))
         if not settling:

@@ -420,9 +420,9 @@ def make(sim, steady: Steady, tot: dict, repeated: bool = False) -> Made:
         placed += found
     tot["latency_ps"] = latency
     keys = list(dict.fromkeys(inst.key for _, inst in jumps))
-    what = " and ".join(f"{sum(f.X for f in placed if f.inst.key == key)} period(s) of "
-                        f"{'/'.join(str(p) for p in sorted({f.p for f in placed if f.inst.key == key}))} {key} step(s)"
-                        for key in keys)
+    periods = {key: "/".join(str(p) for p in sorted({f.p for f in placed if f.inst.key == key})) for key in keys}
+    what = " and ".join(f"{sum(f.X for f in placed if f.inst.key == key)} period(s) of {periods[key]} step(s) "
+                        f"along {key}" for key in keys)
     note = (f"fast-forwarded in one simulation: {what} left out of {len(placed)} loop(s) "
             f"({len(made) - len(table)} of {len(made)} records by shifting)")
     for f in placed:

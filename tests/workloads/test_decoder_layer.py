@@ -305,8 +305,8 @@ def test_a_step_fast_forwards_exactly_on_one_pe_eight_and_across_cubes(tmp_path,
             "bench.S_kv=40", "bench.layers=60", "bench.data=false", "run.fast_forward=verify", "run.check=false",
             "run.trace=false", bench="decoder_layer")
     assert m["fast_forward"]["applied"], m["fast_forward"]["note"]
-    assert m["fast_forward"]["note"].startswith("fast-forwarded in one simulation: 52 period(s) of 1 layers step(s) "
-                                                "left out of 1 loop(s)"), m["fast_forward"]["note"]
+    assert m["fast_forward"]["note"].startswith("fast-forwarded in one simulation: 52 period(s) of 1 step(s) along "
+                                                "layers left out of 1 loop(s)"), m["fast_forward"]["note"]
     assert "verified" in m["fast_forward"]["note"] and m["step"]["layers"] == 60
 
 
@@ -315,14 +315,14 @@ NESTED = ("bench.H=32", "bench.H_q=8", "bench.H_kv=8", "bench.d=16", "bench.F=64
 
 @pytest.mark.parametrize("topology, note", [
     (("hardware=default", "bench.tp=1", "bench.layers=3"),
-     "2304 period(s) of 1 S_kv step(s) left out of 24 loop(s) (41472 of 56319 records"),
+     "2304 period(s) of 1 step(s) along S_kv left out of 24 loop(s) (41472 of 56319 records"),
     (("hardware=cube", "bench.tp=8", "bench.layers=3"),
-     "288 period(s) of 1 S_kv step(s) left out of 3 loop(s) (41472 of 62313 records"),
+     "288 period(s) of 1 step(s) along S_kv left out of 3 loop(s) (41472 of 62313 records"),
     (("hardware=cube_mesh", "bench.tp=8", "bench.placement=spread", "bench.layers=3"),
-     "288 period(s) of 1 S_kv step(s) left out of 3 loop(s) (41472 of 62313 records"),
+     "288 period(s) of 1 step(s) along S_kv left out of 3 loop(s) (41472 of 62313 records"),
     (("hardware=default", "bench.tp=1", "bench.layers=24"),
-     "16 period(s) of 1 layers step(s) and 6144 period(s) of 1 S_kv step(s) left out of 65 loop(s) (410896 of "
-     "450468 records"),
+     "16 period(s) of 1 step(s) along layers and 6144 period(s) of 1 step(s) along S_kv left out of 65 loop(s) "
+     "(410896 of 450468 records"),
 ], ids=["tp1", "tp8", "tp8-2x2-cubes", "tp1-layers-and-tiles"])
 def test_a_step_fast_forwards_along_the_kv_tiles_inside_its_layers(tmp_path, topology, note):
     """A layer's KV loops (128 tiles each) leave out a steady stretch in every layer: one
@@ -342,9 +342,9 @@ def test_a_step_whose_kv_jumps_do_not_hold_jumps_along_its_layers_alone(tmp_path
     without nested axes, and verify finds it exact."""
     m = run(tmp_path, *NESTED[:-1], "bench.S_kv=10000", "bench.tile=128", "bench.layers=20", "bench.data=false",
             "run.fast_forward=verify", "run.check=false", "run.trace=false", bench="decoder_layer")
-    assert m["fast_forward"]["note"] == ("fast-forwarded in one simulation: 12 period(s) of 1 layers step(s) left out "
-                                         "of 1 loop(s) (138828 of 231392 records by shifting); verified against the "
-                                         "full simulation")
+    assert m["fast_forward"]["note"] == ("fast-forwarded in one simulation: 12 period(s) of 1 step(s) along layers "
+                                         "left out of 1 loop(s) (138828 of 231392 records by shifting); verified "
+                                         "against the full simulation")
 
 
 FUSED_8 = ("bench.H=256", "bench.H_q=8", "bench.H_kv=8", "bench.d=128", "bench.F=256", "bench.S_kv=512",
@@ -375,10 +375,10 @@ def test_a_fused_step_fast_forwards_exactly_on_one_pe_eight_and_across_cubes(tmp
     m = run(tmp_path, *topology, "bench.data=false", "run.fast_forward=verify", "run.check=false", "run.trace=false",
             bench="decoder_layer")
     assert m["fast_forward"]["applied"], m["fast_forward"]["note"]
-    want = {("one", True): "in one simulation: 52 period(s) of 1 layers step(s) left out",
-            ("one", False): "in one simulation: 8 period(s) of 4 layers step(s) left out",
-            ("copies", True): "54 of 57 periods of 1 layers step(s)",
-            ("copies", False): "8 of 11 periods of 4 layers step(s)"}[mechanism, "bench.tp=1" in topology]
+    want = {("one", True): "in one simulation: 52 period(s) of 1 step(s) along layers left out",
+            ("one", False): "in one simulation: 8 period(s) of 4 step(s) along layers left out",
+            ("copies", True): "54 of 57 periods of 1 step(s) along layers",
+            ("copies", False): "8 of 11 periods of 4 step(s) along layers"}[mechanism, "bench.tp=1" in topology]
     assert m["fast_forward"]["note"].startswith(f"fast-forwarded {want}"), m["fast_forward"]["note"]
     assert "verified" in m["fast_forward"]["note"]  # the phases too: the step's layers, each one's span
     assert m["step"]["layers"] == len(m["phases"]["layers_ns"]) == (60 if "bench.tp=1" in topology else 48)
