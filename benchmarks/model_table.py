@@ -23,7 +23,6 @@ stdout as Markdown, progress to stderr.
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 import tempfile
 import time
@@ -31,6 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from conftest import compose_cfg  # noqa: E402
+from kbframe.errors import HbmCapacityError  # noqa: E402
 from kbframe.run import preflight  # noqa: E402
 from kbframe.run.bench import run_bench, validate  # noqa: E402
 
@@ -74,10 +74,9 @@ def refusal(model: str, hardware: str, context: int, batch: int) -> str | None:
     why = preflight.model_refusal(cfg, validate(cfg))
     if why is None:
         return None
-    nums = [int(x) for x in re.findall(r"(\d+) B \(", why)]
-    if len(nums) < 2:
+    if not isinstance(why, HbmCapacityError):
         return f"does not fit: {why}"
-    return f"does not fit: {nums[0] / 2 ** 30:.0f} GiB needed, {nums[1] / 2 ** 30:.0f} GiB available"
+    return f"does not fit: {why.need_bytes / 2 ** 30:.0f} GiB needed, {why.have_bytes / 2 ** 30:.0f} GiB available"
 
 
 def cell(model: str, hardware: str, context: int, batch: int) -> dict:

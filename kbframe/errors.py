@@ -20,6 +20,15 @@ class TimeBaseError(ConfigError):
     raised by the conversions, reported naming the unit or key that made it."""
 
 
+class HbmCapacityError(ConfigError):
+    """A run's HBM tensors (weights, KV cache, ...) exceed the HBM they must fit: the
+    topology's or one cube's. ``need_bytes`` and ``have_bytes`` give both counts."""
+
+    def __init__(self, msg: str, need_bytes: int, have_bytes: int):
+        super().__init__(msg)
+        self.need_bytes, self.have_bytes = int(need_bytes), int(have_bytes)
+
+
 class RecordBudgetError(ConfigError):
     """A run would hold more op_log records than ``run.max_records`` (or this machine's
     memory); names the count and how to raise the budget or shrink the run."""

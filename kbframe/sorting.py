@@ -2,8 +2,9 @@
 
 numpy sorts 16-bit integers stably by radix, in linear time; wider integers by merge sort.
 A column of small codes (a PE, a unit stream, a record name) stored as int64 is narrowed
-first: the order is the same, found several times faster (an 11-million-record column: 0.06
-against 0.7 s). A foundation module: every layer orders its columns through it.
+first: the order is the same, found faster (11 million records of 16 PEs: 0.06 against
+0.7 s). A foundation module: the passes of every layer that group records by such a code
+order them through it; keys that do not fit (record indices, addresses) sort as before.
 """
 from __future__ import annotations
 

@@ -391,3 +391,20 @@ def test_a_model_sweeps_plot_draws_the_models_tokens_per_second(tmp_path, monkey
     report.write_plot([job(0, 8192, 11.5), job(1, 4096, 12.0)], tmp_path / "sweep.png")
     assert seen["second"] == ("tokens/s, the model's whole step (estimated)", "tokens/s")
     assert seen["xs"] == [4096, 8192] and list(seen["series"].values()) == [[(8192, 100.0, 11.5), (4096, 101.0, 12.0)]]
+
+
+def test_a_model_sweep_leaves_out_the_models_that_would_not_fit(tmp_path, monkeypatch):
+    """Every job's model refused (step.model.tokens_per_s null): the panel stays the model's
+    tokens/s, not the simulated layer's, its points left out, and the title says why."""
+    def job(num, s_kv):
+        return sweep_jobs.Job(num, ["+bench=decoder_layer", f"bench.S_kv={s_kv}"], status="ok",
+                              metrics={"step": {"tokens_per_s": 900.0, "model": {
+                                  "tokens_per_s": None, "refused": "HBM too small: ..."}}},
+                              values={"dispatch.cycles_per_tile": 100.0 + num})
+    seen = {}
+    monkeypatch.setattr(report, "plot_sweep", lambda series, x_label, xs, unit, title, path, second:
+                        seen.update(series=series, title=title, second=second))
+    report.write_plot([job(0, 8192), job(1, 4096)], tmp_path / "sweep.png")
+    assert seen["second"] == ("tokens/s, the model's whole step (estimated)", "tokens/s")
+    assert list(seen["series"].values()) == [[(8192, 100.0, None), (4096, 101.0, None)]]
+    assert seen["title"] == "kbframe sweep: 2 ok; 2 whole model(s) would not fit (step.model.refused)"

@@ -57,8 +57,9 @@ def group_key_error(msg: str) -> str:
     takes = benches_with(m["field"])
     goes = (f"the {m['group']} presets go with " + " or ".join(f"+bench={b}" for b in takes) if takes else
             f"no bench has {m['key']}")
-    return (f"{m['key']}: +{m['group']}={m['name']} sets it, and this bench ({m['cls']}) has no such key; "
-            f"{goes}")
+    named = [a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith(("+bench=", "bench=", "++bench="))]
+    bench = f"+bench={named[-1]}" if named and "," not in named[-1] else f"this bench ({m['cls']})"
+    return f"{m['key']}: +{m['group']}={m['name']} sets it, and {bench} has no such key; {goes}"
 
 
 def one_line(text: str) -> str:

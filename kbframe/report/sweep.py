@@ -233,10 +233,12 @@ def x_key(jobs: list[Job], x: str | None = None) -> str | None:
     return None
 
 
-#: sweep.png's second panel: the first of these metrics a job has (its title, its axis label)
-SECOND_PANEL = (("step.model.tokens_per_s", ("tokens/s, the model's whole step (estimated)", "tokens/s")),
-                ("step.tokens_per_s", ("tokens/s", "tokens/s")),
-                ("sim.latency_ns", ("simulated latency", "latency (ns)")))
+#: sweep.png's second panel: the first of these metrics whose section a job has (the metric,
+#: that section, its title and axis label): a model step's estimate (null for a model that
+#: does not fit: the point is left out), else the run's tokens/s, else its latency
+SECOND_PANEL = (("step.model.tokens_per_s", "step.model", ("tokens/s, the model's whole step (estimated)", "tokens/s")),
+                ("step.tokens_per_s", "step.tokens_per_s", ("tokens/s", "tokens/s")),
+                ("sim.latency_ns", "sim.latency_ns", ("simulated latency", "latency (ns)")))
 
 
 def write_plot(jobs: list[Job], path: Path, x: str | None = None) -> None:
@@ -252,7 +254,7 @@ def write_plot(jobs: list[Job], path: Path, x: str | None = None) -> None:
     # the dispatch cost, instead of the latency
     ok = [j for j in jobs if j.status == "ok"]
     second = next(c for c in SECOND_PANEL if c[0] == "sim.latency_ns"
-                  or any(dig(j.metrics or {}, c[0]) is not None for j in ok))
+                  or any(dig(j.metrics or {}, c[1]) is not None for j in ok))
     for j in jobs:
         if j.status != "ok" or key is None:
             continue
@@ -267,8 +269,11 @@ def write_plot(jobs: list[Job], path: Path, x: str | None = None) -> None:
     series = {label: series[label] for label in sorted(series, key=lambda lb: rank[lb])}
     n_bad = sum(j.status != "ok" for j in jobs)
     title = f"kbframe sweep: {len(jobs) - n_bad} ok" + (f", {n_bad} not ok" if n_bad else "")
+    refused = sum(dig(j.metrics or {}, "step.model.refused") is not None for j in ok)
+    if second[0] == "step.model.tokens_per_s" and refused:
+        title += f"; {refused} whole model(s) would not fit (step.model.refused)"
     xs = sorted(swept.get(key, []), key=lambda v: sort_key(v, swept[key])) if key else []
-    plot_sweep(series, key or "", xs, _unit(jobs), title, path, second[1])
+    plot_sweep(series, key or "", xs, _unit(jobs), title, path, second[2])
 
 
 def write_report(sweep_dir: Path | str, echo: bool = True, x: str | None = None) -> Report:

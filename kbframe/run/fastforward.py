@@ -439,6 +439,8 @@ def _run(copies: _Copies, q: int, key: str, t_start: float, min_steps: int = MIN
             except KbframeError as e:
                 return Outcome(None, f"simulated in full: a short copy failed ({e})")
             sim = runs.sims[3]
+            if copies.check:  # every verdict taken: the stage records are not needed again
+                sanitizer.release(sim.engine)
             _apply(sim, tot, table)
             sim.phases = _phases(runs, n_a, p, k_full)
             sim.engine.wall_s = time.perf_counter() - t_start

@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from ..errors import ConfigError, HbmCapacityError
 from ..record_fields import FIELDS, N
 from ..records import label_codes
 from ..report.critical_path import Records, Repeat
@@ -312,7 +313,7 @@ def _add(a, b):
     return None if a is None or b is None else a + b
 
 
-def step(metrics: dict, tokens: int, model_layers: int | None = None, refused: str | None = None) -> dict:
+def step(metrics: dict, tokens: int, model_layers: int | None = None, refused: ConfigError | None = None) -> dict:
     """``metrics.json`` ``step`` of a model's decode step making ``tokens`` tokens (one per
     sequence): its latency, ``tokens_per_s``, layers, per-layer latency, each phase's share
     and binding, what binds the step and the analytic estimate beside it.
@@ -321,9 +322,10 @@ def step(metrics: dict, tokens: int, model_layers: int | None = None, refused: s
     then estimates the whole step as the run's latency plus the last layer's span for each
     layer not simulated, with its tokens/s: the layers repeat, so this is close when a layer
     is long against what links two (1.6·10⁻⁵ for Llama-3-70B at 8192 tokens on cube_mesh,
-    2.4 % for a 7.6 µs test layer; docs/decoder_layer.md). ``refused``: why a run of the whole
-    model would be refused (kbframe.run.preflight.model_refusal): ``step.model`` then says so
-    and estimates nothing (its latency and tokens/s None)."""
+    2.4 % for a 7.6 µs test layer; docs/decoder_layer.md). ``refused``: why the whole model
+    would not fit (kbframe.run.preflight.model_refusal): ``step.model`` then says so
+    (``refused``; an HBM over its capacity also as ``hbm_need_bytes`` and ``hbm_bytes``) and
+    estimates nothing (its latency and tokens/s None)."""
     lat = metrics["sim"]["latency_ns"]
     ph = metrics.get("phases", {})
     layers = ph.get("layers_ns", [])
@@ -334,7 +336,9 @@ def step(metrics: dict, tokens: int, model_layers: int | None = None, refused: s
            "phases": [{k: e[k] for k in ("phase", "per_layer_ns", "share", "critical_path_ns", "binding",
                                          "analytic_ns")} for e in ph.get("by_phase", [])]}
     if model_layers and layers and model_layers > len(layers) and refused:
-        out["model"] = {"layers": model_layers, "latency_ns": None, "tokens_per_s": None, "refused": refused}
+        out["model"] = {"layers": model_layers, "latency_ns": None, "tokens_per_s": None, "refused": str(refused)}
+        if isinstance(refused, HbmCapacityError):
+            out["model"].update(hbm_need_bytes=refused.need_bytes, hbm_bytes=refused.have_bytes)
     elif model_layers and layers and model_layers > len(layers):
         est = lat + (model_layers - len(layers)) * layers[-1]
         out["model"] = {"layers": model_layers, "latency_ns": est, "tokens_per_s": tokens / est * 1e9,
@@ -361,8 +365,10 @@ def summary_lines(metrics: dict) -> list[str]:
                      f"{st['layers']} layer(s): {st['tokens_per_s']:,.0f} tokens/s, binding {st['binding']}{an}")
         mo = st.get("model")
         if mo and mo.get("refused"):
-            lines.append(f"  model       not estimated: a run of the model's {mo['layers']} layers would be refused "
-                         f"({mo['refused']})")
+            why = (f"{mo['hbm_need_bytes'] / 2 ** 30:.3g} GiB of HBM needed, {mo['hbm_bytes'] / 2 ** 30:.3g} GiB there"
+                   if "hbm_bytes" in mo else mo["refused"])
+            lines.append(f"  model       not estimated: the model's {mo['layers']} layers would not fit ({why}; "
+                         f"metrics.json step.model.refused)")
         elif mo:
             lines.append(f"  model       {mo['latency_ns'] / 1e6:.3f} ms, {mo['tokens_per_s']:,.1f} tokens/s for the "
                          f"model's {mo['layers']} layers, estimated ({mo['estimated']})")

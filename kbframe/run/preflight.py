@@ -24,7 +24,7 @@ import zipfile
 import numpy as np
 
 from ..sim.engine import Engine
-from ..errors import ConfigError, InputsError, RecordBudgetError, KbframeError, NumericsError, TcmOverflowError, TimeBaseError, raise_interrupt_behind
+from ..errors import ConfigError, HbmCapacityError, InputsError, RecordBudgetError, KbframeError, NumericsError, TcmOverflowError, TimeBaseError, raise_interrupt_behind
 from ..ir.handles import itemsize
 from ..sim.numerics import Numerics
 from ..sim.oplog import OpLog
@@ -314,7 +314,7 @@ def check_hbm(cfg, wl) -> None:
     """The bench's HBM tensors against ``hardware.hbm_bytes`` (no dry run needed).
 
     Raises:
-        ConfigError: the HBM tensors exceed ``hardware.hbm_bytes``.
+        HbmCapacityError: the HBM tensors exceed ``hardware.hbm_bytes``.
     """
     b, hw = cfg.bench, cfg.hardware
     tensors = wl.tensors()
@@ -323,21 +323,22 @@ def check_hbm(cfg, wl) -> None:
     # Python integers: numpy's prod wraps at 2^63 (a 2^62-row tensor would need 0 B)
     hbm_need = sum(-(-math.prod(int(x) for x in s) * isz // 4096) * 4096 for s in tensors.values())
     if hbm_cap is not None and hbm_need > hbm_cap:
-        raise ConfigError(f"HBM too small: {', '.join(tensors)} need {hbm_need} B ({_gib(hbm_need)}) at "
-                          f"{_shape_text(wl)} ({b.dtype}), hardware.hbm_bytes is {hbm_cap} B ({_gib(hbm_cap)})")
+        raise HbmCapacityError(f"HBM too small: {', '.join(tensors)} need {hbm_need} B ({_gib(hbm_need)}) at "
+                               f"{_shape_text(wl)} ({b.dtype}), hardware.hbm_bytes is {hbm_cap} B ({_gib(hbm_cap)})",
+                               hbm_need, hbm_cap)
 
 
-def model_refusal(cfg, wl) -> str | None:
-    """Why a run of the whole model's step would be refused before it simulates (the
-    workload's own checks with all its layers, :meth:`Workload.whole_model`, then
-    :func:`check_hbm`), or None: a run of fewer layers estimates the whole step
-    (``metrics.json`` ``step.model``) only for a model that fits."""
+def model_refusal(cfg, wl) -> ConfigError | None:
+    """Why the whole model's step would not fit (the workload's own checks with all its
+    layers, :meth:`Workload.whole_model`: a cube's HBM; then :func:`check_hbm`), as a run
+    of it would be refused before it simulates, or None: a run of fewer layers estimates
+    the whole step (``metrics.json`` ``step.model``) only for a model that fits."""
     try:
         whole = wl.whole_model()
         if whole is not None:
             check_hbm(cfg, whole)
     except ConfigError as e:
-        return str(e)
+        return e
     return None
 
 

@@ -180,12 +180,17 @@ class Workload:
         the pre-flight checks. ``bench``: a copy of ``self.cfg`` to set it in (reused by
         many copies); a fresh copy by default."""
         key, step = self.periodic_axis()
-        bench = self.cfg.copy() if bench is None else bench
-        with open_dict(bench):
-            bench[key] = steps * step + int(self.cfg[key]) % step
-        w = type(self)(bench, n_pes=self.n_pes, hardware=self.hardware)
+        w = self.with_key(key, steps * step + int(self.cfg[key]) % step, bench)
         w.validate()
         return w
+
+    def with_key(self, key: str, value, bench=None) -> "Workload":
+        """This workload with bench ``key`` set to ``value``, not yet validated. ``bench``: a
+        copy of ``self.cfg`` to set it in (reused by many copies); a fresh copy by default."""
+        bench = self.cfg.copy() if bench is None else bench
+        with open_dict(bench):
+            bench[key] = value
+        return type(self)(bench, n_pes=self.n_pes, hardware=self.hardware)
 
     def progress_stream(self) -> tuple[str, int]:
         """``(tensor, rows per unit)``: the progress bar follows the furthest row of this

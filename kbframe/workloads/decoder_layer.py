@@ -32,9 +32,8 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from omegaconf import open_dict
 
-from ..errors import ConfigError, InputsError
+from ..errors import ConfigError, HbmCapacityError, InputsError
 from ..params import param
 from ..kernels.attention import PARTIALS
 from ..kernels.collectives import ALGORITHMS
@@ -98,8 +97,10 @@ class DecoderLayer(Workload):
                               f"(it runs arch llama: RMSNorm, RoPE, GQA, SwiGLU)")
         if c.get("model_layers") is not None and c.layers > c.model_layers:
             source = f", from model preset '{c.model}'" if c.model else ""
-            raise ConfigError(f"bench.layers={c.layers} is more than the model's {c.model_layers} "
-                              f"(bench.model_layers{source}); set bench.model_layers={c.layers} too for a deeper model")
+            what = (f"the inputs file's {c.layers} layers (bench.inputs.path) are" if self._file_shape else
+                    f"bench.layers={c.layers} is")
+            raise ConfigError(f"{what} more than the model's {c.model_layers} (bench.model_layers{source}); set "
+                              f"bench.model_layers={c.layers} too for a deeper model")
         if c.inputs.path is not None and not self._file_shape:
             return  # the shape checks below wait for the file's dimensions (validated again once applied)
         if c.H_q % c.H_kv:
@@ -141,11 +142,11 @@ class DecoderLayer(Workload):
         if need > have:
             most = int(ranks.max())
             whose = "1 rank's" if most == 1 else f"{most} ranks'"
-            fix = ("use more ranks (bench.tp), each a smaller shard" if c.placement == "spread" else
-                   "spread the ranks over the cubes (bench.placement=spread) or use more of them (bench.tp)")
-            raise ConfigError(f"bench.tp={c.tp} (bench.placement={c.placement}) puts {whose} shards, {need} B "
-                              f"({need / 2 ** 30:.3g} GiB), in one cube's HBM of {have} B ({have / 2 ** 30:.3g} GiB: "
-                              f"hardware.hbm_bytes over {cubes} cubes); {fix}")
+            fix = ("use more ranks (bench.tp), each a smaller shard" if c.placement == "spread" or most == 1 else
+                   "spread the ranks over the cubes (bench.placement=spread) or use more ranks (bench.tp)")
+            raise HbmCapacityError(f"bench.tp={c.tp} (bench.placement={c.placement}) puts {whose} shards, {need} B "
+                                   f"({need / 2 ** 30:.3g} GiB), in one cube's HBM of {have} B ({have / 2 ** 30:.3g} "
+                                   f"GiB: hardware.hbm_bytes over {cubes} cubes); {fix}", need, have)
 
     def _per_cube(self) -> int:
         hw = self.hardware
@@ -322,10 +323,8 @@ class DecoderLayer(Workload):
         n = self.model_layers()
         if n is None:
             return None
-        bench = self.cfg.copy()
-        with open_dict(bench):
-            bench.layers = n
-        w = type(self)(bench, n_pes=self.n_pes, hardware=self.hardware)
+        w = self.with_key("layers", n)
+        w._file_shape = self._file_shape  # the dimensions an inputs file gave are checked as they are
         w.validate()
         return w
 

@@ -429,7 +429,7 @@ def test_a_run_of_fewer_layers_than_its_model_estimates_the_whole_step(tmp_path)
 
 def test_a_model_whose_whole_step_would_not_fit_is_not_estimated(tmp_path):
     """step.model is given only for a model a run of every layer could simulate: one whose
-    weights and KV cache exceed the HBM says why, and estimates nothing."""
+    weights and KV cache exceed the HBM says why (and by how much), and estimates nothing."""
     args = ("hardware=cube", "bench.tp=2", *SMALL, "bench.layers=1", "bench.model_layers=1000",
             "hardware.hbm_bytes=1048576", "run.trace=false", "run.check=false")
     m = run(tmp_path, *args, bench="decoder_layer")
@@ -437,9 +437,23 @@ def test_a_model_whose_whole_step_would_not_fit_is_not_estimated(tmp_path):
            "v_rows, out need 74649600 B (0.0695 GiB) at model=None B=1 H=64 H_q=4 H_kv=2 G=2 d=16 F=96 S_kv=100 "
            "layers=1000 tp=2 fusion=fused allreduce=ring inner=opt2 tile=64 (float16), hardware.hbm_bytes is 1048576 B "
            "(0.000977 GiB)")
-    assert m["step"]["model"] == {"layers": 1000, "latency_ns": None, "tokens_per_s": None, "refused": why}
+    assert m["step"]["model"] == {"layers": 1000, "latency_ns": None, "tokens_per_s": None, "refused": why,
+                                  "hbm_need_bytes": 74649600, "hbm_bytes": 1048576}
     line = [x for x in summary(m, tmp_path).splitlines() if x.startswith("  model ")]
-    assert line == [f"  model       not estimated: a run of the model's 1000 layers would be refused ({why})"]
+    assert line == ["  model       not estimated: the model's 1000 layers would not fit (0.0695 GiB of HBM needed, "
+                    "0.000977 GiB there; metrics.json step.model.refused)"]
+
+
+def test_the_whole_model_of_an_inputs_file_is_checked_with_its_dimensions(tmp_path):
+    """A layer from an inputs file (its dimensions the file's): the whole model is checked
+    with them, a cube's HBM included."""
+    _random_file(tmp_path / "layer.npz", 1, 0.3, [100], 1, 1, 64, 4, 2, 16, 96, 100)
+    m = run(tmp_path / "run", "hardware=cube_mesh", "bench.tp=2", "bench.placement=spread", "bench.model_layers=1000",
+            "hardware.hbm_bytes=100000000", f"bench.inputs.path={tmp_path / 'layer.npz'}", "bench.data=true",
+            "run.trace=false", bench="decoder_layer")
+    mo = m["step"]["model"]
+    assert (mo["latency_ns"], mo["hbm_need_bytes"], mo["hbm_bytes"]) == (None, 37312129, 25000000)
+    assert mo["refused"].startswith("bench.tp=2 (bench.placement=spread) puts 1 rank's shards, 37312129 B")
 
 
 def test_a_step_that_fast_forwards_is_held_to_its_budget_by_the_layers_it_holds(tmp_path):
