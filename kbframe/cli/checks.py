@@ -334,9 +334,24 @@ def check_one_search(argv: list[str]) -> str | None:
     return None
 
 
+#: Hydra's mode flags (long name, short name): it takes one of them
+_MODES = (("--run", "-r"), ("--multirun", "-m"), ("--cfg", "-c"), ("--info", "-i"), ("--shell-completion", "-sc"))
+
+
+def check_one_mode(argv: list[str]) -> str | None:
+    """Hydra takes one of ``--run``, ``--multirun``, ``--cfg``, ``--info`` and
+    ``--shell-completion``; two of them would be its ValueError's traceback."""
+    given = [a for a in argv if any(a in m or a.startswith(m[0] + "=") for m in _MODES)]
+    if len(given) > 1:
+        return (f"{given[0]} and {given[1]} cannot be given together: Hydra takes one of "
+                f"{', '.join(m[0] for m in _MODES)} (a sweep's config prints without -m: +sweep=NAME --cfg job)")
+    return None
+
+
 def precheck(argv: list[str]) -> str | None:
     """The one-line message for a command line Hydra would reject, or None."""
-    msg = (check_hydra_code(argv) or check_group_names(argv) or check_sweeper(argv) or check_one_search(argv))
+    msg = (check_hydra_code(argv) or check_one_mode(argv) or check_group_names(argv) or check_sweeper(argv)
+           or check_one_search(argv))
     if msg is not None:
         return msg
     try:
