@@ -254,6 +254,12 @@ class DecoderLayer(Workload):
             if not (math.isfinite(v) and v > 0):
                 raise InputsError(f"{where}: {key} must be a finite number > 0, got {v}")
             shape[key] = v
+        c = self.cfg
+        differ = [k for k in ("H", "H_q", "H_kv", "d", "F") if shape[k] != int(c[k])]
+        if c.model and differ:  # a preset's name (and layer count) would describe another model
+            raise InputsError(f"{where}: its {', '.join(f'{k}={shape[k]}' for k in differ)} are not those of model "
+                              f"preset '{c.model}' ({', '.join(f'{k}={c[k]}' for k in differ)}); drop "
+                              f"+model={c.model} to run the file's own model")
         return shape
 
     def accept_file(self, arrays: dict, path: str) -> dict:
