@@ -21,3 +21,16 @@ def stable_order(keys) -> np.ndarray:
             and _INT16.min <= keys.min() and keys.max() <= _INT16.max:
         keys = keys.astype(np.int16)
     return np.argsort(keys, kind="stable")
+
+
+def groups(keys) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(order, values, starts)``: :func:`stable_order` of the integers ``keys``, each
+    distinct key ascending, and where its records begin in ``order`` (group ``i`` is
+    ``order[starts[i]:starts[i + 1]]``, in record order): ``np.unique(keys[order],
+    return_index=True)`` without sorting twice."""
+    keys = np.asarray(keys)
+    order = stable_order(keys)
+    ks = keys[order]
+    starts = np.flatnonzero(ks[1:] != ks[:-1]) + 1
+    starts = np.concatenate(([0], starts)) if len(ks) else starts.astype(np.int64)
+    return order, ks[starts], starts

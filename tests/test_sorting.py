@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from kbframe.sorting import stable_order
+from kbframe.sorting import groups, stable_order
 
 
 @pytest.mark.parametrize("keys", [
@@ -18,3 +18,12 @@ def test_stable_order_is_numpys_stable_argsort(keys):
 
 def test_stable_order_of_pe_codes():
     assert stable_order(np.array([1, 0, 1, 0, 2])).tolist() == [1, 3, 0, 2, 4]
+
+
+@pytest.mark.parametrize("keys", [np.array([3, 1, 3, 0, 1, 3]), np.array([7]), np.array([], dtype=np.int64),
+                                  np.array([1 << 40, 5, 1 << 40])])
+def test_groups_are_numpys_unique_of_the_stable_order(keys):
+    order, values, starts = groups(keys)
+    want_values, want_starts = np.unique(keys[np.argsort(keys, kind="stable")], return_index=True)
+    assert order.tolist() == np.argsort(keys, kind="stable").tolist()
+    assert values.tolist() == want_values.tolist() and starts.tolist() == want_starts.tolist()

@@ -55,7 +55,7 @@ import numpy as np
 from ..files import final_name, temp_path
 from ..record_fields import FIELDS
 from ..records import RecordTable
-from ..sorting import stable_order
+from ..sorting import groups
 from .power import POWER_TID, power_counters, power_from_metrics
 
 
@@ -146,8 +146,8 @@ def _spans(table: RecordTable, pe_of: np.ndarray, s) -> list:
     if len(d0) and (d0 == d0[0]).all() and (d1 == d1[0]).all():
         c = table.cols(s.prefix, s.prefix + s.period)
         pe = pe_of[c["name"]]
-        order = stable_order(pe)
-        qs, first, count = np.unique(pe[order], return_index=True, return_counts=True)
+        order, qs, first = groups(pe)
+        count = np.diff(np.append(first, len(order)))
         t0 = np.minimum.reduceat(c["t0"][order], first)
         t1 = np.maximum.reduceat(c["t1"][order], first)
         dt0, dt1, reps = int(d0[0]), int(d1[0]), s.times - 2
@@ -163,8 +163,8 @@ def _spans(table: RecordTable, pe_of: np.ndarray, s) -> list:
     if s.period < SLICE_EACH_FROM:
         j[:] = 0  # one span per PE for them all
     key = j * (int(pe.max()) + 1) + pe  # one span per (repetition, PE)
-    order = stable_order(key)
-    keys, first, count = np.unique(key[order], return_index=True, return_counts=True)
+    order, keys, first = groups(key)
+    count = np.diff(np.append(first, len(order)))
     t0 = np.minimum.reduceat(c["t0"][order], first)
     t1 = np.maximum.reduceat(c["t1"][order], first)
     m = int(pe.max()) + 1

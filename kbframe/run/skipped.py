@@ -48,7 +48,7 @@ from ..repeated import RepeatedTable
 from ..sim import access_templates, sanitizer
 from ..sim.steady import Instance, Steady
 from ..sim.waits import WAIT_CODE
-from ..sorting import stable_order
+from ..sorting import groups
 from .periodic import is_peak, running_totals
 
 _CMD, _T0, _T1, _TD, _WHY, _REF = (FIELDS.index(f) for f in ("cmd", "t0", "t1", "td", "why", "ref"))
@@ -181,10 +181,8 @@ class _PerPe:
     def __init__(self, rows: np.ndarray, pe_of: np.ndarray):
         pe = pe_of[rows[:, 0]]
         self.rows = rows
-        order = stable_order(pe)  # each PE's records in record order, one sort for all
-        ps = pe[order]
-        starts = np.flatnonzero(ps[1:] != ps[:-1]) + 1
-        self.at = dict(zip(ps[np.r_[0, starts]].tolist(), np.split(order, starts))) if len(ps) else {}
+        order, pes, starts = groups(pe)  # each PE's records in record order, one sort for all
+        self.at = dict(zip(pes.tolist(), np.split(order, starts[1:])))
         self.last = {q: int(at[-1]) for q, at in self.at.items()}
         self.low = {q: np.minimum.accumulate(rows[at, _CMD][::-1])[::-1] for q, at in self.at.items()}
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..errors import SanitizerError
 from ..records import RecordTable
-from ..sorting import stable_order
+from ..sorting import groups
 
 
 def _ns(ps: int) -> str:
@@ -43,8 +43,7 @@ def by_pe(table: RecordTable) -> dict:
     units = sorted(set(table.name_col(1)))
     pe_of = np.array(table.name_col(0), dtype=np.int64)[c["name"]]
     unit_of = np.array([units.index(u) for u in table.name_col(1)], dtype=np.int64)[c["name"]]
-    order = stable_order(pe_of)  # each PE's records, in record order
-    pes, start = np.unique(pe_of[order], return_index=True)
+    order, pes, start = groups(pe_of)  # each PE's records, in record order
     bounds = list(start.tolist()) + [len(order)]
     out = {}
     for i, pe in enumerate(pes.tolist()):
