@@ -5,7 +5,7 @@ the sanitizer, the report and every file included), paired and ``--repeat`` time
 
 * **step**: Llama-3-70B's 80 layers on ``hardware=cube_mesh`` (tp 8, ranks spread over the
   cubes), timing only, at ``--s-kv`` cached tokens and ``--batch`` sequences, and the same
-  command with ``bench.layers=1``: wall seconds of each, their ratio, and the bytes of
+  command with ``bench.layers=1``: wall seconds and peak memory of each, the wall ratio, and the bytes of
   ``op_log.jsonl`` plus ``trace.json`` of each and their ratio (a step refused before it
   simulates, over ``run.max_records``, prints its one line instead);
 * **layer**: one Llama-3-70B layer on one cube (tp 8) at 32768 cached tokens, timing only.
@@ -16,6 +16,7 @@ the sanitizer, the report and every file included), paired and ``--repeat`` time
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import subprocess
 import sys
@@ -30,17 +31,22 @@ LAYER = [*MODEL, "hardware=cube", "bench.tp=8", "bench.layers=1", "bench.S_kv=32
 
 
 def whole(overrides: list[str]) -> dict:
-    """One command in a fresh process: its wall seconds, exit status, last stderr line and
-    the bytes of its op_log and trace."""
+    """One command in a fresh process: its wall seconds, exit status, peak resident memory
+    (the operating system's account of that process), last stderr line and the bytes of its
+    op_log and trace."""
     d = Path(tempfile.mkdtemp(prefix="kbframe_step_"))
     try:
         t0 = time.perf_counter()
-        p = subprocess.run([sys.executable, "-m", "kbframe", *overrides, f"hydra.run.dir={d / 'run'}"], cwd=ROOT,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        p = subprocess.Popen([sys.executable, "-m", "kbframe", *overrides, f"hydra.run.dir={d / 'run'}"], cwd=ROOT,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        stderr = p.stderr.read()  # to its end: the process has exited, or is about to
+        _, status, usage = os.wait4(p.pid, 0)
         wall = time.perf_counter() - t0
+        rc = os.waitstatus_to_exitcode(status)
+        p.returncode = rc  # reaped here, not by Popen
         files = sum((d / "run" / f).stat().st_size for f in ("op_log.jsonl", "trace.json") if (d / "run" / f).exists())
-        err = p.stderr.strip().splitlines()[-1] if p.returncode else ""
-        return {"wall_s": wall, "rc": p.returncode, "error": err, "bytes": files}
+        err = stderr.strip().splitlines()[-1] if rc else ""
+        return {"wall_s": wall, "rc": rc, "error": err, "bytes": files, "peak_gib": usage.ru_maxrss / 2 ** 20}
     finally:
         shutil.rmtree(d, ignore_errors=True)
 
@@ -63,7 +69,8 @@ def main() -> int:
     print(f"Llama-3-70B decode step, hardware=cube_mesh tp 8 spread, S_kv {args.s_kv}, batch {args.batch}, "
           f"timing only (whole command, fastest of {max(1, args.repeat)}):")
     for name, r in best.items():
-        what = f"refused: {r['error']}" if r["rc"] else f"op_log + trace {r['bytes'] / 1e6:.1f} MB"
+        what = (f"refused: {r['error']}" if r["rc"] else
+                f"peak {r['peak_gib']:.1f} GiB   op_log + trace {r['bytes'] / 1e6:.1f} MB")
         print(f"  {name:<16} {r['wall_s']:8.2f} s   {what}")
     s, one = best["step"], best["step, 1 layer"]
     if not s["rc"] and not one["rc"]:
