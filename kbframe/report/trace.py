@@ -136,6 +136,14 @@ def _repeats(table: RecordTable) -> tuple[list, list, list]:
     return sections, left_out, out
 
 
+def _grouped(c: dict, key: np.ndarray) -> tuple:
+    """Per distinct ``key`` of the records ``c`` (columns): the key, the earliest start, the
+    latest end and how many records."""
+    order, keys, first = groups(key)
+    return (keys, np.minimum.reduceat(c["t0"][order], first), np.maximum.reduceat(c["t1"][order], first),
+            np.diff(np.append(first, len(order))))
+
+
 def _spans(table: RecordTable, pe_of: np.ndarray, s) -> list:
     """``(j, pe, t0_ps, t1_ps, records)`` of the repetitions of section ``s`` the trace leaves
     out (every one but the first and last), per repetition and PE in that order (``j`` from
@@ -145,11 +153,7 @@ def _spans(table: RecordTable, pe_of: np.ndarray, s) -> list:
     d0, d1 = s.shift["t0"], s.shift["t1"]
     if len(d0) and (d0 == d0[0]).all() and (d1 == d1[0]).all():
         c = table.cols(s.prefix, s.prefix + s.period)
-        pe = pe_of[c["name"]]
-        order, qs, first = groups(pe)
-        count = np.diff(np.append(first, len(order)))
-        t0 = np.minimum.reduceat(c["t0"][order], first)
-        t1 = np.maximum.reduceat(c["t1"][order], first)
+        qs, t0, t1, count = _grouped(c, pe_of[c["name"]])
         dt0, dt1, reps = int(d0[0]), int(d1[0]), s.times - 2
         if s.period < SLICE_EACH_FROM:
             return [(0, q, a + dt0, b + reps * dt1, n * reps)
@@ -163,10 +167,7 @@ def _spans(table: RecordTable, pe_of: np.ndarray, s) -> list:
     if s.period < SLICE_EACH_FROM:
         j[:] = 0  # one span per PE for them all
     key = j * (int(pe.max()) + 1) + pe  # one span per (repetition, PE)
-    order, keys, first = groups(key)
-    count = np.diff(np.append(first, len(order)))
-    t0 = np.minimum.reduceat(c["t0"][order], first)
-    t1 = np.maximum.reduceat(c["t1"][order], first)
+    keys, t0, t1, count = _grouped(c, key)
     m = int(pe.max()) + 1
     return list(zip((keys // m).tolist(), (keys % m).tolist(), t0.tolist(), t1.tolist(), count.tolist()))
 

@@ -300,7 +300,7 @@ def _in_one(cfg, wl, kernel, recipes, check: bool, units: dict, key: str, q: int
     for n_try, (inner, min_steps) in enumerate(tries):
         axes = [Axis(key, tuple(wl.ff_periods or PERIODS), min_steps),
                 *(Axis(k, PERIODS, MIN_STEPS) for k in inner)]
-        steady = Steady(axes, skipped.snapshot, int(cfg.run.get("max_records", 0)) if "run" in cfg else 0)
+        steady = Steady(axes, skipped.snapshot, preflight.record_budget(cfg))
         if not inner and q < axes[0].min_steps + axes[0].tail + 2 * axes[0].multiple:
             return Outcome(None, why)
         try:

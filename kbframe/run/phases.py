@@ -335,11 +335,13 @@ def step(metrics: dict, tokens: int, model_layers: int | None = None, refused: C
            "analytic_ns": ph.get("analytic_ns"),
            "phases": [{k: e[k] for k in ("phase", "per_layer_ns", "share", "critical_path_ns", "binding",
                                          "analytic_ns")} for e in ph.get("by_phase", [])]}
-    if model_layers and layers and model_layers > len(layers) and refused:
+    if not (model_layers and layers and model_layers > len(layers)):
+        return out
+    if refused:
         out["model"] = {"layers": model_layers, "latency_ns": None, "tokens_per_s": None, "refused": str(refused)}
         if isinstance(refused, HbmCapacityError):
             out["model"].update(hbm_need_bytes=refused.need_bytes, hbm_bytes=refused.have_bytes)
-    elif model_layers and layers and model_layers > len(layers):
+    else:
         est = lat + (model_layers - len(layers)) * layers[-1]
         out["model"] = {"layers": model_layers, "latency_ns": est, "tokens_per_s": tokens / est * 1e9,
                         "estimated": f"{len(layers)} simulated layer(s) and {model_layers - len(layers)} more of "

@@ -85,6 +85,11 @@ def check_sanitizer_memory(cfg, fig: dict) -> None:
 FF_BYTES_PER_RECORD = 450
 
 
+def record_budget(cfg) -> int:
+    """``run.max_records``: the op_log records a run may hold (0: no limit)."""
+    return int(cfg.run.get("max_records", 0)) if "run" in cfg else 0
+
+
 def check_forwarded_records(cfg, wl, records: int, held: int | None = None) -> None:
     """Raise ConfigError if a fast-forwarded run would hold more op_log records than
     ``run.max_records``, or more than this machine's memory holds: it is not simulated
@@ -97,9 +102,8 @@ def check_forwarded_records(cfg, wl, records: int, held: int | None = None) -> N
     head = (f"{cfg.bench.name} at {_shape_text(wl)} would make {records:,} op_log records even fast-forwarded"
             + (f" and hold {held:,} of them" if held < records else "")
             + f" (about {_gib(need)} of host memory, {FF_BYTES_PER_RECORD} B each)")
-    records = held
-    budget = int(cfg.run.get("max_records", 0)) if "run" in cfg else 0
-    if budget and records > budget:
+    budget = record_budget(cfg)
+    if budget and held > budget:
         raise RecordBudgetError(f"{head}, over run.max_records={budget:,}; raise run.max_records or shrink the run")
     have = physical_memory_bytes()
     if have is not None and need > have:
@@ -148,7 +152,7 @@ def check_records_estimate(cfg, wl, kernel, recipes: dict, units: dict | None = 
         would keep for it (the sanitizer's or fast-forward's bytes per record).
     """
     axis = wl.periodic_axis()
-    budget = int(cfg.run.get("max_records", 0)) if "run" in cfg else 0
+    budget = record_budget(cfg)
     if axis is None or not budget:
         return
     key, step = axis
@@ -362,7 +366,7 @@ def check_resources(cfg, wl, kernel, recipes: dict, inputs: dict | None, units: 
     fig = dry_run(hw, wl, kernel, recipes, b.dtype, inputs, count_stages=True, units=units)
     if check:
         check_sanitizer_memory(cfg, fig)
-    budget = int(cfg.run.get("max_records", 0)) if "run" in cfg else 0
+    budget = record_budget(cfg)
     if fig and budget and fig["records"] > budget:
         raise ConfigError(f"{b.name} at {shape} would be simulated record by record: {fig['records']:,} op_log "
                           f"records ({fig['commands']:,} commands), over run.max_records={budget:,}; raise "
