@@ -31,12 +31,12 @@ def _skipping(*overrides, bench):
 
 @pytest.mark.parametrize("bench, overrides, note", [
     ("decode_heads", ("bench.H_q=4", "bench.H_kv=2", "bench.S_kv=65536"),  # two items, one after the other
-     "1944 period(s) of 1 step(s) along S_kv left out of 2 loop(s) (34992 of 36900"),
+     "1950 period(s) of 1 step(s) along S_kv left out of 2 loop(s) (35100 of 36900"),
     ("decode_heads", ("bench.H_q=4", "bench.H_kv=2", "bench.S_kv=8191", "bench.inner=opt3"),  # ragged last tile
-     "192 period(s) of 1 step(s) along S_kv left out of 2 loop(s) (7488 of 10026"),
+     "216 period(s) of 1 step(s) along S_kv left out of 2 loop(s) (8424 of 10026"),
     ("decode_heads", ("hardware=cube", "bench.H_q=16", "bench.H_kv=16", "bench.S_kv=16384",
                       "bench.mapping=round_robin"),  # 16 items on 8 PEs, their loops in step
-     "408 period(s) of 1 step(s) along S_kv left out of 2 loop(s) (58752 of 74016"),
+     "414 period(s) of 1 step(s) along S_kv left out of 2 loop(s) (59616 of 74016"),
     ("decode_splitk", ("hardware=cube", "bench.S_kv=65536"),  # 8 splits, then merges over IPCQ
      "72 period(s) of 1 step(s) along S_kv left out of 1 loop(s) (10368 of 18749"),
 ])
@@ -49,10 +49,11 @@ def test_a_loop_leaves_out_a_steady_stretch_exactly(tmp_path, bench, overrides, 
 def test_the_jump_waits_for_pe_cpu_to_settle():
     """decode_opt2's PE_CPU fills PE_SCHEDULER's queue for ~48 KV tiles, at an even pace:
     the loop jumps only once the units complete what it dispatches (at tile 52), leaving
-    192 of its 256 tiles out, a multiple of every candidate period (24), with 12 after."""
+    200 of its 256 tiles out, a multiple of the period it looked steady with (1) and of its
+    ring of 2 S buffers, with 4 after."""
     sim, steady = _skipping("bench.S_kv=16384", bench="decode_opt2")
-    assert [(k, inst.n, inst.J, inst.R, sorted(inst.jumped)) for k, inst in steady.jumps] == [(0, 256, 52, 192, [0])]
-    assert steady.broken is None and len(sim.oplog.table) == 1170
+    assert [(k, inst.n, inst.J, inst.R, sorted(inst.jumped)) for k, inst in steady.jumps] == [(0, 256, 52, 200, [0])]
+    assert steady.broken is None and len(sim.oplog.table) == 1026
 
 
 def test_loops_of_unequal_length_leave_nothing_out():
@@ -138,18 +139,19 @@ def test_a_run_that_never_looks_steady_is_its_own_full_simulation(tmp_path):
 
 
 @pytest.mark.parametrize("overrides, note", [
-    (("++bench.s_buffers=5",), "fast-forwarded in one simulation: 120 period(s) of 1 step(s) along S_kv left out of 1 "
-                               "loop(s) (2160 of 4626 records by shifting)"),
+    (("++bench.s_buffers=5",), "fast-forwarded in one simulation: 200 period(s) of 1 step(s) along S_kv left out of 1 "
+                               "loop(s) (3600 of 4626 records by shifting)"),
     (("++bench.s_buffers=7", "++bench.k_prefetch=6"),
-     "fast-forwarded in one simulation: 168 period(s) of 1 step(s) along S_kv left out of 1 loop(s) (3024 of 4626 "
+     "fast-forwarded in one simulation: 196 period(s) of 1 step(s) along S_kv left out of 1 loop(s) (3528 of 4626 "
      "records by shifting)"),
 ])
 def test_a_jump_is_a_multiple_of_the_loops_buffer_rings(tmp_path, overrides, note):
     """opt2 takes its S buffer by the tile's index modulo s_buffers: a jump that is not a
     multiple of the ring's size would lower the tiles after it into other buffers, and their
     write-after-read waits on other tiles, than the full run does (tiles later, where the
-    check around the jump does not look). The loop names its rings (tl.steps), and the jump
-    is a multiple of 120 = lcm(24, 5) and 168 = lcm(24, 7) tiles."""
+    check around the jump does not look). The loop names its rings (tl.steps), and its jump
+    (the loop looks steady with a period of 1) is a multiple of 5 and of 7 tiles: 200 and
+    196 of the 201 it could leave out."""
     m = run(tmp_path, "bench.S_kv=16384", *overrides, "bench.data=false", "run.fast_forward=verify", "run.trace=false",
             bench="decode_opt2")
     assert m["fast_forward"]["note"] == note + "; verified against the full simulation"
@@ -162,8 +164,8 @@ def test_a_loop_that_looked_steady_too_early_is_judged_again_later(tmp_path):
     m = run(tmp_path, "bench.S_kv=65537", "++bench.s_buffers=8", "++bench.k_prefetch=7", "++bench.v_staging=prefetch",
             "++bench.v_buffers=10", "hardware.units.scheduler.max_queued_commands=5", "bench.data=false",
             "run.fast_forward=verify", "run.trace=false", bench="decode_opt2")
-    assert m["fast_forward"]["note"] == ("fast-forwarded in one simulation: 840 period(s) of 1 step(s) along S_kv "
-                                         "left out of 1 loop(s) (16800 of 20518 records by shifting); verified "
+    assert m["fast_forward"]["note"] == ("fast-forwarded in one simulation: 920 period(s) of 1 step(s) along S_kv "
+                                         "left out of 1 loop(s) (18400 of 20518 records by shifting); verified "
                                          "against the full simulation")
 
 
@@ -189,7 +191,7 @@ def test_a_command_from_before_the_loop_in_flight_across_the_jump_is_caught(tmp_
     args = ("bench.H=32", "bench.H_q=8", "bench.H_kv=8", "bench.d=16", "bench.F=64", "bench.S_kv=8192",
             "bench.layers=1", "bench.inner=opt3", "hardware.units.dma_write.setup_latency_ns=200000")
     sim, steady = _skipping(*args, bench="decoder_layer")
-    with pytest.raises(skipped.NotSteady, match=r"^loop 0: record 1334, of PE0's command 6 from before the loop, "
+    with pytest.raises(skipped.NotSteady, match=r"^loop 0: record 788, of PE0's command 6 from before the loop, "
                                                 r"started before the jump and ends after the periods checked$"):
         skipped.make(sim, steady, totals(sim))
     m = run(tmp_path, *args, "bench.data=false", "run.fast_forward=verify", "run.trace=false", bench="decoder_layer")

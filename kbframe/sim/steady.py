@@ -10,9 +10,9 @@ enter theirs together), the first PE to reach iteration ``i`` decides: when ``i`
 :attr:`Steady.min_steps` and the times at which this PE's kernel reached its last
 iterations repeat with some candidate period ``p`` (two equal spans of ``p`` iterations,
 PE_CPU no longer filling PE_SCHEDULER's queue), the loop jumps from ``J = i`` to ``J + R``
-on every PE that runs the instance, ``R`` a multiple of every candidate period and of the
-sizes of the buffer rings the loop rotates through (``TL.steps(..., rings)``), leaving
-at least ``p + 2`` iterations and the epilogue to simulate. Command ids go on without a
+on every PE that runs the instance, ``R`` a multiple of ``p`` and of the sizes of the
+buffer rings the loop rotates through (``TL.steps(..., rings)``: the state repeats only when
+both do), leaving at least ``p + 2`` iterations and the epilogue to simulate. Command ids go on without a
 gap, so the run is exactly a run of the workload with ``R`` fewer steps: what it leaves out
 is put back, and checked, by :mod:`kbframe.run.skipped`.
 
@@ -32,8 +32,7 @@ from ..errors import RecordBudgetError
 @dataclass(frozen=True)
 class Axis:
     """An axis whose loops may jump: its bench ``key``, candidate ``periods`` (in
-    iterations; a jump is a multiple of all of them) and the iterations simulated before a
-    jump may be decided (``min_steps``)."""
+    iterations) and the iterations simulated before a jump may be decided (``min_steps``)."""
 
     key: str
     periods: tuple
@@ -71,7 +70,7 @@ class Instance:
     n: int
     key: str = ""
     level: int = 0
-    multiple: int | None = None  # a jump is a multiple of this (the candidate periods and the loop's rings)
+    multiple: int | None = None  # lcm of the candidate periods and the loop's rings: alike on every PE
     J: int | None = None
     R: int = 0
     p: int = 0  # the period the loop looked steady with
@@ -112,9 +111,9 @@ class Steady:
         if key not in self.axes:
             return range(n)
         level, axis = self.axes[key]
-        return self._iterate(tl, n, level, axis, math.lcm(axis.multiple, *rings))
+        return self._iterate(tl, n, level, axis, math.lcm(axis.multiple, *rings), math.lcm(1, *rings))
 
-    def _iterate(self, tl, n: int, level: int, axis: Axis, multiple: int):
+    def _iterate(self, tl, n: int, level: int, axis: Axis, multiple: int, ring: int):
         pe = tl.pe.index
         k = self._entered.get((pe, axis.key), 0)
         self._entered[(pe, axis.key)] = k + 1
@@ -155,7 +154,8 @@ class Steady:
                     inst.snaps[i] = self.snapshot(self.engine)
                     inst.snaps.pop(i - axis.window - 1, None)
                 p = self._steady(inst, i, axis.periods) if i >= axis.min_steps else None
-                R = (n - i - p - 2) // multiple * multiple if p else 0  # after it: a period checked, and the end
+                m = math.lcm(p, ring) if p else 0  # the state repeats every m iterations
+                R = (n - i - p - 2) // m * m if p else 0  # after it: a period checked, and the end
                 if R >= least:
                     inst.J, inst.R, inst.p = i, R, p
             if i == inst.J:

@@ -298,14 +298,14 @@ def test_a_step_of_many_layers_fast_forwards_exactly(tmp_path):
                                        "bench.fusion=none")], ids=["tp1", "tp8", "tp8-2x2-cubes"])
 def test_a_step_fast_forwards_exactly_on_one_pe_eight_and_across_cubes(tmp_path, topology):
     """One PE, a cube's 8 PEs, and 8 PEs dealt over 2×2 cubes (all-reduces across the
-    die-to-die links): 60 layers of a small model are simulated as 8, the layer loop
-    leaving out 52 once steady (kbframe.sim.steady), and run.fast_forward=verify finds the
+    die-to-die links): 60 layers of a small model are simulated as 6, the layer loop
+    leaving out 54 once steady (kbframe.sim.steady), and run.fast_forward=verify finds the
     step made from them identical to the full simulation."""
     m = run(tmp_path, *topology, "bench.H=32", "bench.H_q=8", "bench.H_kv=8", "bench.d=16", "bench.F=64",
             "bench.S_kv=40", "bench.layers=60", "bench.data=false", "run.fast_forward=verify", "run.check=false",
             "run.trace=false", bench="decoder_layer")
     assert m["fast_forward"]["applied"], m["fast_forward"]["note"]
-    assert m["fast_forward"]["note"].startswith("fast-forwarded in one simulation: 52 period(s) of 1 step(s) along "
+    assert m["fast_forward"]["note"].startswith("fast-forwarded in one simulation: 54 period(s) of 1 step(s) along "
                                                 "layers left out of 1 loop(s)"), m["fast_forward"]["note"]
     assert "verified" in m["fast_forward"]["note"] and m["step"]["layers"] == 60
 
@@ -315,19 +315,19 @@ NESTED = ("bench.H=32", "bench.H_q=8", "bench.H_kv=8", "bench.d=16", "bench.F=64
 
 @pytest.mark.parametrize("topology, note", [
     (("hardware=default", "bench.tp=1", "bench.layers=3"),
-     "2304 period(s) of 1 step(s) along S_kv left out of 24 loop(s) (41472 of 56319 records"),
+     "2640 period(s) of 1 step(s) along S_kv left out of 24 loop(s) (47520 of 56319 records"),
     (("hardware=cube", "bench.tp=8", "bench.layers=3"),
-     "288 period(s) of 1 step(s) along S_kv left out of 3 loop(s) (41472 of 62313 records"),
+     "330 period(s) of 1 step(s) along S_kv left out of 3 loop(s) (47520 of 62313 records"),
     (("hardware=cube_mesh", "bench.tp=8", "bench.placement=spread", "bench.layers=3"),
-     "288 period(s) of 1 step(s) along S_kv left out of 3 loop(s) (41472 of 62313 records"),
+     "330 period(s) of 1 step(s) along S_kv left out of 3 loop(s) (47520 of 62313 records"),
     (("hardware=default", "bench.tp=1", "bench.layers=24"),
-     "16 period(s) of 1 step(s) along layers and 6144 period(s) of 1 step(s) along S_kv left out of 65 loop(s) "
-     "(410896 of 450468 records"),
+     "18 period(s) of 1 step(s) along layers and 5280 period(s) of 1 step(s) along S_kv left out of 49 loop(s) "
+     "(432882 of 450468 records"),
 ], ids=["tp1", "tp8", "tp8-2x2-cubes", "tp1-layers-and-tiles"])
 def test_a_step_fast_forwards_along_the_kv_tiles_inside_its_layers(tmp_path, topology, note):
     """A layer's KV loops (128 tiles each) leave out a steady stretch in every layer: one
     loop per KV head on one PE (8 a layer), one per layer on 8 PEs, a cube's or dealt over
-    2×2 cubes; with 24 layers the layer loop leaves out 16 layers too, made of layers whose
+    2×2 cubes; with 24 layers the layer loop leaves out 18 layers too, made of layers whose
     KV loops were put back first. run.fast_forward=verify finds each identical to the full
     simulation."""
     m = run(tmp_path, *topology, *NESTED, "bench.data=false", "run.fast_forward=verify", "run.check=false",
@@ -342,8 +342,8 @@ def test_a_step_whose_kv_jumps_do_not_hold_jumps_along_its_layers_alone(tmp_path
     without nested axes, and verify finds it exact."""
     m = run(tmp_path, *NESTED[:-1], "bench.S_kv=10000", "bench.tile=128", "bench.layers=20", "bench.data=false",
             "run.fast_forward=verify", "run.check=false", "run.trace=false", bench="decoder_layer")
-    assert m["fast_forward"]["note"] == ("fast-forwarded in one simulation: 12 period(s) of 1 step(s) along layers "
-                                         "left out of 1 loop(s) (138828 of 231392 records by shifting); verified "
+    assert m["fast_forward"]["note"] == ("fast-forwarded in one simulation: 14 period(s) of 1 step(s) along layers "
+                                         "left out of 1 loop(s) (161966 of 231392 records by shifting); verified "
                                          "against the full simulation")
 
 
@@ -375,7 +375,7 @@ def test_a_fused_step_fast_forwards_exactly_on_one_pe_eight_and_across_cubes(tmp
     m = run(tmp_path, *topology, "bench.data=false", "run.fast_forward=verify", "run.check=false", "run.trace=false",
             bench="decoder_layer")
     assert m["fast_forward"]["applied"], m["fast_forward"]["note"]
-    want = {("one", True): "in one simulation: 52 period(s) of 1 step(s) along layers left out",
+    want = {("one", True): "in one simulation: 54 period(s) of 1 step(s) along layers left out",
             ("one", False): "in one simulation: 8 period(s) of 4 step(s) along layers left out",
             ("copies", True): "54 of 57 periods of 1 step(s) along layers",
             ("copies", False): "8 of 11 periods of 4 step(s) along layers"}[mechanism, "bench.tp=1" in topology]
