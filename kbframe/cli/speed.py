@@ -19,9 +19,9 @@ more than its simulation).
 - :func:`tune_malloc`: glibc serves every allocation over 32 MiB (a column of a million
   records, a sort's order) with its own ``mmap`` and gives it back to the system when
   freed; the next such array is new memory again, which the kernel must zero page by
-  page, and on a virtual machine whose host reclaims guest pages that costs about a second
-  per GiB: a third of a model step's time (Llama-3-70B's 80 layers at 32K tokens,
-  batch 8: 72 → 57 s). Served from the heap and never trimmed, freed arrays are reused.
+  page (slowly on a virtual machine whose host reclaims free guest pages). A model step's
+  analyses make and free arrays of millions of records one after another; served from
+  the heap and never trimmed, freed arrays are reused.
 """
 from __future__ import annotations
 
