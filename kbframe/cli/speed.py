@@ -16,22 +16,18 @@ more than its simulation).
   context 5.6 → 4.5 s, with data at 128K tokens 4.3 → 3.1 s). Reference counting still frees
   everything not in a cycle; cycles are collected less often. (``Engine.run`` also holds
   off full collections while it simulates, for any caller.)
-- :func:`tune_malloc`: glibc serves every allocation over 32 MiB (a column of a million
-  records, a sort's order) with its own ``mmap`` and gives it back to the system when
-  freed; the next such array is new memory again, which the kernel must zero page by
-  page (slowly on a virtual machine whose host reclaims free guest pages). A model step's
-  analyses make and free arrays of millions of records one after another; served from
-  the heap and never trimmed, freed arrays are reused.
+- :func:`~kbframe.run.memory.tune_malloc`: large arrays from glibc's heap, never given
+  back, so freed arrays are reused rather than faulted in anew (kbframe.run.memory).
 """
 from __future__ import annotations
 
-import ctypes
 import gc
 import os
 import sys
 from contextlib import contextmanager
 
 from ..files import stdout_gone
+from ..run import memory
 
 #: young-generation threshold of :func:`tune_gc` (Python's default: 700 allocations)
 GC_YOUNG = 100_000
@@ -100,30 +96,11 @@ def tune_gc() -> None:
     gc.set_threshold(GC_YOUNG, mid, old)
 
 
-#: glibc's mallopt parameters (malloc.h)
-_M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4
-
-
-def tune_malloc() -> bool:
-    """With glibc: serve large allocations from the heap, not one ``mmap`` each
-    (``M_MMAP_MAX`` 0), and never give the heap's free top back (``M_TRIM_THRESHOLD``
-    ``(size_t) -1``), so memory a run freed is reused rather than faulted in anew. The
-    process keeps its peak until it exits. Returns whether it was applied (False: not
-    glibc)."""
-    try:
-        libc = ctypes.CDLL(None)
-        libc.gnu_get_libc_version  # glibc's alone
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
-        return False
-    return bool(mallopt(_M_MMAP_MAX, 0)) and bool(mallopt(_M_TRIM_THRESHOLD, -1))
-
-
 def main_then_exit(main) -> None:
-    """:func:`tune_gc`, :func:`tune_malloc`, ``main()``, then :func:`exit_now` with its exit
+    """:func:`tune_gc`, :func:`~kbframe.run.memory.tune_malloc`, ``main()``, then :func:`exit_now` with its exit
     status (an exception other than SystemExit, e.g. Ctrl-C, propagates as usual)."""
     tune_gc()
-    tune_malloc()
+    memory.tune_malloc()
     try:
         main()
         code = 0

@@ -32,7 +32,7 @@ from ..sim.engine import build_units, check_topology
 from ..sim.targets import resolve_class, resolve_kernel
 from ..tl.recipe import load_recipes
 from ..workloads.base import Workload
-from . import energy, fastforward, phases, preflight
+from . import energy, fastforward, memory, phases, preflight
 from .metrics import run_metrics
 from .rundir import OUTPUT_FILES, RunDir
 from .schema import CalibrationConfig, EnergyConfig, HardwareConfig, RunConfig
@@ -279,7 +279,9 @@ def _plan(run: _Run) -> None:
         run.ff_note = "data mode: every tile simulated"
     if not run.data:  # timing only: a run far over its record budget is refused before any copy or dry run
         preflight.check_hbm(cfg, wl)
-        preflight.check_records_estimate(cfg, wl, run.kernel, run.recipes, run.units)
+        held = preflight.check_records_estimate(cfg, wl, run.kernel, run.recipes, run.units)
+        if held:  # its analyses' heap faulted in on the other core while it simulates
+            memory.prefault(held * memory.PEAK_BYTES_PER_HELD_RECORD)
     checked = False
     if run.ff != "off" and not run.data:  # timing only: a periodic schedule is written, not simulated
         if not preflight.estimated(cfg, wl):  # short: its one simulation may be the full run, checked first

@@ -137,7 +137,7 @@ def held_steps(cfg, wl, q: int) -> int:
     return min(q, wl.ff_min_steps + 3 * max(periods) + 2 + math.lcm(*periods))
 
 
-def check_records_estimate(cfg, wl, kernel, recipes: dict, units: dict | None = None) -> None:
+def check_records_estimate(cfg, wl, kernel, recipes: dict, units: dict | None = None) -> int | None:
     """Refuse, in seconds, a timing-only run along a periodic axis whose op_log records are
     far beyond ``run.max_records`` or this machine's memory, before it is fast-forwarded or
     dry-run, which both grow with the run (a model step: minutes). The records of one and
@@ -147,6 +147,8 @@ def check_records_estimate(cfg, wl, kernel, recipes: dict, units: dict | None = 
     ``held·R(1)``, which bounds it, is within the budget; the exact checks follow
     (:func:`check_resources`, :func:`check_forwarded_records`).
 
+    Returns:
+        The records the run would hold, at most (None: not estimated, or no budget).
     Raises:
         ConfigError: the estimate exceeds ``run.max_records``, or the host memory the run
         would keep for it (the sanitizer's or fast-forward's bytes per record).
@@ -154,11 +156,11 @@ def check_records_estimate(cfg, wl, kernel, recipes: dict, units: dict | None = 
     axis = wl.periodic_axis()
     budget = record_budget(cfg)
     if axis is None or not budget:
-        return
+        return None
     key, step = axis
     q = int(cfg.bench[key]) // step
     if not estimated(cfg, wl):
-        return
+        return None
     count = {}
 
     one: list = []
@@ -171,7 +173,7 @@ def check_records_estimate(cfg, wl, kernel, recipes: dict, units: dict | None = 
         return count[n]
     held = held_steps(cfg, wl, q)  # a step of layers holds the records of these alone (kbframe.repeated)
     if not records(1) or held * count[1] <= budget:
-        return
+        return held * count[1] or None
     est = count[1] + (held - 1) * (records(2) - count[1])
     check = bool(cfg.run.check) if "run" in cfg else True
     per = max(FF_BYTES_PER_RECORD, SANITIZER_BYTES_PER_RECORD if check else 0)
@@ -190,6 +192,7 @@ def check_records_estimate(cfg, wl, kernel, recipes: dict, units: dict | None = 
         raise ConfigError(f"{head}, about {_gib(est * per)} of host memory ({per} B each"
                           f"{' with run.check=true' if check else ''}); this machine has {_gib(have)}; shrink the run"
                           f"{' or use run.check=false' if check else ''}")
+    return est
 
 
 def npz_headers(path) -> dict:
