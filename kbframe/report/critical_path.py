@@ -126,6 +126,64 @@ class Segment(NamedTuple):
     why: str = ""
 
 
+#: a segment's phases, in the order :class:`Path` numbers them
+PHASES = ("run", "setup", "data", "wait")
+_PHASE = {ph: i for i, ph in enumerate(PHASES)}
+
+
+class Path(Sequence):
+    """A critical path as columns, one entry per :class:`Segment` in time order: ``rec``,
+    ``phase`` (a code into :data:`PHASES`), ``t0``, ``t1`` (int64 arrays) and ``why`` (a
+    code into ``whys``). A model step's path has millions of segments, most of them a
+    period of the path put back (:meth:`Repeat.extend`): the analyses read the columns; an
+    index or a slice gives :class:`Segment` s. Equal to another path, or a list of
+    segments, with the same segments."""
+
+    __slots__ = ("rec", "phase", "t0", "t1", "why", "whys")
+
+    def __init__(self, rec, phase, t0, t1, why, whys: list):
+        self.rec, self.phase, self.t0, self.t1, self.why, self.whys = rec, phase, t0, t1, why, whys
+
+    @classmethod
+    def of(cls, segs) -> "Path":
+        """The path of a list of :class:`Segment` s (a Path as it is)."""
+        if isinstance(segs, Path):
+            return segs
+        n, whys = len(segs), {}
+        cols = [np.fromiter((s.rec for s in segs), dtype=np.int64, count=n),
+                np.fromiter((_PHASE[s.phase] for s in segs), dtype=np.int64, count=n),
+                np.fromiter((s.t0 for s in segs), dtype=np.int64, count=n),
+                np.fromiter((s.t1 for s in segs), dtype=np.int64, count=n),
+                np.fromiter((whys.setdefault(s.why, len(whys)) for s in segs), dtype=np.int64, count=n)]
+        return cls(*cols, list(whys))
+
+    @property
+    def dur(self) -> np.ndarray:
+        """Each segment's ps."""
+        return self.t1 - self.t0
+
+    def __len__(self) -> int:
+        return len(self.rec)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        return Segment(int(self.rec[i]), PHASES[self.phase[i]], int(self.t0[i]), int(self.t1[i]),
+                       self.whys[self.why[i]])
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, (Path, list, tuple)):
+            return NotImplemented
+        o = Path.of(list(other) if isinstance(other, tuple) else other)
+        names = np.array(self.whys + [""], dtype=object)[self.why] if len(self) else []
+        other_names = np.array(o.whys + [""], dtype=object)[o.why] if len(o) else []
+        return len(self) == len(o) and all(np.array_equal(a, b) for a, b in (
+            (self.rec, o.rec), (self.phase, o.phase), (self.t0, o.t0), (self.t1, o.t1),
+            (names, other_names)))
+
+    __hash__ = None
+
+
 def segment_name(rows, s: Segment) -> str:
     """A segment's term name: ``dma_read setup``, ``gemm``, ``math add``, ``cpu dispatch
     composite``, ``wait hazard`` … (``rows``: :class:`Records`)."""
@@ -263,10 +321,10 @@ class Repeat(NamedTuple):
     X: int
     dt: int
 
-    def extend(self, segs: list) -> tuple[list, list] | None:
+    def extend(self, segs) -> tuple[Path, np.ndarray] | None:
         """``(the full run's path, the simulated record each of its segments stands for)`` from
-        the simulated records' path ``segs``, or None when the path does not repeat with
-        the records. It repeats from some time ``b`` on when its segments over ``[b, b +
+        the simulated records' path ``segs`` (segments or a :class:`Path`), or None when the
+        path does not repeat with the records. It repeats from some time ``b`` on when its segments over ``[b, b +
         dt)`` are those over ``[b - dt, b)`` a period later (each record ``P`` on, each time
         ``dt`` on): walked back from the end, the path then enters every period of the
         full run alike, and the full run's path is the segments before ``b``, those over
@@ -275,38 +333,39 @@ class Repeat(NamedTuple):
         over ``[b - dt, b)`` and any before ``x`` after ``b`` within the two periods
         checked before it (kbframe.run.skipped)."""
         x, P, X, dt = self.x, self.P, self.X, self.dt
-        if not segs or dt <= 0:
+        if not len(segs) or dt <= 0:
             return None
-        t0 = np.fromiter((s.t0 for s in segs), dtype=np.int64, count=len(segs))
-        rec = np.fromiter((s.rec for s in segs), dtype=np.int64, count=len(segs))
+        path = Path.of(segs)
+        n, t0, t1, rec, ph, why = len(path), path.t0, path.t1, path.rec, path.phase, path.why
         tail = np.nonzero(rec >= x)[0]
-        last = int(tail[0]) if len(tail) else len(segs)  # b at or before the first segment of a later record
+        last = int(tail[0]) if len(tail) else n  # b at or before the first segment of a later record
         early = np.nonzero((rec >= 0) & (rec < x - 2 * P))[0]
         first = int(early[-1]) + 1 if len(early) else 0  # W1 and all after it: no record before those checked
         start = {int(t): i for i, t in enumerate(t0.tolist())}
         for i in range(last, 0, -1):  # the latest b that repeats
-            b = int(t0[i]) if i < len(segs) else segs[-1].t1
-            i1, i2 = start.get(b - dt), start.get(b + dt, len(segs) if b + dt == segs[-1].t1 else None)
+            b = int(t0[i]) if i < n else int(t1[-1])
+            i1, i2 = start.get(b - dt), start.get(b + dt, n if b + dt == int(t1[-1]) else None)
             if i1 is None or i2 is None or i2 - i != i - i1 or i1 < first:
                 if last - i > 4096 or i1 is not None and i1 < first:
                     return None
                 continue
-            w1, w2 = segs[i1:i], segs[i:i2]
-            if all(c.phase == d.phase and c.why == d.why and c.t0 + dt == d.t0 and c.t1 + dt == d.t1
-                   and (c.rec + P == d.rec if c.rec >= 0 else d.rec < 0) for c, d in zip(w1, w2)):
+            w1, w2 = slice(i1, i), slice(i, i2)  # each segment of w2 that of w1 a period later
+            if (np.array_equal(ph[w1], ph[w2]) and np.array_equal(why[w1], why[w2])
+                    and np.array_equal(t0[w1] + dt, t0[w2]) and np.array_equal(t1[w1] + dt, t1[w2])
+                    and np.array_equal(np.where(rec[w1] >= 0, rec[w1] + P, -1), np.where(rec[w2] >= 0, rec[w2], -1))):
                 break
             if last - i > 4096:  # the path does not repeat near the jump
                 return None
         else:
             return None
-        full = list(segs[:i])
-        for part, js in ((w1, range(1, X + 1)), (segs[i:], (X,))):
-            rec, ph, lo, hi, why = (list(c) for c in zip(*part)) if part else ([],) * 5
-            rec, lo, hi = (np.array(v, dtype=np.int64) for v in (rec, lo, hi))
-            for j in js:  # the segments a period later j times: each made once, field by field
-                full += map(Segment._make, zip(np.where(rec >= 0, rec + j * P, -1).tolist(), ph,
-                                               (lo + j * dt).tolist(), (hi + j * dt).tolist(), why))
-        return full, [s.rec for s in segs[:i]] + [s.rec for s in w1] * X + [s.rec for s in segs[i:]]
+        k = np.arange(1, X + 1, dtype=np.int64)[:, None]  # the window again 1..X periods later
+        r_w, r_t = rec[i1:i], rec[i:]
+        full = Path(np.concatenate([rec[:i], np.where(r_w >= 0, r_w + k * P, -1).ravel(),
+                                    np.where(r_t >= 0, r_t + X * P, -1)]),
+                    np.concatenate([ph[:i], np.tile(ph[i1:i], X), ph[i:]]),
+                    *(np.concatenate([c[:i], (c[i1:i] + k * dt).ravel(), c[i:] + X * dt]) for c in (t0, t1)),
+                    np.concatenate([why[:i], np.tile(why[i1:i], X), why[i:]]), path.whys)
+        return full, np.concatenate([rec[:i], np.tile(r_w, X), r_t])
 
     def ends(self, at: np.ndarray, t1) -> _RepeatedEnds:
         """The full run's stage ends from the simulated stage records ``at`` (``t1``: every
@@ -322,7 +381,7 @@ class Repeat(NamedTuple):
         return w
 
 
-def _keys(c: Records, segs: list, look: list) -> tuple:
+def _keys(c: Records, segs: Path, look: np.ndarray) -> tuple:
     """Per segment: its record's name as a number (PE, unit and op kind of record
     ``look[i]`` of ``c``, and the segment's phase; -1 parts for a wait), the same without
     the PE, its duration (ps) and its ``why`` as a number."""
@@ -335,13 +394,9 @@ def _keys(c: Records, segs: list, look: list) -> tuple:
     pe = np.where(has, np.asarray(c.pe, dtype=np.int64)[r], -1) if n else np.zeros(0, dtype=np.int64)
     u = np.where(has, np.asarray(ucodes, dtype=np.int64)[r], -1) if n else pe
     k = np.where(has, np.asarray(kcodes, dtype=np.int64)[r], -1) if n else pe
-    phases: dict = {}
-    ph = np.fromiter((phases.setdefault(s.phase, len(phases)) for s in segs), dtype=np.int64, count=n)
-    whys: dict = {}
-    why = np.fromiter((whys.setdefault(s.why, len(whys)) for s in segs), dtype=np.int64, count=n)
-    dur = np.fromiter((s.t1 - s.t0 for s in segs), dtype=np.int64, count=n)
-    name = ((u + 1) * (len(kvals) + 1) + (k + 1)) * (len(phases) + 1) + ph
-    return (pe + 1) * (len(uvals) + 1) * (len(kvals) + 1) * (len(phases) + 1) + name, name, dur, why
+    ph, why, dur = segs.phase, segs.why, segs.dur
+    name = ((u + 1) * (len(kvals) + 1) + (k + 1)) * (len(PHASES) + 1) + ph
+    return (pe + 1) * (len(uvals) + 1) * (len(kvals) + 1) * (len(PHASES) + 1) + name, name, dur, why
 
 
 def _signature_ids(keys: tuple) -> np.ndarray:
@@ -360,7 +415,7 @@ def _signature_ids(keys: tuple) -> np.ndarray:
     return ids
 
 
-def _summed(c: Records, segs: list, look: list, keys: tuple) -> dict:
+def _summed(c: Records, segs: Path, look: np.ndarray, keys: tuple) -> dict:
     """The path's time per term name (:func:`segment_name`), in the order the names first
     occur: ``{name: [its first segment (its record of c), ps]}`` (``keys``: :func:`_keys`)."""
     _, name, dur, why = keys
@@ -372,13 +427,13 @@ def _summed(c: Records, segs: list, look: list, keys: tuple) -> dict:
     out: dict = {}
     for j in np.argsort(first, kind="stable").tolist():  # the keys in the order they first occur
         s = segs[int(at[first[j]])]
-        s = s._replace(rec=look[int(at[first[j]])])
+        s = s._replace(rec=int(look[int(at[first[j]])]))
         got = out.setdefault(segment_name(c, s), [s, 0])
         got[1] += int(ps[j])
     return out
 
 
-def _period(sig: list, segs: list, ends: "_Ends", per_unit_records: float) -> tuple | None:
+def _period(sig: np.ndarray, segs: Path, ends: "_Ends", per_unit_records: float) -> tuple | None:
     """``(start, p, reps, units)``: the steady repetition around the middle of the path
     (module doc), or None. A repetition of ``p`` segments must cover a whole number of
     units of progress: ``units`` ≈ its stages (``ends``: the stages' ends) / ``per_unit_records`` (within
@@ -386,10 +441,8 @@ def _period(sig: list, segs: list, ends: "_Ends", per_unit_records: float) -> tu
     taken ``k`` times over, the fewest that cover whole units."""
     n = len(sig)
     m = n // 2
-    # the signatures as numbers, so that each candidate p is tried with numpy: a path with
-    # no steady state tries every p, and many may hold around the middle
-    codes: dict = {}
-    ids = np.array([codes.setdefault(s, len(codes)) for s in sig], dtype=np.int64)
+    ids = sig  # numbers, so that each candidate p is tried with numpy: a path with no
+    # steady state tries every p, and many may hold around the middle
     for p in range(1, min(n // 2, MAX_PERIOD_SEGMENTS) + 1):
         c = min(m, n - 2 * p)
         if not np.array_equal(ids[c:c + p], ids[c + p:c + 2 * p]):
@@ -572,15 +625,15 @@ def analyse(rows: list, n_units: int, unit_name: str = "unit", resources: dict |
     """
     rows = as_records(rows)
     sched = rows.last_of("scheduler")
-    segs = walk(rows, sched)
-    look = [s.rec for s in segs]  # the record of rows each segment names its unit, op kind and PE by
+    segs = Path.of(walk(rows, sched))
+    look = segs.rec  # the record of rows each segment names its unit, op kind and PE by
     if repeat is not None:
         extended = repeat.extend(segs)
         if extended is None:
             return None
         segs, look = extended
     multi_pe = len(np.unique(np.asarray(rows.pe, dtype=np.int64))) > 1
-    total = segs[-1].t1 - segs[0].t0 if segs else 0
+    total = int(segs.t1[-1] - segs.t0[0]) if len(segs) else 0
     ucodes, uvals = label_codes(rows.unit)
     work = ~np.isin(ucodes, [uvals.index(u) for u in ("cpu", "scheduler") if u in uvals])
     # the work's (stages') ends
@@ -639,11 +692,11 @@ def analyse(rows: list, n_units: int, unit_name: str = "unit", resources: dict |
 def on_path(rows) -> set:
     """The records with time on the critical path (:attr:`CriticalPath.records`, what
     trace.json flags), from the walk alone: no period, terms or unit figures."""
-    return _on_path(walk(rows))
+    return _on_path(Path.of(walk(rows)))
 
 
-def _on_path(segs: list) -> set:
-    return {s.rec for s in segs if s.rec >= 0 and s.t1 > s.t0}
+def _on_path(segs: Path) -> set:
+    return set(np.unique(segs.rec[(segs.rec >= 0) & (segs.t1 > segs.t0)]).tolist())
 
 
 def _term(c: Records, s: Segment, ps: int) -> dict:

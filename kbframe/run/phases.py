@@ -23,7 +23,7 @@ import numpy as np
 from ..errors import ConfigError, HbmCapacityError
 from ..record_fields import FIELDS, N
 from ..records import label_codes
-from ..report.critical_path import Records, Repeat
+from ..report.critical_path import Path, Records, Repeat
 from ..sim.waits import WaitLog
 from ..timebase import ps_to_ns
 
@@ -111,7 +111,7 @@ def _stats(phases: dict, rows, res: dict) -> tuple:
     return start, end, busy, occ, done, link, pe
 
 
-def _repeated_stats(rep: Repeated, phases: dict, res: dict, segments: list) -> tuple | None:
+def _repeated_stats(rep: Repeated, phases: dict, res: dict, segments: Path) -> tuple | None:
     """:func:`_stats` of the full run ``phases`` from its simulated records (``rep``): an
     occurrence of the period before the jump again ``X`` times a period later each, the
     later ones ``X`` periods later; a command's end likewise. The path's records are
@@ -147,11 +147,12 @@ def _repeated_stats(rep: Repeated, phases: dict, res: dict, segments: list) -> t
         return None
     full_done = _CommandEnds(done, rep.lo, rep.per, X, dt)
     w = Repeat(t.x, t.P, X, dt).weights(len(link))  # a send of the period counts X times more
-    # each record on the path: its occurrence in the full run
-    recs = np.array([s.rec for s in segments if s.rec >= 0], dtype=np.int64)
-    path = t.rows_at(recs) if len(recs) else np.zeros((0, N), dtype=np.int64)
-    path_occ = _occ_of(phases, np.array(t.name_col(0), dtype=np.int64)[path[:, 0]], path[:, _CMD])
-    return f_start, f_end, busy[order], dict(zip(recs.tolist(), path_occ.tolist())), full_done, link * w, pe
+    # each segment's record: its occurrence in the full run (-1: none)
+    on = segments.rec >= 0
+    path = t.rows_at(segments.rec[on]) if on.any() else np.zeros((0, N), dtype=np.int64)
+    occ_on = np.full(len(segments), -1, dtype=np.int64)
+    occ_on[on] = _occ_of(phases, np.array(t.name_col(0), dtype=np.int64)[path[:, 0]], path[:, _CMD])
+    return f_start, f_end, busy[order], occ_on, full_done, link * w, pe
 
 
 class _CommandEnds:
@@ -202,7 +203,8 @@ def analyse(phases: dict, rows, segments, latency_ps: int, roles: dict, hbm_gbps
         phases: ``{pe: [(name, first cmd, last cmd, info), ...]}`` (``TL.phases``).
         rows: the run's records (kbframe.report.critical_path.Records); unused with
             ``repeated``.
-        segments: its critical path (``CriticalPath.segments``).
+        segments: its critical path (``CriticalPath.segments``: a :class:`~kbframe.report.critical_path.Path`
+            or a list of segments).
         roles: ``{op_log unit name: roles}`` of the PEs' units.
         hbm_gbps, peak_tflops: one PE's HBM bandwidth (its share, when the PEs share it)
             and GEMM peak, for the analytic estimate: a phase whose info gives
@@ -227,19 +229,19 @@ def analyse(phases: dict, rows, segments, latency_ps: int, roles: dict, hbm_gbps
     res = _resources(roles)
     table = _occurrences(phases)
     n = len(table)
+    segments = Path.of(segments)
     made = _repeated_stats(repeated, phases, res, segments) if repeated is not None else None
     if made is not None:
-        start, end, busy, occ_of, done, link, pe = made
-        occ_on = [occ_of[s.rec] if s.rec >= 0 else -1 for s in segments]
+        start, end, busy, occ_on, done, link, pe = made
     else:
         if repeated is not None:  # an occurrence spans the jump: the full run's records
             rows = _records(repeated.table)
         start, end, busy, occ, done, link, pe = _stats(phases, rows, res)
-        occ_on = [occ[s.rec] if s.rec >= 0 else -1 for s in segments]
+        occ_on = np.where(segments.rec >= 0, occ[np.maximum(segments.rec, 0)], -1) if len(occ) else \
+            np.full(len(segments), -1, dtype=np.int64)
     # the critical path's time per occurrence
     on_path = np.zeros(n + 1, dtype=np.int64)  # [n]: time on no phase's record
-    for s, o in zip(segments, occ_on):
-        on_path[o if o >= 0 else n] += s.t1 - s.t0
+    np.add.at(on_path, np.where(occ_on >= 0, occ_on, n), segments.dur)
 
     groups: dict = {}
     for j, (p, name, layer, info, key, _) in enumerate(table):
