@@ -441,8 +441,9 @@ def _period(sig: np.ndarray, segs: Path, ends: "_Ends", per_unit_records: float)
     taken ``k`` times over, the fewest that cover whole units."""
     n = len(sig)
     m = n // 2
-    ids = sig  # numbers, so that each candidate p is tried with numpy: a path with no
-    # steady state tries every p, and many may hold around the middle
+    # the signatures as numbers (_signature_ids), so that each candidate p is tried with
+    # numpy: a path with no steady state tries every p, and many may hold around the middle
+    ids = np.asarray(sig, dtype=np.int64)
     for p in range(1, min(n // 2, MAX_PERIOD_SEGMENTS) + 1):
         c = min(m, n - 2 * p)
         if not np.array_equal(ids[c:c + p], ids[c + p:c + 2 * p]):

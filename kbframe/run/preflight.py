@@ -148,7 +148,8 @@ def check_records_estimate(cfg, wl, kernel, recipes: dict, units: dict | None = 
     (:func:`check_resources`, :func:`check_forwarded_records`).
 
     Returns:
-        The records the run would hold, at most (None: not estimated, or no budget).
+        The records the run would hold: ``held·R(1)``, or the estimate when that bound is
+        over the budget (None: not estimated, or no budget).
     Raises:
         ConfigError: the estimate exceeds ``run.max_records``, or the host memory the run
         would keep for it (the sanitizer's or fast-forward's bytes per record).
