@@ -279,3 +279,10 @@ def test_a_reader_that_stops_reading_ends_the_command_quietly():
     p.stdout.close()  # the reader goes away before reading anything
     err = p.stderr.read().decode()
     assert p.wait(timeout=60) == 141 and err == ""
+
+
+def test_memory_is_tuned_only_where_the_command_allowed_it():
+    """A library caller's (or a test's) process keeps glibc's defaults: ahead does nothing
+    before allow (kbframe.cli.speed allows it for the command's own process)."""
+    from kbframe.run import memory
+    assert not memory._allowed and memory.ahead(1 << 30) is None and memory._libc is None

@@ -16,8 +16,9 @@ more than its simulation).
   context 5.6 → 4.5 s, with data at 128K tokens 4.3 → 3.1 s). Reference counting still frees
   everything not in a cycle; cycles are collected less often. (``Engine.run`` also holds
   off full collections while it simulates, for any caller.)
-- :func:`~kbframe.run.memory.tune_malloc`: large arrays from glibc's heap, never given
-  back, so freed arrays are reused rather than faulted in anew (kbframe.run.memory).
+- :func:`~kbframe.run.memory.allow`: a run the pre-flight estimate finds large may keep
+  its arrays in glibc's heap, reused rather than faulted in anew, and have it faulted in
+  ahead on the idle core (kbframe.run.memory).
 """
 from __future__ import annotations
 
@@ -97,10 +98,10 @@ def tune_gc() -> None:
 
 
 def main_then_exit(main) -> None:
-    """:func:`tune_gc`, :func:`~kbframe.run.memory.tune_malloc`, ``main()``, then :func:`exit_now` with its exit
-    status (an exception other than SystemExit, e.g. Ctrl-C, propagates as usual)."""
+    """:func:`tune_gc`, :func:`~kbframe.run.memory.allow`, ``main()``, then :func:`exit_now` with its
+    exit status (an exception other than SystemExit, e.g. Ctrl-C, propagates as usual)."""
     tune_gc()
-    memory.tune_malloc()
+    memory.allow()
     try:
         main()
         code = 0

@@ -280,8 +280,8 @@ def _plan(run: _Run) -> None:
     if not run.data:  # timing only: a run far over its record budget is refused before any copy or dry run
         preflight.check_hbm(cfg, wl)
         held = preflight.check_records_estimate(cfg, wl, run.kernel, run.recipes, run.units)
-        if held:  # its analyses' heap faulted in on the other core while it simulates
-            memory.prefault(held * memory.PEAK_BYTES_PER_HELD_RECORD)
+        if held:  # a large run's heap kept, and faulted in on the other core while it simulates
+            memory.ahead(held * memory.PEAK_BYTES_PER_HELD_RECORD)
     checked = False
     if run.ff != "off" and not run.data:  # timing only: a periodic schedule is written, not simulated
         if not preflight.estimated(cfg, wl):  # short: its one simulation may be the full run, checked first

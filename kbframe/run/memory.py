@@ -1,5 +1,7 @@
 """The process's memory, in one place: glibc's heap kept (:func:`tune_malloc`) and faulted
-in ahead of a large run on the other core (:func:`prefault`). Neither changes a result.
+in ahead of a large run on the other core (:func:`prefault`), both by :func:`ahead` for a
+run the pre-flight estimate finds large, in a process that :func:`allow` ed it (the
+command's). Neither changes a result.
 
 A model step's analyses make and free arrays of millions of records one after another. By
 default glibc serves every allocation over 32 MiB with its own ``mmap`` and unmaps it when
@@ -7,6 +9,8 @@ freed, so each such array is new memory the kernel must zero page by page when i
 touched (slowly on a virtual machine whose host reclaims free guest pages). Served from
 the heap and never trimmed, freed arrays are reused; and the heap a run will need can be
 touched once, by a thread on the core the simulation leaves idle, while it simulates.
+Small runs are left to glibc's defaults: served from the heap, their arrays would fragment
+it and raise a small run's peak (a data-mode rmsnorm_linear's by about a quarter).
 """
 from __future__ import annotations
 
@@ -26,6 +30,23 @@ AVAILABLE_SHARE = 0.5
 _CHUNK = 256 << 20  # one malloc, then its pages touched: the arena lock held only for the call
 
 _libc = None  # glibc, once tune_malloc applied its options
+_allowed = False  # this process may tune its memory for a large run (allow)
+
+
+def allow() -> None:
+    """Let :func:`ahead` tune this process's memory (the command's own process: not a
+    library caller's, nor a test's)."""
+    global _allowed
+    _allowed = True
+
+
+def ahead(nbytes: int) -> threading.Thread | None:
+    """For a run the pre-flight estimate finds large (``nbytes``: the heap to touch), in a
+    process that :func:`allow` ed it: :func:`tune_malloc`, then :func:`prefault`. None when
+    nothing was started."""
+    if not _allowed or nbytes < _CHUNK or not tune_malloc():
+        return None
+    return prefault(nbytes)
 
 
 def tune_malloc() -> bool:

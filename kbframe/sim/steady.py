@@ -71,6 +71,7 @@ class Instance:
     key: str = ""
     level: int = 0
     multiple: int | None = None  # lcm of the candidate periods and the loop's rings: alike on every PE
+    ring: int | None = None  # lcm of the loop's rings (a jump is a multiple of it): alike on every PE
     J: int | None = None
     R: int = 0
     p: int = 0  # the period the loop looked steady with
@@ -124,7 +125,8 @@ class Steady:
         inst = mine[k]
         inst.first[pe] = tl.last_cmd_id + 1
         inst.multiple = inst.multiple or multiple
-        if inst.n != n or inst.multiple != multiple:  # not one loop: nothing is left out of it here
+        inst.ring = inst.ring or ring
+        if inst.n != n or inst.multiple != multiple or inst.ring != ring:  # not one loop: nothing left out here
             self.broken = (f"loop {k} of {axis.key} has {n} iterations on PE{pe}, {inst.n} on another"
                            if inst.n != n else
                            f"loop {k} of {axis.key} rotates other buffer rings on PE{pe} than on another")
