@@ -173,11 +173,16 @@ def check_records_estimate(cfg, wl, kernel, recipes: dict, units: dict | None = 
                            units=copy.deepcopy(units) if units is not None else None).get("records", 0)
         return count[n]
     held = held_steps(cfg, wl, q)  # a step of layers holds the records of these alone (kbframe.repeated)
-    if not records(1) or held * count[1] <= budget:
-        return held * count[1] or None
-    est = count[1] + (held - 1) * (records(2) - count[1])
     check = bool(cfg.run.check) if "run" in cfg else True
     per = max(FF_BYTES_PER_RECORD, SANITIZER_BYTES_PER_RECORD if check else 0)
+    have = physical_memory_bytes()
+    # verify simulates the full run too, every record's stages kept (off: check_resources checks it)
+    whole = "run" in cfg and str(cfg.run.get("fast_forward", "off")) == "verify"
+    if not records(1):
+        return None
+    if held * count[1] <= budget and not (whole and have is not None and held * count[1] * per > have):
+        return held * count[1]
+    est = count[1] + (held - 1) * (records(2) - count[1])
     full = count[1] + (q - 1) * (count[2] - count[1])
     head = (f"{cfg.bench.name} at {_shape_text(wl)} would make about {full:,} op_log records ({count[1]:,} with 1 "
             f"of its {q:,} steps of {key}, {count[2] - count[1]:,} more with each further one)")
@@ -188,7 +193,6 @@ def check_records_estimate(cfg, wl, kernel, recipes: dict, units: dict | None = 
                if one[0].model_layers() is not None else "")
     if est > budget:
         raise RecordBudgetError(f"{head}, over run.max_records={budget:,}; raise run.max_records or shrink the run{instead}")
-    have = physical_memory_bytes()
     if have is not None and est * per > have:
         raise ConfigError(f"{head}, about {_gib(est * per)} of host memory ({per} B each"
                           f"{' with run.check=true' if check else ''}); this machine has {_gib(have)}; shrink the run"

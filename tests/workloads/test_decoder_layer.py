@@ -384,6 +384,33 @@ def test_a_fused_step_fast_forwards_exactly_on_one_pe_eight_and_across_cubes(tmp
     assert m["step"]["layers"] == len(m["phases"]["layers_ns"]) == (60 if "bench.tp=1" in topology else 48)
 
 
+def test_a_verified_step_beyond_host_memory_is_refused_before_it_simulates(tmp_path, monkeypatch):
+    """run.fast_forward=verify simulates the full step too, every record's stages kept for
+    the sanitizer: within the record budget but beyond this machine's memory (made 1 GiB
+    here) it is refused with its estimate, before anything is simulated. Fast-forwarded
+    alone, the same step holds its simulated layers only and goes on."""
+    from conftest import compose_cfg
+    from kbframe.run import preflight
+    from kbframe.run.bench import run_bench, validate
+    from kbframe.sim.targets import resolve_kernel
+    from kbframe.tl.recipe import load_recipes
+    monkeypatch.setattr(preflight, "physical_memory_bytes", lambda: 1 << 30)
+    args = ("hardware=cube", "bench.tp=2", *SMALL, "bench.layers=3000", "bench.data=false", "run.trace=false",
+            "run.progress=false")
+    with pytest.raises(ConfigError) as e:
+        run_bench(compose_cfg(*args, "run.fast_forward=verify", bench="decoder_layer"), tmp_path / "verify")
+    assert str(e.value) == (
+        "decoder_layer at model=None B=1 H=64 H_q=4 H_kv=2 G=2 d=16 F=96 S_kv=100 layers=3000 tp=2 fusion=fused "
+        "allreduce=ring inner=opt2 tile=64 would make about 768,021 op_log records (277 with 1 of its 3,000 steps of "
+        "layers, 256 more with each further one), about 1.46 GiB of host memory (2048 B each with run.check=true); "
+        "this machine has 1 GiB; shrink the run or use run.check=false")
+    assert not (tmp_path / "verify").exists()
+    cfg = compose_cfg(*args, bench="decoder_layer")
+    wl = validate(cfg)
+    held = preflight.check_records_estimate(cfg, wl, resolve_kernel(cfg.bench.kernel), load_recipes(cfg.recipes))
+    assert held == preflight.held_steps(cfg, wl, 3000) * 277
+
+
 def test_a_step_over_its_record_budget_is_refused_with_its_exact_count(tmp_path):
     """The estimate from one and two layers' dry runs is the step's count (the layers make
     the same records): one record under the budget refuses it, naming the count the full
