@@ -298,7 +298,7 @@ def _in_one(cfg, wl, kernel, recipes, check: bool, units: dict, key: str, q: int
     tries = ([(nested, first)] if nested else []) + [((), first), ((), first * GROWTH)]
     why = ""
     for n_try, (inner, min_steps) in enumerate(tries):
-        axes = [Axis(key, tuple(wl.ff_periods or PERIODS), min_steps),
+        axes = [Axis(key, tuple(wl.ff_periods or PERIODS), min_steps, wl.ff_after or 2),
                 *(Axis(k, PERIODS, MIN_STEPS) for k in inner)]
         steady = Steady(axes, skipped.snapshot, preflight.record_budget(cfg))
         if not inner and q < axes[0].min_steps + axes[0].tail + 2 * axes[0].multiple:

@@ -12,7 +12,8 @@ iterations repeat with some candidate period ``p`` (two equal spans of ``p`` ite
 PE_CPU no longer filling PE_SCHEDULER's queue), the loop jumps from ``J = i`` to ``J + R``
 on every PE that runs the instance, ``R`` a multiple of ``p`` and of the sizes of the
 buffer rings the loop rotates through (``TL.steps(..., rings)``: the state repeats only when
-both do), leaving at least ``p + 2`` iterations and the epilogue to simulate. Command ids go on without a
+both do), leaving at least ``p + after`` iterations and the epilogue to simulate (``after``: the
+axis's, 2 unless the workload says). Command ids go on without a
 gap, so the run is exactly a run of the workload with ``R`` fewer steps: what it leaves out
 is put back, and checked, by :mod:`kbframe.run.skipped`.
 
@@ -32,11 +33,14 @@ from ..errors import RecordBudgetError
 @dataclass(frozen=True)
 class Axis:
     """An axis whose loops may jump: its bench ``key``, candidate ``periods`` (in
-    iterations) and the iterations simulated before a jump may be decided (``min_steps``)."""
+    iterations), the iterations simulated before a jump may be decided (``min_steps``) and
+    after the period checked past it (``after``: the loop's end must not reach back into
+    that period; a KV tile's few commands need 2, a layer's thousands 1)."""
 
     key: str
     periods: tuple
     min_steps: int
+    after: int = 2
 
     @property
     def multiple(self) -> int:
@@ -50,7 +54,7 @@ class Axis:
     @property
     def tail(self) -> int:
         """Iterations after a jump at most: a period checked, and the end."""
-        return max(self.periods) + 2
+        return max(self.periods) + self.after
 
 
 @dataclass
@@ -144,7 +148,7 @@ class Steady:
                 ids[i] = tl.last_cmd_id + 1
                 ids.pop(i - axis.window - 1, None)
             # the first PE to reach i follows the run and decides, while a jump could still leave enough out
-            if inst.J is None and i > inst.furthest and n - i - 3 >= least:
+            if inst.J is None and i > inst.furthest and n - i - 1 - axis.after >= least:
                 inst.furthest = i
                 if level == 0 and self.max_records and len(self.engine.oplog.table) > self.max_records:
                     raise RecordBudgetError(
@@ -157,7 +161,7 @@ class Steady:
                     inst.snaps.pop(i - axis.window - 1, None)
                 p = self._steady(inst, i, axis.periods) if i >= axis.min_steps else None
                 m = math.lcm(p, ring) if p else 0  # the state repeats every m iterations
-                R = (n - i - p - 2) // m * m if p else 0  # after it: a period checked, and the end
+                R = (n - i - p - axis.after) // m * m if p else 0  # after it: a period checked, and the end
                 if R >= least:
                     inst.J, inst.R, inst.p = i, R, p
             if i == inst.J:

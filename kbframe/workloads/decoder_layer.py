@@ -88,6 +88,7 @@ class DecoderLayer(Workload):
     ff_min_steps = 3
     ff_budget = 0.7
     ff_periods = (1, 2, 4)  # what a jump in one simulation is a multiple of (kbframe.sim.steady)
+    ff_after = 1  # a layer's commands are thousands, PE_SCHEDULER's queue 64: the end cannot reach back a layer
 
     # ---- checks ----------------------------------------------------------------------
     def validate(self) -> None:
