@@ -11,7 +11,7 @@ the sanitizer, the report and every file included), paired and ``--repeat`` time
 * **layer**: one Llama-3-70B layer on one cube (tp 8) at 32768 cached tokens, timing only.
 
     python benchmarks/step_speed.py                          # S_kv 32768, batch 8
-    python benchmarks/step_speed.py --s-kv 8192 --batch 1    # 20 of its 80 layers simulated
+    python benchmarks/step_speed.py --s-kv 8192 --batch 1    # 16 of its 80 layers simulated
 """
 from __future__ import annotations
 
