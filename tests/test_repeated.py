@@ -116,14 +116,20 @@ def test_the_phases_made_from_the_period_are_the_full_runs(step):
 def test_the_op_log_form_found_with_fewer_periods_is_the_full_runs(step):
     """The periodic form found in the run with the period put back 3 times, its section of
     layers repeating the other period too, is the form found in the full run's records:
-    the op_log written in it is the same text."""
+    the op_log written in it is the same text. That section runs less than a period past
+    the periods put back (the last layer ends the step otherwise), and grows all the same."""
     _, _, out = step
     t = out.sim.oplog.table
+    m = fastforward.FORM_PERIODS
+    short = find_periodic(t.with_periods(m), out.period_records)
+    at = t.x + m * t.P
+    [section] = [s for s in short.sections if s.period == t.P]
+    assert section.prefix + section.period <= at <= section.end < at + section.period
     made = fastforward._form(t, out.period_records)
     found = find_periodic(t, out.period_records)
     layers = [s for s in made.sections if s.period == t.P]
-    assert t.X > fastforward.FORM_PERIODS and len(layers) == 1 and layers[0].times == 7  # 28 of its 32 layers
-    assert made.header() == found.header()
+    assert t.X > m and len(layers) == 1 and layers[0].times == 7  # 28 of its 32 layers
+    assert made.header() == found.header() == short.inserted(at, t.P, t.X - m).header()
     texts = []
     for form in (made, found):
         t.form, f = form, io.StringIO()

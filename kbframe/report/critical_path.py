@@ -95,14 +95,73 @@ class Records(NamedTuple):
     def n(self) -> int:
         return len(self.pe)
 
-    def last_of(self, unit: str) -> dict:
-        """``{(pe, cmd): index}`` of the last record of ``unit`` per command."""
+    def last_of(self, unit: str) -> "LastOf":
+        """The last record of ``unit`` per command (:class:`LastOf`)."""
         codes, values = label_codes(self.unit)
         if unit not in values:
-            return {}
+            return LastOf(*(np.zeros(0, dtype=np.int64),) * 3)
         at = np.nonzero(codes == values.index(unit))[0]
-        pe, cmd = np.asarray(self.pe, dtype=np.int64)[at], np.asarray(self.cmd, dtype=np.int64)[at]
-        return dict(zip(zip(pe.tolist(), cmd.tolist()), at.tolist()))
+        return LastOf(np.asarray(self.pe, dtype=np.int64)[at], np.asarray(self.cmd, dtype=np.int64)[at], at)
+
+
+class LastOf:
+    """``(pe, cmd) → index`` of a unit's last record per command, as a dict's ``get``
+    (a key it lacks: ``default``) and for arrays of keys at once (:meth:`many`). A table per
+    PE over its command ids (each PE numbers its commands without gaps), not a dict of
+    millions of tuples; ids spread far wider than the records (an edited op_log) are
+    sorted and searched instead."""
+
+    def __init__(self, pe: np.ndarray, cmd: np.ndarray, at: np.ndarray):
+        self._n = len(at)
+        self._lo = int(cmd.min()) if self._n else 0
+        n_pe = int(pe.max()) + 1 if self._n else 0
+        width = int(cmd.max()) - self._lo + 1 if self._n else 0
+        self._dense = n_pe * width <= 4 * self._n + (1 << 16)  # none: an empty table
+        if self._dense:
+            self._table = np.full((n_pe, width), -1, dtype=np.int64)
+            np.maximum.at(self._table, (pe, cmd - self._lo), at)  # the last record of each command
+        else:
+            key = pe << 40 | (cmd - self._lo)
+            order = np.lexsort((at, key))
+            last = np.append(key[order][1:] != key[order][:-1], True)  # the last of each key, by index
+            self._keys, self._at = key[order][last], at[order][last]
+
+    def __bool__(self) -> bool:
+        return self._n > 0
+
+    def to_dict(self) -> dict:
+        """``{(pe, cmd): index}`` of every command it holds."""
+        if not self._n:
+            return {}
+        if self._dense:
+            pe, c = np.nonzero(self._table >= 0)
+            at = self._table[pe, c]
+        else:
+            pe, c, at = self._keys >> 40, self._keys & ((1 << 40) - 1), self._at
+        return dict(zip(zip(pe.tolist(), (c + self._lo).tolist()), at.tolist()))
+
+    def many(self, pe: np.ndarray, cmd: np.ndarray) -> np.ndarray:
+        """The index for each ``(pe[i], cmd[i])``, -1 where there is none."""
+        pe, c = np.asarray(pe, dtype=np.int64), np.asarray(cmd, dtype=np.int64) - self._lo
+        out = np.full(len(pe), -1, dtype=np.int64)
+        if self._dense:
+            ok = (pe >= 0) & (pe < self._table.shape[0]) & (c >= 0) & (c < self._table.shape[1])
+            out[ok] = self._table[pe[ok], c[ok]]
+            return out
+        ok = (pe >= 0) & (pe < 1 << 23) & (c >= 0) & (c < 1 << 40)
+        key = pe[ok] << 40 | c[ok]
+        i = np.minimum(np.searchsorted(self._keys, key), len(self._keys) - 1)
+        out[ok] = np.where(self._keys[i] == key, self._at[i], -1)
+        return out
+
+    def get(self, key: tuple, default=None):
+        j = int(self.many([key[0]], [key[1]])[0]) if not self._dense else self._one(int(key[0]), int(key[1]))
+        return default if j < 0 else j
+
+    def _one(self, pe: int, cmd: int) -> int:
+        c = cmd - self._lo
+        t = self._table
+        return int(t[pe, c]) if 0 <= pe < t.shape[0] and 0 <= c < t.shape[1] else -1
 
 
 def as_records(rows) -> Records:
@@ -213,7 +272,7 @@ def _name(c: Records, i: int, phase: str) -> str:
     return unit if kind == unit else f"{unit} {kind}"
 
 
-def walk(rows, sched: dict | None = None) -> list:
+def walk(rows, sched: "LastOf | None" = None) -> list:
     """The critical path of ``rows`` (:func:`as_records` reads them) as :class:`Segment` s
     in time order (module doc). ``sched``: ``Records.last_of("scheduler")``, if known."""
     c = as_records(rows)
@@ -486,7 +545,7 @@ def _why_label(c: Records, i: int, sched) -> str:
     return {"room": "queue room", "wait": "tl.wait", "cpu": "dispatch", "unit": "unit busy"}.get(why, why)
 
 
-def _units(c: Records, ta: int, tb: int, reps: int, multi_pe: bool, sched: dict,
+def _units(c: Records, ta: int, tb: int, reps: int, multi_pe: bool, sched: "LastOf",
            repeat: Repeat | None = None) -> dict:
     """Per unit: busy and idle ns per period over ``[ta, tb)``, and what the idle time
     waited for (labels → ns per period, largest first, ties in the order first seen).
@@ -578,7 +637,7 @@ def _dense(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return uniq, rank[values]
 
 
-def _gap_labels(c: Records, at: np.ndarray, sched: dict) -> tuple[list, np.ndarray]:
+def _gap_labels(c: Records, at: np.ndarray, sched: "LastOf") -> tuple[list, np.ndarray]:
     """``(labels, each record's index into them)`` for the records ``at``: what each one's
     start waited for (:func:`_why_label`), worked out once per distinct cause (its wait
     kind and the name of the record or the admission it names)."""
@@ -594,7 +653,7 @@ def _gap_labels(c: Records, at: np.ndarray, sched: dict) -> tuple[list, np.ndarr
     if "admit" in wvals and sched:
         adm = np.nonzero(why == wvals.index("admit"))[0]
         pe = np.asarray(c.pe, dtype=np.int64)[at[adm]]
-        j = np.array([sched.get(k, -1) for k in zip(pe.tolist(), ref[adm].tolist())], dtype=np.int64)
+        j = sched.many(pe, ref[adm])
         sub[adm] = np.where(j >= 0, 1 + wcodes[np.maximum(j, 0)], 0)
     _, first, inverse = np.unique((why.astype(np.int64) << 40) | sub, return_index=True, return_inverse=True)
     texts = [_why_label(c, int(at[i]), sched) for i in first.tolist()]

@@ -384,6 +384,18 @@ def test_a_fused_step_fast_forwards_exactly_on_one_pe_eight_and_across_cubes(tmp
     assert m["step"]["layers"] == len(m["phases"]["layers_ns"]) == (60 if "bench.tp=1" in topology else 48)
 
 
+def test_a_layer_loop_simulates_one_layer_after_the_period_it_checks(tmp_path):
+    """A layer's commands far outnumber PE_SCHEDULER's queue, so past its jump the layer
+    loop simulates the period it checks and one layer more (a KV loop two): 51 fused layers
+    on 8 PEs jump at layer 10 by 9 periods of 4 (36 layers; leaving two after the period,
+    32), and the step written is the full simulation's."""
+    m = run(tmp_path, "hardware=cube", "bench.tp=8", *FUSED_8[:-1], "bench.layers=51", "bench.data=false",
+            "run.fast_forward=verify", "run.check=false", "run.trace=false", bench="decoder_layer")
+    assert m["fast_forward"]["note"] == ("fast-forwarded in one simulation: 9 period(s) of 4 step(s) along layers "
+                                         "left out of 1 loop(s) (130032 of 184287 records by shifting); verified "
+                                         "against the full simulation")
+
+
 def test_a_verified_step_beyond_host_memory_is_refused_before_it_simulates(tmp_path, monkeypatch):
     """run.fast_forward=verify simulates the full step too, every record's stages kept for
     the sanitizer: within the record budget but beyond this machine's memory (made 1 GiB
