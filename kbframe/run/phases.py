@@ -23,7 +23,7 @@ import numpy as np
 from ..errors import ConfigError, HbmCapacityError
 from ..record_fields import FIELDS, N
 from ..records import label_codes
-from ..report.critical_path import Path, Records, Repeat
+from ..report.critical_path import LastOf, Path, Records, Repeat
 from ..sim.waits import WaitLog
 from ..timebase import ps_to_ns
 
@@ -103,10 +103,8 @@ def _stats(phases: dict, rows, res: dict) -> tuple:
     live = end[o] >= 0  # within the occurrence's span (PE_CPU dispatches ahead of it)
     inside = np.clip(np.minimum(t1[m], end[o]) - np.maximum(b0[m], start[o]), 0, None)
     np.add.at(busy, (o[live], res_of[m][live]), inside[live])
-    done = {}  # command ends, for the collectives
     at = np.nonzero(ucode == sched)[0]
-    for i in at.tolist():
-        done[(int(pe[i]), int(cmd[i]))] = int(t1[i])
+    done = _Done(LastOf(pe[at], cmd[at], at), t1)  # command ends, for the collectives
     link = np.where(res_of == RESOURCES.index("link"), work, 0)
     return start, end, busy, occ, done, link, pe
 
@@ -155,12 +153,24 @@ def _repeated_stats(rep: Repeated, phases: dict, res: dict, segments: Path) -> t
     return f_start, f_end, busy[order], occ_on, full_done, link * w, pe
 
 
+class _Done:
+    """``{(pe, cmd): end ps}`` of the commands of some records (their PE_SCHEDULER record's
+    end), a mapping's ``get``; a command id None has none."""
+
+    def __init__(self, last: LastOf, t1: np.ndarray):
+        self.last, self.t1 = last, t1
+
+    def get(self, key, default=None):
+        j = self.last.get(key) if key[1] is not None else None
+        return default if j is None else int(self.t1[j])
+
+
 class _CommandEnds:
     """``{(pe, cmd): end ps}`` of the full run's commands from the simulated run's ``done``
     (a mapping's ``get``): those of the period's commands again a period later each, the
     later ones ``X`` periods later (their ids moved by the period's commands ``per``)."""
 
-    def __init__(self, done: dict, lo: dict, per: dict, X: int, dt: int):
+    def __init__(self, done: _Done, lo: dict, per: dict, X: int, dt: int):
         self.done, self.lo, self.per, self.X, self.dt = done, lo, per, X, dt
 
     def get(self, key, default=None):
