@@ -228,21 +228,23 @@ def test_unit_figures_equal_the_record_by_record_loop(bench, overrides):
         assert any(len(u["waited_for"]) > 1 for u in got.values())
 
 
-@pytest.mark.parametrize("ids", [(3, 4, 5, 6), (3, 1 << 38, 5, 1 << 39)], ids=["dense", "spread"])
-def test_the_last_record_of_each_command_is_found_for_one_key_and_for_many(ids):
+@pytest.mark.parametrize("ids, q", [((3, 4, 5, 6), 1), ((3, 1 << 38, 5, 1 << 62), 1), ((3, 4, 5, 6), -1)],
+                         ids=["dense", "spread", "negative-pe"])
+def test_the_last_record_of_each_command_is_found_for_one_key_and_for_many(ids, q):
     """A unit's last record per (PE, command): a later record of a command replaces an
     earlier one, a key it lacks gives the default (one key) or -1 (many), whether the
-    command ids are packed (a run's) or spread far apart (an edited op_log's)."""
+    command ids are packed (a run's) or spread far apart, or a PE negative (an edited
+    op_log's)."""
     from kbframe.report.critical_path import Records
     a, b, c, d = ids
     rows = [(0, "scheduler", "gemm", a, 0, 1, -1, "dispatch", -1, -1),
             (0, "gemm", "gemm", a, 0, 1, -1, "dep", -1, -1),
-            (1, "scheduler", "gemm", b, 0, 2, -1, "dispatch", -1, -1),
+            (q, "scheduler", "gemm", b, 0, 2, -1, "dispatch", -1, -1),
             (0, "scheduler", "gemm", a, 0, 3, -1, "dispatch", -1, -1),
-            (1, "scheduler", "gemm", d, 0, 4, -1, "dispatch", -1, -1)]
+            (q, "scheduler", "gemm", d, 0, 4, -1, "dispatch", -1, -1)]
     last = Records(*zip(*rows)).last_of("scheduler")
-    assert last.to_dict() == {(0, a): 3, (1, b): 2, (1, d): 4}
-    assert (last.get((0, a)), last.get((1, d)), last.get((0, c)), last.get((2, a), -1), last.get((0, -5))) == \
+    assert last.to_dict() == {(0, a): 3, (q, b): 2, (q, d): 4}
+    assert (last.get((0, a)), last.get((q, d)), last.get((0, c)), last.get((2, a), -1), last.get((0, -5))) == \
         (3, 4, None, -1, None)
-    assert last.many([0, 1, 1, 0, 7, -1], [a, b, c, d, a, a]).tolist() == [3, 2, -1, -1, -1, -1]
+    assert last.many([0, q, q, 0, 7, -2], [a, b, c, d, a, a]).tolist() == [3, 2, -1, -1, -1, -1]
     assert not Records(*zip(*rows)).last_of("cpu") and last

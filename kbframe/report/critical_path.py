@@ -108,60 +108,48 @@ class LastOf:
     """``(pe, cmd) → index`` of a unit's last record per command, as a dict's ``get``
     (a key it lacks: ``default``) and for arrays of keys at once (:meth:`many`). A table per
     PE over its command ids (each PE numbers its commands without gaps), not a dict of
-    millions of tuples; ids spread far wider than the records (an edited op_log) are
-    sorted and searched instead."""
+    millions of tuples; ids spread far wider than the records, or a negative PE (an edited
+    op_log), are kept in a dict instead."""
 
     def __init__(self, pe: np.ndarray, cmd: np.ndarray, at: np.ndarray):
         self._n = len(at)
         self._lo = int(cmd.min()) if self._n else 0
         n_pe = int(pe.max()) + 1 if self._n else 0
         width = int(cmd.max()) - self._lo + 1 if self._n else 0
-        self._dense = n_pe * width <= 4 * self._n + (1 << 16)  # none: an empty table
-        if self._dense:
-            self._table = np.full((n_pe, width), -1, dtype=np.int64)
-            np.maximum.at(self._table, (pe, cmd - self._lo), at)  # the last record of each command
-        else:
-            key = pe << 40 | (cmd - self._lo)
-            order = np.lexsort((at, key))
-            last = np.append(key[order][1:] != key[order][:-1], True)  # the last of each key, by index
-            self._keys, self._at = key[order][last], at[order][last]
+        self._dict = None
+        if self._n and (int(pe.min()) < 0 or n_pe * width > 4 * self._n + (1 << 16)):
+            self._dict = dict(zip(zip(pe.tolist(), cmd.tolist()), at.tolist()))  # a later record replaces
+            return
+        self._table = np.full((n_pe, width), -1, dtype=np.int64)
+        np.maximum.at(self._table, (pe, cmd - self._lo), at)  # the last record of each command
 
     def __bool__(self) -> bool:
         return self._n > 0
 
     def to_dict(self) -> dict:
         """``{(pe, cmd): index}`` of every command it holds."""
-        if not self._n:
-            return {}
-        if self._dense:
-            pe, c = np.nonzero(self._table >= 0)
-            at = self._table[pe, c]
-        else:
-            pe, c, at = self._keys >> 40, self._keys & ((1 << 40) - 1), self._at
-        return dict(zip(zip(pe.tolist(), (c + self._lo).tolist()), at.tolist()))
+        if self._dict is not None:
+            return dict(self._dict)
+        pe, c = np.nonzero(self._table >= 0)
+        return dict(zip(zip(pe.tolist(), (c + self._lo).tolist()), self._table[pe, c].tolist()))
 
-    def many(self, pe: np.ndarray, cmd: np.ndarray) -> np.ndarray:
+    def many(self, pe, cmd) -> np.ndarray:
         """The index for each ``(pe[i], cmd[i])``, -1 where there is none."""
-        pe, c = np.asarray(pe, dtype=np.int64), np.asarray(cmd, dtype=np.int64) - self._lo
+        pe, cmd = np.asarray(pe, dtype=np.int64), np.asarray(cmd, dtype=np.int64)
+        if self._dict is not None:
+            return np.array([self._dict.get(k, -1) for k in zip(pe.tolist(), cmd.tolist())], dtype=np.int64)
+        c, t = cmd - self._lo, self._table
         out = np.full(len(pe), -1, dtype=np.int64)
-        if self._dense:
-            ok = (pe >= 0) & (pe < self._table.shape[0]) & (c >= 0) & (c < self._table.shape[1])
-            out[ok] = self._table[pe[ok], c[ok]]
-            return out
-        ok = (pe >= 0) & (pe < 1 << 23) & (c >= 0) & (c < 1 << 40)
-        key = pe[ok] << 40 | c[ok]
-        i = np.minimum(np.searchsorted(self._keys, key), len(self._keys) - 1)
-        out[ok] = np.where(self._keys[i] == key, self._at[i], -1)
+        ok = (pe >= 0) & (pe < t.shape[0]) & (c >= 0) & (c < t.shape[1])
+        out[ok] = t[pe[ok], c[ok]]
         return out
 
     def get(self, key: tuple, default=None):
-        j = int(self.many([key[0]], [key[1]])[0]) if not self._dense else self._one(int(key[0]), int(key[1]))
+        if self._dict is not None:
+            return self._dict.get(key, default)
+        pe, c, t = int(key[0]), int(key[1]) - self._lo, self._table
+        j = int(t[pe, c]) if 0 <= pe < t.shape[0] and 0 <= c < t.shape[1] else -1
         return default if j < 0 else j
-
-    def _one(self, pe: int, cmd: int) -> int:
-        c = cmd - self._lo
-        t = self._table
-        return int(t[pe, c]) if 0 <= pe < t.shape[0] and 0 <= c < t.shape[1] else -1
 
 
 def as_records(rows) -> Records:
