@@ -22,7 +22,7 @@ _M_TRIM_THRESHOLD, _M_MMAP_MAX, _M_ARENA_MAX = -1, -4, -8
 #: heap bytes :func:`prefault` touches per record a fast-forwarded run may hold: less than
 #: such a run's analyses allocate at their peak (the held records, their moves and waits,
 #: the critical path's and the op_log form's columns; Llama-3-70B's step at 32768 tokens
-#: and batch 8, bounded at 14.7 million records, peaks at 4.1 GiB), so the heap touched
+#: and batch 8, bounded at 14.0 million records, peaks at 4.1 GiB), so the heap touched
 #: ahead is reused, not added to the peak
 PEAK_BYTES_PER_HELD_RECORD = 200
 #: :func:`prefault` touches at most this share of the memory the system has available
