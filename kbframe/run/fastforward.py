@@ -136,7 +136,7 @@ FORM_PERIODS = 3
 def _form(table: RecordTable, period: int):
     """The periodic form of ``table``'s records (kbframe.periodic_form.find_periodic). A
     :class:`~kbframe.repeated.RepeatedTable`'s is found in the same run with its period
-    put back :data:`FORM_PERIODS` times at most, the section that runs across them
+    put back :data:`FORM_PERIODS` times at most, the section that runs up to or across them
     repeating the periods left out too; else in its records."""
     if isinstance(table, RepeatedTable) and table.X > FORM_PERIODS:
         m = FORM_PERIODS

@@ -129,8 +129,8 @@ def held_steps(cfg, wl, q: int) -> int:
     being put back as often as it repeats without being made (kbframe.repeated): its
     warm-up (``Workload.ff_min_steps``), two periods to see it steady and one after the
     jump, the end (``ff_after``) and a jump's rounding to every candidate period
-    (``ff_periods``); any
-    other run all ``q`` (``run.fast_forward=verify`` too: it simulates the full run as well)."""
+    (``ff_periods``); any other run all ``q`` (``run.fast_forward=verify`` too: it
+    simulates the full run as well)."""
     ff = str(cfg.run.get("fast_forward", "off")) if "run" in cfg else "off"
     if ff != "on" or not wl.nested_axes() or not wl.ff_min_steps or not wl.ff_periods:
         return q
