@@ -1,4 +1,5 @@
-"""Stable orderings of record columns (numpy): the one place for the radix-sort trick.
+"""Stable orderings of record columns (numpy): the one place for the radix-sort trick,
+and for distinct values found by one sort.
 
 numpy sorts 16-bit integers stably by radix, in linear time; wider integers by merge sort.
 A column of small codes (a PE, a unit stream, a record name) stored as int64 is narrowed
@@ -34,3 +35,12 @@ def groups(keys) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     starts = np.flatnonzero(ks[1:] != ks[:-1]) + 1
     starts = np.concatenate(([0], starts)) if len(ks) else starts.astype(np.int64)
     return order, ks[starts], starts
+
+
+def distinct(values) -> np.ndarray:
+    """The distinct integers of ``values``, ascending (``np.unique(values)``), by one sort:
+    numpy 2.4's ``np.unique`` without index arrays hashes the values first, which is about
+    15 times slower when most of them differ (2.2 million record indices: 2.2 against
+    0.13 s)."""
+    v = np.sort(np.asarray(values).ravel())
+    return v[np.concatenate(([True], v[1:] != v[:-1]))] if len(v) else v

@@ -1,8 +1,9 @@
-"""kbframe.sorting: the radix-sort trick gives numpy's stable order exactly."""
+"""kbframe.sorting: the radix-sort trick gives numpy's stable order exactly, one sort numpy's
+distinct values."""
 import numpy as np
 import pytest
 
-from kbframe.sorting import groups, stable_order
+from kbframe.sorting import distinct, groups, stable_order
 
 
 @pytest.mark.parametrize("keys", [
@@ -27,3 +28,10 @@ def test_groups_are_numpys_unique_of_the_stable_order(keys):
     want_values, want_starts = np.unique(keys[np.argsort(keys, kind="stable")], return_index=True)
     assert order.tolist() == np.argsort(keys, kind="stable").tolist()
     assert values.tolist() == want_values.tolist() and starts.tolist() == want_starts.tolist()
+
+
+@pytest.mark.parametrize("values", [np.array([3, 1, 3, 0, 1, 3]), np.array([7]), np.array([], dtype=np.int64),
+                                    np.array([1 << 40, -5, 1 << 40, -5]), np.array([[2, 1], [1, 0]])])
+def test_distinct_is_numpys_unique(values):
+    got = distinct(values)
+    assert got.tolist() == np.unique(values).tolist() and got.dtype == np.unique(values).dtype

@@ -47,7 +47,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..records import label_codes
-from ..sorting import stable_order
+from ..sorting import distinct, stable_order
 
 #: a unit busy at least this share of the period makes the period resource-bound
 BUSY_THRESHOLD = 0.95
@@ -680,7 +680,8 @@ def analyse(rows: list, n_units: int, unit_name: str = "unit", resources: dict |
         if extended is None:
             return None
         segs, look = extended
-    multi_pe = len(np.unique(np.asarray(rows.pe, dtype=np.int64))) > 1
+    pes = np.asarray(rows.pe, dtype=np.int64)
+    multi_pe = bool(len(pes)) and bool(pes.min() != pes.max())
     total = int(segs.t1[-1] - segs.t0[0]) if len(segs) else 0
     ucodes, uvals = label_codes(rows.unit)
     work = ~np.isin(ucodes, [uvals.index(u) for u in ("cpu", "scheduler") if u in uvals])
@@ -744,7 +745,7 @@ def on_path(rows) -> set:
 
 
 def _on_path(segs: Path) -> set:
-    return set(np.unique(segs.rec[(segs.rec >= 0) & (segs.t1 > segs.t0)]).tolist())
+    return set(distinct(segs.rec[(segs.rec >= 0) & (segs.t1 > segs.t0)]).tolist())
 
 
 def _term(c: Records, s: Segment, ps: int) -> dict:
