@@ -38,9 +38,10 @@ def groups(keys) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def distinct(values) -> np.ndarray:
-    """The distinct integers of ``values``, ascending (``np.unique(values)``), by one sort:
-    numpy 2.4's ``np.unique`` without index arrays hashes the values first, which is about
-    15 times slower when most of them differ (2.2 million record indices: 2.2 against
-    0.13 s)."""
+    """The distinct integers of ``values``, ascending (``np.unique(values)``), by one sort,
+    for values that mostly differ (record indices): numpy 2.4's ``np.unique`` without
+    index arrays hashes the values first, about 15 times slower then (2.2 million record
+    indices: 2.2 against 0.13 s), though faster when each repeats many times (addresses
+    reused: 0.08 against 0.11 s for 2.2 million, ten times each)."""
     v = np.sort(np.asarray(values).ravel())
     return v[np.concatenate(([True], v[1:] != v[:-1]))] if len(v) else v

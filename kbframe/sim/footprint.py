@@ -16,7 +16,6 @@ from math import prod
 import numpy as np
 
 from ..ir.handles import itemsize
-from ..sorting import distinct
 from .numerics import Numerics
 
 
@@ -258,7 +257,7 @@ def hazard_free_columns(sid, lo, hi, write, k, t0, t_end) -> bool:
             or lo.min() < 0 or hi.max() >= _ADDR_LIMIT or (hi < lo).any() or t_end.min() < 0:
         return False
     key_lo, key_hi = sid * _ADDR_LIMIT + lo, sid * _ADDR_LIMIT + hi
-    cuts = distinct(np.concatenate([key_lo, key_hi]))
+    cuts = np.unique(np.concatenate([key_lo, key_hi]))
     first, past = np.searchsorted(cuts, key_lo), np.searchsorted(cuts, key_hi)
     # one entry per (access, elementary segment it covers), in access order
     count = past - first
