@@ -110,7 +110,7 @@ class CompositeCmd:
     @cached_attr
     def logical_bytes(self) -> int:
         """DDD-0065 §4.1: framing 4 + op count 1 + Σ op bytes + rw count 1 + 8/rw handle."""
-        return 4 + 1 + sum(op.logical_bytes for op in self.ops) + 1 + 8 * len(self.rw_handles)
+        return 4 + 1 + sum([op.logical_bytes for op in self.ops]) + 1 + 8 * len(self.rw_handles)
 
 
 @dataclass(frozen=True, eq=False)

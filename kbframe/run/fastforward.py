@@ -160,8 +160,10 @@ def _apply(sim: Simulation, tot: dict, table: RecordTable) -> None:
     parts = ([(table.base[lo:hi], times) for lo, hi, times in table.pieces()] if isinstance(table, RepeatedTable)
              else [(table.array(), 1)])
     nb = FIELDS.index("bytes")
+    cpu = [(r[is_cpu[r[:, 0]]], times) for r, times in parts]  # the dispatches, then each PE's
+    cpu = [(pe_of[r[:, 0]], r[:, nb], times) for r, times in cpu]
     for pe in e.pes.built():
-        mine = [(r[:, nb][is_cpu[r[:, 0]] & (pe_of[r[:, 0]] == pe.index)].tolist(), times) for r, times in parts]
+        mine = [(b[p == pe.index].tolist(), times) for p, b, times in cpu]
         pe.cpu.restore(tot[("cpu", pe.index, "n_commands")], tot[("cpu", pe.index, "busy_ps")],
                        itertools.chain.from_iterable(b * times for b, times in mine))
     for key, ln in e.fabric.links.items():
