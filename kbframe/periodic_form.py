@@ -93,13 +93,15 @@ class Periodic:
     def inserted(self, at: int, period: int, extra: int) -> "Periodic | None":
         """This form with ``extra`` more periods of ``period`` records put in at record
         ``at`` (kbframe.repeated: the records from ``at`` on come that many periods later):
-        the section whose repetitions run up to ``at`` or across it (a window of it before
-        ``at``) repeats ``extra * period`` records more, the sections after it start that
-        much later; None when no section does with a window that divides ``period`` (the
-        form of the longer table is then to be found in it). Each period put in repeats the
-        one before ``at`` as that repeats its own, so the section's windows stay alike however
-        few of them come after ``at``."""
-        grow = [s for s in self.sections if s.prefix + s.period <= at <= s.end and period % s.period == 0]
+        the section whose repetitions run up to ``at`` or across it repeats ``extra *
+        period`` records more, the sections after it start that much later; None when no
+        section does with a window that divides ``period`` and that holds the period before
+        ``at`` and a window more (the form of the longer table is then to be found in it).
+        Each period put in repeats the one before ``at`` as that repeats the one before it,
+        whose windows across their boundary the section holds, so its windows stay alike
+        however few of them come after ``at``."""
+        grow = [s for s in self.sections
+                if s.prefix + period + s.period <= at <= s.end and period % s.period == 0]
         if len(grow) != 1:
             return None
         g, n = grow[0], extra * period
