@@ -51,9 +51,8 @@ def check_host_memory(wl, data: bool, data_dtype: str) -> None:
     need = wl.host_bytes()
     have = physical_memory_bytes()
     if have is not None and need > have:
-        shape = " ".join(f"{k}={v}" for k, v in wl.shape().items() if not k.startswith("n_"))
         raise ConfigError(f"bench needs about {_gib(need)} of host memory for its inputs and numbers "
-                          f"({shape}, bench.data={str(data).lower()}); this machine has "
+                          f"({wl.shape_text()}, bench.data={str(data).lower()}); this machine has "
                           f"{_gib(have)}; reduce the bench's shape keys")
 
 
@@ -99,7 +98,7 @@ def check_forwarded_records(cfg, wl, records: int, held: int | None = None) -> N
     count, before the records left out are made."""
     held = records if held is None else held
     need = held * FF_BYTES_PER_RECORD
-    head = (f"{cfg.bench.name} at {_shape_text(wl)} would make {records:,} op_log records even fast-forwarded"
+    head = (f"{cfg.bench.name} at {wl.shape_text()} would make {records:,} op_log records even fast-forwarded"
             + (f" and hold {held:,} of them" if held < records else "")
             + f" (about {_gib(need)} of host memory, {FF_BYTES_PER_RECORD} B each)")
     budget = record_budget(cfg)
@@ -185,7 +184,7 @@ def check_records_estimate(cfg, wl, kernel, recipes: dict, units: dict | None = 
         return held * count[1]
     est = count[1] + (held - 1) * (records(2) - count[1])
     full = count[1] + (q - 1) * (count[2] - count[1])
-    head = (f"{cfg.bench.name} at {_shape_text(wl)} would make about {full:,} op_log records ({count[1]:,} with 1 "
+    head = (f"{cfg.bench.name} at {wl.shape_text()} would make about {full:,} op_log records ({count[1]:,} with 1 "
             f"of its {q:,} steps of {key}, {count[2] - count[1]:,} more with each further one)")
     if held < q:
         head += f" and hold those of {held} steps, about {est:,}"
@@ -319,10 +318,6 @@ def dry_run(hardware, wl, kernel, recipes: dict, dtype: str, inputs: dict | None
             "dispatch_ps": dispatch_ps, "stages": stages, "records": 2 * n + stages if count_stages else 0}
 
 
-def _shape_text(wl) -> str:
-    return " ".join(f"{k}={v}" for k, v in wl.shape().items() if not k.startswith("n_"))
-
-
 def check_hbm(cfg, wl) -> None:
     """The bench's HBM tensors against ``hardware.hbm_bytes`` (no dry run needed).
 
@@ -337,7 +332,7 @@ def check_hbm(cfg, wl) -> None:
     hbm_need = sum(-(-math.prod(int(x) for x in s) * isz // 4096) * 4096 for s in tensors.values())
     if hbm_cap is not None and hbm_need > hbm_cap:
         raise HbmCapacityError(f"HBM too small: {', '.join(tensors)} need {hbm_need} B ({_gib(hbm_need)}) at "
-                               f"{_shape_text(wl)} ({b.dtype}), hardware.hbm_bytes is {hbm_cap} B ({_gib(hbm_cap)})",
+                               f"{wl.shape_text()} ({b.dtype}), hardware.hbm_bytes is {hbm_cap} B ({_gib(hbm_cap)})",
                                hbm_need, hbm_cap)
 
 
@@ -370,7 +365,7 @@ def check_resources(cfg, wl, kernel, recipes: dict, inputs: dict | None, units: 
     """
     check_hbm(cfg, wl)
     b, hw = cfg.bench, cfg.hardware
-    shape = _shape_text(wl)
+    shape = wl.shape_text()
     check = bool(cfg.run.check) if "run" in cfg else True
     fig = dry_run(hw, wl, kernel, recipes, b.dtype, inputs, count_stages=True, units=units)
     if check:

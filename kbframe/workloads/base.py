@@ -204,11 +204,15 @@ class Workload:
         """``metrics.json`` ``shape``."""
         raise NotImplementedError
 
+    def shape_text(self) -> str:
+        """The shape as messages and the summary name it, ``key=value`` (e.g. ``G=8 d=128
+        S_kv=4096 tile=64``): counts (``n_*``) and values not set (no model preset) left out."""
+        return " ".join(f"{k}={v}" for k, v in self.shape().items() if not k.startswith("n_") and v is not None)
+
     def describe(self) -> str:
         """The summary's shape line, e.g. ``G=8 d=128 S_kv=4096 tile=64 (64 KV tiles)``."""
-        keys = " ".join(f"{k}={v}" for k, v in self.shape().items() if not k.startswith("n_"))
         n = self.n_units()
-        return f"{keys} ({n} {self.unit}{'s' if n != 1 else ''})"
+        return f"{self.shape_text()} ({n} {self.unit}{'s' if n != 1 else ''})"
 
     def tokens(self) -> int | None:
         """Tokens one run makes (a model's decode step: one per sequence), for

@@ -412,7 +412,7 @@ def test_a_verified_step_beyond_host_memory_is_refused_before_it_simulates(tmp_p
     with pytest.raises(ConfigError) as e:
         run_bench(compose_cfg(*args, "run.fast_forward=verify", bench="decoder_layer"), tmp_path / "verify")
     assert str(e.value) == (
-        "decoder_layer at model=None B=1 H=64 H_q=4 H_kv=2 G=2 d=16 F=96 S_kv=100 layers=3000 tp=2 fusion=fused "
+        "decoder_layer at B=1 H=64 H_q=4 H_kv=2 G=2 d=16 F=96 S_kv=100 layers=3000 tp=2 fusion=fused "
         "allreduce=ring inner=opt2 tile=64 would make about 768,021 op_log records (277 with 1 of its 3,000 steps of "
         "layers, 256 more with each further one), about 1.46 GiB of host memory (2048 B each with run.check=true); "
         "this machine has 1 GiB; shrink the run or use run.check=false")
@@ -473,7 +473,7 @@ def test_a_model_whose_whole_step_would_not_fit_is_not_estimated(tmp_path):
             "hardware.hbm_bytes=1048576", "run.trace=false", "run.check=false")
     m = run(tmp_path, *args, bench="decoder_layer")
     why = ("HBM too small: x, attn_norm, ffn_norm, positions, wqkv, wo, w_gate_shards, w_up_shards, w_down, k_rows, "
-           "v_rows, out need 74649600 B (0.0695 GiB) at model=None B=1 H=64 H_q=4 H_kv=2 G=2 d=16 F=96 S_kv=100 "
+           "v_rows, out need 74649600 B (0.0695 GiB) at B=1 H=64 H_q=4 H_kv=2 G=2 d=16 F=96 S_kv=100 "
            "layers=1000 tp=2 fusion=fused allreduce=ring inner=opt2 tile=64 (float16), hardware.hbm_bytes is 1048576 B "
            "(0.000977 GiB)")
     assert m["step"]["model"] == {"layers": 1000, "latency_ns": None, "tokens_per_s": None, "refused": why,
