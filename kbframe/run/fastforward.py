@@ -160,8 +160,8 @@ def _apply(sim: Simulation, tot: dict, table: RecordTable) -> None:
     parts = ([(table.base[lo:hi], times) for lo, hi, times in table.pieces()] if isinstance(table, RepeatedTable)
              else [(table.array(), 1)])
     nb = FIELDS.index("bytes")
-    cpu = [(r[is_cpu[r[:, 0]]], times) for r, times in parts]  # the dispatches, then each PE's
-    cpu = [(pe_of[r[:, 0]], r[:, nb], times) for r, times in cpu]
+    dispatches = [(r[is_cpu[r[:, 0]]], times) for r, times in parts]  # taken once, then split by PE
+    cpu = [(pe_of[d[:, 0]], d[:, nb], times) for d, times in dispatches]
     for pe in e.pes.built():
         mine = [(b[p == pe.index].tolist(), times) for p, b, times in cpu]
         pe.cpu.restore(tot[("cpu", pe.index, "n_commands")], tot[("cpu", pe.index, "busy_ps")],
@@ -300,7 +300,7 @@ def _in_one(cfg, wl, kernel, recipes, check: bool, units: dict, key: str, q: int
     tries = ([(nested, first)] if nested else []) + [((), first), ((), first * GROWTH)]
     why = ""
     for n_try, (inner, min_steps) in enumerate(tries):
-        axes = [Axis(key, tuple(wl.ff_periods or PERIODS), min_steps, wl.ff_after or 2),
+        axes = [Axis(key, tuple(wl.ff_periods or PERIODS), min_steps, wl.ff_after),
                 *(Axis(k, PERIODS, MIN_STEPS) for k in inner)]
         steady = Steady(axes, skipped.snapshot, preflight.record_budget(cfg))
         if not inner and q < axes[0].min_steps + axes[0].tail + 2 * axes[0].multiple:

@@ -134,7 +134,7 @@ def held_steps(cfg, wl, q: int) -> int:
     if ff != "on" or not wl.nested_axes() or not wl.ff_min_steps or not wl.ff_periods:
         return q
     periods = tuple(wl.ff_periods)
-    return min(q, wl.ff_min_steps + 3 * max(periods) + (wl.ff_after or 2) + math.lcm(*periods))
+    return min(q, wl.ff_min_steps + 3 * max(periods) + wl.ff_after + math.lcm(*periods))
 
 
 def check_records_estimate(cfg, wl, kernel, recipes: dict, units: dict | None = None) -> int | None:

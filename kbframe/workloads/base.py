@@ -98,9 +98,9 @@ class Workload:
     ff_budget: float | None = None
     #: candidate periods, in steps of the periodic axis (None: fast-forward's, 1 to 8)
     ff_periods: tuple | None = None
-    #: steps simulated after the period checked past a jump in one simulation (None: 2;
-    #: kbframe.sim.steady.Axis)
-    ff_after: int | None = None
+    #: steps simulated after the period checked past a jump in one simulation
+    #: (kbframe.sim.steady.Axis)
+    ff_after: int = 2
 
     def __init__(self, cfg, n_pes: int = 1, hardware=None):
         self.cfg = cfg
