@@ -224,7 +224,7 @@ def analyse(phases: dict, rows, segments, latency_ps: int, roles: dict, hbm_gbps
         repeated: the run is its simulated records with a period of layers put back
             (:class:`Repeated`): the figures are made from those.
     Returns:
-        metrics: ``phases`` (``layers_ns``: each layer's span; ``by_phase``: per name its
+        metrics: ``phases`` (``layers_ns``: each layer's latency, :func:`_layer_latencies`; ``by_phase``: per name its
         ``count``, ``span_ns``, ``per_layer_ns``, ``share``, ``busy_ns`` per resource,
         ``bound_ns``, ``binding``, ``critical_path_ns``, ``analytic_ns`` (None when its
         phases give no costs); ``analytic_ns``: their sum; ``critical_path_other_ns``: path
@@ -302,7 +302,7 @@ def analyse(phases: dict, rows, segments, latency_ps: int, roles: dict, hbm_gbps
                     "analytic_ns": None if e["analytic_ps"] is None else ps_to_ns(round(e["analytic_ps"]))})
     sends = link > 0  # the links' bound: the busiest PE's IPCQ sends
     link_ps = int(np.bincount(pe[sends], weights=link[sends]).max()) if sends.any() else 0
-    metrics = {"phases": {"layers_ns": [ps_to_ns(hi - lo) for _, (lo, hi) in sorted(layers.items())],
+    metrics = {"phases": {"layers_ns": _layer_latencies(layers),
                           "by_phase": out, "critical_path_other_ns": ps_to_ns(int(on_path[n])),
                           "link_bound_ns": ps_to_ns(link_ps),
                           "analytic_ns": None if any(e["analytic_ns"] is None for e in out)
@@ -310,6 +310,19 @@ def analyse(phases: dict, rows, segments, latency_ps: int, roles: dict, hbm_gbps
     if collectives:
         metrics["collectives"] = collectives
     return metrics, slices
+
+
+def _layer_latencies(layers: dict) -> list:
+    """Each layer's latency, ns, from ``{layer: (first start, last end)}`` ps: from the end of
+    the layer before it (the first layer: from its own start) to its end. Spans overlap where
+    PE_CPU dispatches a layer's first commands (its norm weights' load) while the layer before
+    still runs (one PE: no all-reduce holds it back); these do not, and add up to the
+    latency of the layers."""
+    out, prev = [], None
+    for _, (lo, hi) in sorted(layers.items()):
+        out.append(ps_to_ns(hi - (lo if prev is None else prev)))
+        prev = hi
+    return out
 
 
 def _analytic(info: dict, hbm_gbps: float, peak_tflops: float):
@@ -331,9 +344,9 @@ def step(metrics: dict, tokens: int, model_layers: int | None = None, refused: C
     and binding, what binds the step and the analytic estimate beside it.
 
     ``model_layers``: the model's layer count when the run simulates fewer: ``step.model``
-    then estimates the whole step as the run's latency plus the last layer's span for each
-    layer not simulated, with its tokens/s: the layers repeat, so this is close when a layer
-    is long against what links two (1.6·10⁻⁵ for Llama-3-70B at 8192 tokens on cube_mesh,
+    then estimates the whole step as the run's latency plus the last layer's latency (from
+    the end of the layer before it; one layer: its span) for each layer not simulated, with
+    its tokens/s: the layers repeat, so this is close when a layer is long against what links two (1.6·10⁻⁵ for Llama-3-70B at 8192 tokens on cube_mesh,
     2.4 % for a 7.6 µs test layer; docs/decoder_layer.md). ``refused``: why the whole model
     would not fit (kbframe.run.preflight.model_refusal): ``step.model`` then says so
     (``refused``; an HBM over its capacity also as ``hbm_need_bytes`` and ``hbm_bytes``) and
@@ -357,7 +370,7 @@ def step(metrics: dict, tokens: int, model_layers: int | None = None, refused: C
         est = lat + (model_layers - len(layers)) * layers[-1]
         out["model"] = {"layers": model_layers, "latency_ns": est, "tokens_per_s": tokens / est * 1e9,
                         "estimated": f"{len(layers)} simulated layer(s) and {model_layers - len(layers)} more of "
-                                     f"the last one's span"}
+                                     f"the last one's latency"}
     return out
 
 

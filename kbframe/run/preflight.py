@@ -122,19 +122,22 @@ def estimated(cfg, wl) -> bool:
     return axis is not None and int(cfg.bench[axis[0]]) // axis[1] >= ESTIMATE_FROM_STEPS
 
 
-def held_steps(cfg, wl, q: int) -> int:
-    """How many of a run's ``q`` steps along its periodic axis it holds the records of, at
-    most: a fast-forwarded model step holds its simulated layers, the period of layers
-    being put back as often as it repeats without being made (kbframe.repeated): its
-    warm-up (``Workload.ff_min_steps``), two periods to see it steady and one after the
-    jump, the end (``ff_after``) and a jump's rounding to every candidate period
-    (``ff_periods``); any other run all ``q`` (``run.fast_forward=verify`` too: it
-    simulates the full run as well)."""
+def held_steps(cfg, wl, q: int) -> tuple[int, int]:
+    """``(least, most)``: how many of a run's ``q`` steps along its periodic axis it holds
+    the records of. A fast-forwarded model step holds its simulated layers, the period of
+    layers being put back as often as it repeats without being made (kbframe.repeated):
+    at least its warm-up (``Workload.ff_min_steps``, and two of its shortest candidate
+    periods to see it steady), one such period checked after the jump and the end
+    (``ff_after``); at most, as a rule of thumb, three periods of the longest candidate
+    (``ff_periods``) after the warm-up and a jump's rounding to every candidate. Any other
+    run (``run.fast_forward=verify`` too: it simulates the full run as well): ``(q, q)``."""
     ff = str(cfg.run.get("fast_forward", "off")) if "run" in cfg else "off"
     if ff != "on" or not wl.nested_axes() or not wl.ff_min_steps or not wl.ff_periods:
-        return q
+        return q, q
     periods = tuple(wl.ff_periods)
-    return min(q, wl.ff_min_steps + 3 * max(periods) + wl.ff_after + math.lcm(*periods))
+    p = min(periods)
+    least = max(wl.ff_min_steps, 2 * p) + p + wl.ff_after
+    return min(q, least), min(q, wl.ff_min_steps + 3 * max(periods) + wl.ff_after + math.lcm(*periods))
 
 
 def check_records_estimate(cfg, wl, kernel, recipes: dict, units: dict | None = None) -> int | None:
@@ -143,13 +146,17 @@ def check_records_estimate(cfg, wl, kernel, recipes: dict, units: dict | None = 
     dry-run, which both grow with the run (a model step: minutes). The records of one and
     then two steps of the axis (dry runs) give the run's count, which is affine in the
     steps: ``R(1) + (q − 1)·(R(2) − R(1))``; what counts is that of the steps whose records
-    the run holds (:func:`held_steps`: a model step's simulated layers). Skipped when
-    ``held·R(1)``, which bounds it, is within the budget; the exact checks follow
-    (:func:`check_resources`, :func:`check_forwarded_records`).
+    the run holds (:func:`held_steps`: a model step's simulated layers, which it knows only
+    once its layers are seen steady). Skipped when ``most·R(1)``, which bounds it, is within
+    the budget. The budget refuses a run whose least count is over it; one that holds more
+    than its least is stopped by the exact checks that follow (:func:`check_resources`; a
+    model step's simulation as soon as it holds more before its layers jump,
+    kbframe.sim.steady, and :func:`check_forwarded_records` once they did). Host memory is
+    held to the most.
 
     Returns:
-        The records the run would hold: ``held·R(1)``, or the estimate when that bound is
-        over the budget (None: not estimated, or no budget).
+        The records the run would hold at most: ``most·R(1)``, or the estimate when that
+        bound is over the budget (None: not estimated, or no budget).
     Raises:
         ConfigError: the estimate exceeds ``run.max_records``, or the host memory the run
         would keep for it (the sanitizer's or fast-forward's bytes per record).
@@ -172,7 +179,7 @@ def check_records_estimate(cfg, wl, kernel, recipes: dict, units: dict | None = 
         count[n] = dry_run(cfg.hardware, w, kernel, recipes, w.cfg.dtype, None, count_stages=True,
                            units=copy.deepcopy(units) if units is not None else None).get("records", 0)
         return count[n]
-    held = held_steps(cfg, wl, q)  # a step of layers holds the records of these alone (kbframe.repeated)
+    least, held = held_steps(cfg, wl, q)  # a step of layers holds the records of these alone (kbframe.repeated)
     check = bool(cfg.run.check) if "run" in cfg else True
     per = max(FF_BYTES_PER_RECORD, SANITIZER_BYTES_PER_RECORD if check else 0)
     have = physical_memory_bytes()
@@ -182,17 +189,21 @@ def check_records_estimate(cfg, wl, kernel, recipes: dict, units: dict | None = 
         return None
     if held * count[1] <= budget and not (whole and have is not None and held * count[1] * per > have):
         return held * count[1]
-    est = count[1] + (held - 1) * (records(2) - count[1])
-    full = count[1] + (q - 1) * (count[2] - count[1])
+    more = records(2) - count[1]
+    full = count[1] + (q - 1) * more
     head = (f"{cfg.bench.name} at {wl.shape_text()} would make about {full:,} op_log records ({count[1]:,} with 1 "
-            f"of its {q:,} steps of {key}, {count[2] - count[1]:,} more with each further one)")
-    if held < q:
-        head += f" and hold those of {held} steps, about {est:,}"
+            f"of its {q:,} steps of {key}, {more:,} more with each further one)")
+
+    def holding(n: int, how: str) -> str:
+        return f" and hold those of {how}{n} steps, about {count[1] + (n - 1) * more:,}" if n < q else ""
     # a model step's one step of the axis estimates the whole step (metrics.json step.model)
     instead = (f", or simulate one (bench.{key}={step}: metrics.json step.model estimates the whole step from it)"
                if one[0].model_layers() is not None else "")
-    if est > budget:
-        raise RecordBudgetError(f"{head}, over run.max_records={budget:,}; raise run.max_records or shrink the run{instead}")
+    if count[1] + (least - 1) * more > budget:
+        raise RecordBudgetError(f"{head}{holding(least, 'at least ' if least < held else '')}, over "
+                                f"run.max_records={budget:,}; raise run.max_records or shrink the run{instead}")
+    est = count[1] + (held - 1) * more
+    head += holding(held, "up to " if least < held else "")
     if have is not None and est * per > have:
         raise ConfigError(f"{head}, about {_gib(est * per)} of host memory ({per} B each"
                           f"{' with run.check=true' if check else ''}); this machine has {_gib(have)}; shrink the run"

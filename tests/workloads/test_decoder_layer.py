@@ -420,7 +420,7 @@ def test_a_verified_step_beyond_host_memory_is_refused_before_it_simulates(tmp_p
     cfg = compose_cfg(*args, bench="decoder_layer")
     wl = validate(cfg)
     held = preflight.check_records_estimate(cfg, wl, resolve_kernel(cfg.bench.kernel), load_recipes(cfg.recipes))
-    assert held == preflight.held_steps(cfg, wl, 3000) * 277
+    assert held == preflight.held_steps(cfg, wl, 3000)[1] * 277
 
 
 def test_a_step_over_its_record_budget_is_refused_with_its_exact_count(tmp_path):
@@ -456,14 +456,31 @@ def test_a_run_of_fewer_layers_than_its_model_estimates_the_whole_step(tmp_path)
     mo = one["step"]["model"]
     assert mo == {"layers": 6, "latency_ns": one["step"]["latency_ns"] + 5 * one["phases"]["layers_ns"][-1],
                   "tokens_per_s": 1e9 / mo["latency_ns"],
-                  "estimated": "1 simulated layer(s) and 5 more of the last one's span"}
+                  "estimated": "1 simulated layer(s) and 5 more of the last one's latency"}
     # a tiny layer (7.6 µs) is short against what links two layers: 2.4 % under the simulated
     # step (a Llama-3-70B layer: 1.6e-5, docs/decoder_layer.md)
     assert round(mo["latency_ns"] / six["step"]["latency_ns"] - 1, 4) == -0.0237
     assert "model" not in six["step"]
     line = [x for x in summary(one, tmp_path).splitlines() if x.startswith("  model ")]
     assert line == [f"  model       {mo['latency_ns'] / 1e6:.3f} ms, {mo['tokens_per_s']:,.1f} tokens/s for the model's 6 "
-                    f"layers, estimated (1 simulated layer(s) and 5 more of the last one's span)"]
+                    f"layers, estimated (1 simulated layer(s) and 5 more of the last one's latency)"]
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_a_layers_latency_runs_from_the_end_of_the_layer_before_it(tmp_path, tp):
+    """On one PE no all-reduce holds PE_CPU back: a layer's first command (its norm weights'
+    load) runs while the layer before still does, so layers' spans overlap. A layer's latency
+    runs from the previous layer's end: the layers after the first take the same time, and
+    two simulated layers estimate the model's step as the simulated step of all its layers."""
+    args = ("hardware=cube", f"bench.tp={tp}", *SMALL, "bench.model_layers=6", "run.trace=false", "run.check=false",
+            "run.fast_forward=off")
+    two = run(tmp_path / "two", *args, "bench.layers=2", bench="decoder_layer")
+    six = run(tmp_path / "six", *args, "bench.layers=6", bench="decoder_layer")
+    per = six["phases"]["layers_ns"]
+    assert per[1:] == [two["phases"]["layers_ns"][1]] * 5 and per[0] == two["phases"]["layers_ns"][0]
+    assert per[1] == {1: 1317.141, 2: 1233.5}[tp]
+    assert two["step"]["model"]["latency_ns"] == pytest.approx(six["step"]["latency_ns"], rel=1e-12)
+    assert two["step"]["model"]["estimated"] == "2 simulated layer(s) and 4 more of the last one's latency"
 
 
 def test_a_model_whose_whole_step_would_not_fit_is_not_estimated(tmp_path):
@@ -497,22 +514,32 @@ def test_the_whole_model_of_an_inputs_file_is_checked_with_its_dimensions(tmp_pa
 
 def test_a_step_that_fast_forwards_is_held_to_its_budget_by_the_layers_it_holds(tmp_path):
     """A step whose layers fast-forward holds the records of its simulated layers alone (the
-    period of layers is put back without being made): its budget counts those of at most
-    20 layers (3 to settle, three periods of up to 4, the last layer and a jump's rounding),
-    the estimate says so,
-    and a budget below the full step's count but above that runs it whole."""
+    period of layers is put back without being made), and knows how many once its layers
+    look steady. Before it simulates it is refused only when even its fewest (3 to settle,
+    two periods of 1, the last layer) are over the budget; a budget under what it holds
+    then stops it once its simulated layers are known, with their count; at that count it
+    runs, though below the full step's."""
     args = ("hardware=default", "bench.tp=1", "bench.H=32", "bench.H_q=8", "bench.H_kv=8", "bench.d=16", "bench.F=64",
             "bench.S_kv=40", "bench.layers=60", "run.trace=false", "run.check=false")
     with pytest.raises(RecordBudgetError, match=r"would make about ([\d,]+) op_log records \(([\d,]+) with 1 of its "
                                                 r"60 steps of layers, ([\d,]+) more with each further one\) and hold "
-                                                r"those of 20 steps, about ([\d,]+), over run.max_records=1;") as e:
+                                                r"those of at least 5 steps, about ([\d,]+), over run.max_records=1;") as e:
         run(tmp_path / "one", *args, "run.max_records=1", bench="decoder_layer")
-    full, one, more, held = (int(v.replace(",", "")) for v in
-                             re.search(r"about ([\d,]+) op_log records \(([\d,]+) with 1 .*, ([\d,]+) more .* "
-                                       r"about ([\d,]+),", str(e.value)).groups())
-    assert full == one + 59 * more and held == one + 19 * more
+    full, one, more, least = (int(v.replace(",", "")) for v in
+                              re.search(r"about ([\d,]+) op_log records \(([\d,]+) with 1 .*, ([\d,]+) more .* "
+                                        r"about ([\d,]+),", str(e.value)).groups())
+    assert full == one + 59 * more and least == one + 4 * more
+    held = one + 5 * more  # the run simulates 6 layers (54 periods of 1 left out)
+    with pytest.raises(RecordBudgetError) as e:
+        run(tmp_path / "least", *args, f"run.max_records={least}", bench="decoder_layer")
+    assert str(e.value).endswith(f"would make {full:,} op_log records even fast-forwarded and hold {held:,} of them "
+                                 f"(about 0.000852 GiB of host memory, 450 B each), over run.max_records={least:,}; "
+                                 f"raise run.max_records or shrink the run")
+    assert not (tmp_path / "least").exists()
     m = run(tmp_path / "held", *args, f"run.max_records={held}", bench="decoder_layer")
     assert m["sim"]["events"] == full > held and m["fast_forward"]["applied"] and m["step"]["layers"] == 60
+    assert m["fast_forward"]["note"].endswith(f"54 period(s) of 1 step(s) along layers left out of 1 loop(s) "
+                                              f"({full - held} of {full} records by shifting)")
     # run.fast_forward=verify simulates the full step as well: its budget counts every layer
     with pytest.raises(RecordBudgetError, match=rf"would make about {full:,} op_log records \({one:,} with 1 of its "
                                                 rf"60 steps of layers, {more:,} more with each further one\), over "
