@@ -378,3 +378,28 @@ def test_sigterm_on_a_sweep_ends_every_job_and_says_how_to_summarise(tmp_path, l
             break
         assert time.monotonic() < deadline, "a process of the sweep outlived it"
         time.sleep(0.05)
+
+
+@pytest.mark.parametrize("command_line, twice", [
+    (["++bench.tp=8"], ("bench.tp=2,4,8", "++bench.tp=8")),
+    (["+bench.tp=8,16"], ("bench.tp=2,4,8", "+bench.tp=8,16")),
+    (["+bench=decoder_layer", "bench.tp=8"], None),  # replaces the sweep config's values
+    (["hardware=cube"], None),
+    (["hardware.hbm_gbps=100", "++hardware.hbm_gbps=200"], ("hardware.hbm_gbps=100", "++hardware.hbm_gbps=200")),
+    (["~bench.tp"], None),
+])
+def test_a_key_a_grid_sweep_would_set_twice_in_every_job_is_found(command_line, twice):
+    """The basic sweeper keeps one override per key as written: a sweep config's
+    ``bench.tp=2,4,8`` and the command line's ``++bench.tp=8`` are two, and every job would
+    run 8 under its label (the sweep is refused before it starts: docs/errors.md
+    ``sweep_key_twice``); ``bench.tp=8`` replaces the values."""
+    from omegaconf import OmegaConf
+    from kbframe.report.sweep_jobs import sweep_overrides, twice_set
+    hydra_cfg = OmegaConf.create({
+        "sweeper": {"_target_": "hydra._internal.core_plugins.basic_sweeper.BasicSweeper",
+                    "params": {"+bench": "decoder_layer", "hardware": "cube_mesh", "bench.tp": "2,4,8"}},
+        "overrides": {"task": command_line}})
+    got = twice_set(sweep_overrides(hydra_cfg))
+    assert (None if got is None else tuple(o.input_line for o in got)) == twice
+    hydra_cfg.sweeper._target_ = "hydra_plugins.hydra_optuna_sweeper.optuna_sweeper.OptunaSweeper"
+    assert sweep_overrides(hydra_cfg) is None  # a search samples its own way

@@ -71,6 +71,22 @@ def _fail(msg: str) -> None:
     raise SystemExit(1)
 
 
+def _check_twice_set(config: DictConfig) -> None:
+    """Refuse a grid sweep whose jobs would each set one key twice (kbframe.report.sweep_jobs.
+    twice_set): every job would run the later value under a label naming the earlier."""
+    from ..report.sweep_jobs import sweep_overrides, twice_set
+    try:
+        both = twice_set(sweep_overrides(config.hydra) or [])
+        if both is None:
+            return
+        first, second = (o.input_line or o.get_key_element() for o in both)
+        key = both[1].key_or_group
+    except Exception:  # noqa: BLE001 (an override Hydra cannot parse: its sweeper says why)
+        return
+    _fail(f"{first} and {second} both set {key} in every job: each would run the second under a label naming the "
+          f"first; to narrow a sweep config's values give {key}=VALUES as it writes them (no + or ++; a key of a "
+          f"group the sweep adds needs that group on the command line too, e.g. +bench=NAME)")
+
 class SweepReport(Callback):
     """Aggregate the sweep at its end; exit 1 if any job is not ok.
 
@@ -103,6 +119,7 @@ class SweepReport(Callback):
             check_sweep(config)
         except KbframeError as e:
             _fail(str(e))
+        _check_twice_set(config)
         if self.reuse_dir and "optuna" in str(config.hydra.sweeper.get("_target_", "")).lower():
             _fail("hydra.callbacks.sweep_report.reuse_dir=true is for grid sweeps: a search writes no job plan, "
                   "so its report could not tell its trials from an earlier sweep's; choose a new hydra.sweep.dir")

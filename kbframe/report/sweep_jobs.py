@@ -94,18 +94,47 @@ def sweep_plan(sweep_dir: Path) -> list[list[str]] | None:
         return None
     try:
         from ..internals import basic_sweeper
-        from hydra.core.override_parser.overrides_parser import OverridesParser
         from omegaconf import OmegaConf
-        hydra_cfg = OmegaConf.load(path).hydra
-        sweeper = OmegaConf.to_container(hydra_cfg.sweeper, resolve=False)
-        if not str(sweeper.get("_target_", "")).endswith("BasicSweeper"):
+        overrides = sweep_overrides(OmegaConf.load(path).hydra)
+        if overrides is None:
             return None
-        params = [f"{k}={v}" for k, v in (sweeper.get("params") or {}).items()]
-        task = [str(o) for o in OmegaConf.to_container(hydra_cfg.overrides.task, resolve=False)]
-        overrides = OverridesParser.create().parse_overrides(params + task)
         return [list(job) for batch in basic_sweeper().split_arguments(overrides, None) for job in batch]
     except Exception:  # an unusual sweep (e.g. glob() choices); fall back to the directories
         return None
+
+
+def sweep_overrides(hydra_cfg) -> list | None:
+    """The overrides Hydra's basic sweeper expands into jobs (parsed ``Override`` s): the
+    sweep config's ``hydra.sweeper.params``, then the command line's; None when another
+    sweeper runs the sweep. Raises what Hydra's override parser raises."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import OmegaConf
+    sweeper = OmegaConf.to_container(hydra_cfg.sweeper, resolve=False)
+    if not str(sweeper.get("_target_", "")).endswith("BasicSweeper"):
+        return None
+    params = [f"{k}={v}" for k, v in (sweeper.get("params") or {}).items()]
+    task = [str(o) for o in OmegaConf.to_container(hydra_cfg.overrides.task, resolve=False)]
+    return OverridesParser.create().parse_overrides(params + task)
+
+
+def twice_set(overrides: list) -> tuple | None:
+    """``(first, second)``: two of a sweep's overrides (:func:`sweep_overrides`) that would
+    both be in every job's override list and set the same key, the later one winning (the
+    basic sweeper keeps one override per key *as written*: ``bench.tp=2,4`` from the sweep
+    config and ``++bench.tp=8`` from the command line are two, and the jobs labelled
+    ``bench.tp=2`` and ``bench.tp=4`` would both run 8); None if there are none."""
+    kept: dict = {}
+    for o in overrides:
+        kept[o.get_key_element()] = o
+    seen: dict = {}
+    for o in kept.values():
+        if o.is_delete():
+            continue
+        key = o.key_or_group if o.package is None else f"{o.key_or_group}@{o.package}"
+        if key in seen:
+            return seen[key], o
+        seen[key] = o
+    return None
 
 
 def _job_dirs(sweep_dir: Path) -> list[Path]:
