@@ -387,6 +387,8 @@ def test_sigterm_on_a_sweep_ends_every_job_and_says_how_to_summarise(tmp_path, l
     (["hardware=cube"], None),
     (["hardware.hbm_gbps=100", "++hardware.hbm_gbps=200"], ("hardware.hbm_gbps=100", "++hardware.hbm_gbps=200")),
     (["~bench.tp"], None),
+    (["++bench.data=false"], None),  # the value the sweep config sets: every job runs it, as labelled
+    (["++bench.data=true"], ("bench.data=false", "++bench.data=true")),
 ])
 def test_a_key_a_grid_sweep_would_set_twice_in_every_job_is_found(command_line, twice):
     """The basic sweeper keeps one override per key as written: a sweep config's
@@ -397,7 +399,8 @@ def test_a_key_a_grid_sweep_would_set_twice_in_every_job_is_found(command_line, 
     from kbframe.report.sweep_jobs import sweep_overrides, twice_set
     hydra_cfg = OmegaConf.create({
         "sweeper": {"_target_": "hydra._internal.core_plugins.basic_sweeper.BasicSweeper",
-                    "params": {"+bench": "decoder_layer", "hardware": "cube_mesh", "bench.tp": "2,4,8"}},
+                    "params": {"+bench": "decoder_layer", "hardware": "cube_mesh", "bench.tp": "2,4,8",
+                               "bench.data": "false"}},
         "overrides": {"task": command_line}})
     got = twice_set(sweep_overrides(hydra_cfg))
     assert (None if got is None else tuple(o.input_line for o in got)) == twice

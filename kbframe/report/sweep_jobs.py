@@ -122,7 +122,8 @@ def twice_set(overrides: list) -> tuple | None:
     both be in every job's override list and set the same key, the later one winning (the
     basic sweeper keeps one override per key *as written*: ``bench.tp=2,4`` from the sweep
     config and ``++bench.tp=8`` from the command line are two, and the jobs labelled
-    ``bench.tp=2`` and ``bench.tp=4`` would both run 8); None if there are none."""
+    ``bench.tp=2`` and ``bench.tp=4`` would both run 8); None if there are none (one value
+    set twice is none: every job runs it, as labelled)."""
     kept: dict = {}
     for o in overrides:
         kept[o.get_key_element()] = o
@@ -131,8 +132,10 @@ def twice_set(overrides: list) -> tuple | None:
         if o.is_delete():
             continue
         key = o.key_or_group if o.package is None else f"{o.key_or_group}@{o.package}"
-        if key in seen:
-            return seen[key], o
+        first = seen.get(key)
+        if first is not None and (first.is_sweep_override() or o.is_sweep_override()
+                                  or first.get_value_element_as_str() != o.get_value_element_as_str()):
+            return first, o  # (one value set twice, e.g. ++bench.data=false on a timing-only sweep: as labelled)
         seen[key] = o
     return None
 

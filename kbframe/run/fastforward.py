@@ -309,9 +309,9 @@ def _in_one(cfg, wl, kernel, recipes, check: bool, units: dict, key: str, q: int
             sim = simulate(cfg, wl, kernel, recipes, None, None, check, show, copy.deepcopy(units),
                            check_later=check, steady=steady)
             if not steady.jumps:  # nothing left out: this is the full simulation
-                return Outcome(sim, f"simulated in full: no loop along {' or '.join(a.key for a in axes)} looked "
-                                    f"steady with a stretch to leave out" + (f" (before: {why})" if why else ""),
-                               whole=True)
+                none = f"no loop along {' or '.join(a.key for a in axes)} looked steady with a stretch to leave out"
+                preflight.check_simulated_records(cfg, wl, len(sim.oplog.table), none)
+                return Outcome(sim, f"simulated in full: {none}" + (f" (before: {why})" if why else ""), whole=True)
             made = skipped.make(sim, steady, totals(sim), repeated=bool(nested))
             break
         except skipped.NotSteady as e:  # a nested loop's jump, or one that looked steady too early: once more

@@ -135,9 +135,23 @@ def held_steps(cfg, wl, q: int) -> tuple[int, int]:
     if ff != "on" or not wl.nested_axes() or not wl.ff_min_steps or not wl.ff_periods:
         return q, q
     periods = tuple(wl.ff_periods)
+    if q - wl.ff_min_steps - (max(periods) + wl.ff_after) < 2 * math.lcm(*periods):
+        return q, q  # too short for its loop to leave anything out (kbframe.sim.steady: Steady._iterate)
     p = min(periods)
     least = max(wl.ff_min_steps, 2 * p) + p + wl.ff_after
     return min(q, least), min(q, wl.ff_min_steps + 3 * max(periods) + wl.ff_after + math.lcm(*periods))
+
+
+def check_simulated_records(cfg, wl, records: int, why: str) -> None:
+    """Raise RecordBudgetError if a run that was to fast-forward but was simulated in full
+    (``why``: why nothing was left out) holds more op_log records than ``run.max_records``:
+    the check of a model step whose fewest layers were within the budget
+    (:func:`check_records_estimate`) when none of its loops jumped."""
+    budget = record_budget(cfg)
+    if budget and records > budget:
+        raise RecordBudgetError(f"{cfg.bench.name} at {wl.shape_text()} was simulated record by record ({why}): "
+                                f"{records:,} op_log records, over run.max_records={budget:,}; raise "
+                                f"run.max_records or shrink the run")
 
 
 def check_records_estimate(cfg, wl, kernel, recipes: dict, units: dict | None = None) -> int | None:

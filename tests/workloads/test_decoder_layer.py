@@ -512,13 +512,15 @@ def test_the_whole_model_of_an_inputs_file_is_checked_with_its_dimensions(tmp_pa
     assert mo["refused"].startswith("bench.tp=2 (bench.placement=spread) puts 1 rank's shards, 37312129 B")
 
 
-def test_a_step_that_fast_forwards_is_held_to_its_budget_by_the_layers_it_holds(tmp_path):
+def test_a_step_that_fast_forwards_is_held_to_its_budget_by_the_layers_it_holds(tmp_path, monkeypatch):
     """A step whose layers fast-forward holds the records of its simulated layers alone (the
     period of layers is put back without being made), and knows how many once its layers
     look steady. Before it simulates it is refused only when even its fewest (3 to settle,
-    two periods of 1, the last layer) are over the budget; a budget under what it holds
-    then stops it once its simulated layers are known, with their count; at that count it
-    runs, though below the full step's."""
+    in which two periods of 1 are seen, one period checked after the jump and the last
+    layer) are over the budget; a budget under what it holds stops it once its layers are
+    simulated, with their count; at that count it runs, though below the full step's. A
+    step too short to leave layers out holds them all, and is refused before it simulates;
+    one whose layers never look steady is simulated whole and then held to the budget."""
     args = ("hardware=default", "bench.tp=1", "bench.H=32", "bench.H_q=8", "bench.H_kv=8", "bench.d=16", "bench.F=64",
             "bench.S_kv=40", "bench.layers=60", "run.trace=false", "run.check=false")
     with pytest.raises(RecordBudgetError, match=r"would make about ([\d,]+) op_log records \(([\d,]+) with 1 of its "
@@ -545,3 +547,21 @@ def test_a_step_that_fast_forwards_is_held_to_its_budget_by_the_layers_it_holds(
                                                 rf"60 steps of layers, {more:,} more with each further one\), over "
                                                 rf"run.max_records={held:,};"):
         run(tmp_path / "verify", *args, f"run.max_records={held}", "run.fast_forward=verify", bench="decoder_layer")
+    # 15 layers: too few to leave any out (3 to settle, two periods of 4, one checked and the last)
+    with pytest.raises(RecordBudgetError, match=rf"would make about {one + 14 * more:,} op_log records \({one:,} with 1 "
+                                                rf"of its 15 steps of layers, {more:,} more with each further one\), "
+                                                rf"over run.max_records={held:,};"):
+        run(tmp_path / "short", *args, "bench.layers=15", f"run.max_records={held}", bench="decoder_layer")
+    from kbframe.sim.steady import Steady
+    monkeypatch.setattr(Steady, "_steady", lambda *a: None)  # no loop ever looks steady
+    with pytest.raises(RecordBudgetError) as e:  # stopped while its layers could still repeat
+        run(tmp_path / "never", *args, f"run.max_records={held}", bench="decoder_layer")
+    got = re.fullmatch(rf"the run holds ([\d,]+) op_log records at step 7 of 60 along layers before they repeat, "
+                       rf"over run.max_records={held:,}; raise run.max_records or shrink the run", str(e.value))
+    assert got and held < int(got.group(1).replace(",", "")) <= one + 6 * more  # the first step it is over
+    with pytest.raises(RecordBudgetError) as e:  # over it only in its last layers, which can no longer repeat
+        run(tmp_path / "never", *args, f"run.max_records={full - 1}", bench="decoder_layer")
+    assert str(e.value).endswith(f"was simulated record by record (no loop along layers or S_kv looked steady with a "
+                                 f"stretch to leave out): {full:,} op_log records, over run.max_records={full - 1:,}; "
+                                 f"raise run.max_records or shrink the run")
+    assert not (tmp_path / "never").exists()
