@@ -302,7 +302,7 @@ def _in_one(cfg, wl, kernel, recipes, check: bool, units: dict, key: str, q: int
     for n_try, (inner, min_steps) in enumerate(tries):
         axes = [Axis(key, tuple(wl.ff_periods or PERIODS), min_steps, wl.ff_after),
                 *(Axis(k, PERIODS, MIN_STEPS) for k in inner)]
-        steady = Steady(axes, skipped.snapshot, preflight.record_budget(cfg))
+        steady = Steady(axes, skipped.snapshot, preflight.record_budget(cfg), f"{cfg.bench.name} at {wl.shape_text()}")
         if not inner and q < axes[0].min_steps + axes[0].tail + 2 * axes[0].multiple:
             return Outcome(None, why)
         try:

@@ -98,12 +98,14 @@ class Steady:
             (kbframe.run.skipped).
         max_records: a run holding more records than this while its outer loops have not
             jumped stops with RecordBudgetError (0: never).
+        run: what the run is, as RecordBudgetError names it (e.g. the bench and its shape).
     """
 
-    def __init__(self, axes, snapshot, max_records: int = 0):
+    def __init__(self, axes, snapshot, max_records: int = 0, run: str = "the run"):
         self.axes = {a.key: (0 if j == 0 else 1, a) for j, a in enumerate(axes)}  # nested: level 1
         self.snapshot = snapshot
         self.max_records = max_records  # records the run may hold before its outer loops jump (0: any)
+        self.run = run
         self.engine = None  # set by the engine it is installed on (kbframe.run.simulate)
         self.instances: list[Instance] = []  # every axis's, in the order first entered
         self._by_key: dict = {}  # key -> its instances, k-th first
@@ -152,7 +154,7 @@ class Steady:
                 inst.furthest = i
                 if level == 0 and self.max_records and len(self.engine.oplog.table) > self.max_records:
                     raise RecordBudgetError(
-                        f"the run holds {len(self.engine.oplog.table):,} op_log records at step {i} of {n} along "
+                        f"{self.run} holds {len(self.engine.oplog.table):,} op_log records at step {i} of {n} along "
                         f"{axis.key} before they repeat, over run.max_records={self.max_records:,}; raise "
                         f"run.max_records or shrink the run")
                 inst.times.append(env.now)

@@ -556,8 +556,9 @@ def test_a_step_that_fast_forwards_is_held_to_its_budget_by_the_layers_it_holds(
     monkeypatch.setattr(Steady, "_steady", lambda *a: None)  # no loop ever looks steady
     with pytest.raises(RecordBudgetError) as e:  # stopped while its layers could still repeat
         run(tmp_path / "never", *args, f"run.max_records={held}", bench="decoder_layer")
-    got = re.fullmatch(rf"the run holds ([\d,]+) op_log records at step 7 of 60 along layers before they repeat, "
-                       rf"over run.max_records={held:,}; raise run.max_records or shrink the run", str(e.value))
+    got = re.fullmatch(rf"decoder_layer at B=1 .* tile=64 holds ([\d,]+) op_log records at step 7 of 60 along "
+                       rf"layers before they repeat, over run.max_records={held:,}; raise run.max_records or shrink "
+                       rf"the run", str(e.value))
     assert got and held < int(got.group(1).replace(",", "")) <= one + 6 * more  # the first step it is over
     with pytest.raises(RecordBudgetError) as e:  # over it only in its last layers, which can no longer repeat
         run(tmp_path / "never", *args, f"run.max_records={full - 1}", bench="decoder_layer")
