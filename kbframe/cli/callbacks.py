@@ -87,6 +87,7 @@ def _check_twice_set(config: DictConfig) -> None:
           f"first; to narrow a sweep config's values give {key}=VALUES as it writes them (no + or ++; a key of a "
           f"group the sweep adds needs that group on the command line too, e.g. +bench=NAME)")
 
+
 class SweepReport(Callback):
     """Aggregate the sweep at its end; exit 1 if any job is not ok.
 

@@ -224,8 +224,8 @@ def analyse(phases: dict, rows, segments, latency_ps: int, roles: dict, hbm_gbps
         repeated: the run is its simulated records with a period of layers put back
             (:class:`Repeated`): the figures are made from those.
     Returns:
-        metrics: ``phases`` (``layers_ns``: each layer's latency, :func:`_layer_latencies`; ``by_phase``: per name its
-        ``count``, ``span_ns``, ``per_layer_ns``, ``share``, ``busy_ns`` per resource,
+        metrics: ``phases`` (``layers_ns``: each layer's latency, :func:`_layer_latencies`;
+        ``by_phase``: per name its ``count``, ``span_ns``, ``per_layer_ns``, ``share``, ``busy_ns`` per resource,
         ``bound_ns``, ``binding``, ``critical_path_ns``, ``analytic_ns`` (None when its
         phases give no costs); ``analytic_ns``: their sum; ``critical_path_other_ns``: path
         time on no phase's record; ``link_bound_ns``: the busiest PE's IPCQ send time, the
@@ -346,8 +346,9 @@ def step(metrics: dict, tokens: int, model_layers: int | None = None, refused: C
     ``model_layers``: the model's layer count when the run simulates fewer: ``step.model``
     then estimates the whole step as the run's latency plus the last layer's latency (from
     the end of the layer before it; one layer: its span) for each layer not simulated, with
-    its tokens/s: the layers repeat, so this is close when a layer is long against what links two (1.6·10⁻⁵ for Llama-3-70B at 8192 tokens on cube_mesh,
-    2.4 % for a 7.6 µs test layer; docs/decoder_layer.md). ``refused``: why the whole model
+    its tokens/s: the layers repeat, so this is close when a layer is long against what
+    links two (1.6·10⁻⁵ for Llama-3-70B at 8192 tokens on cube_mesh, 2.4 % for a 7.6 µs
+    test layer from one layer, exact from two; docs/decoder_layer.md). ``refused``: why the whole model
     would not fit (kbframe.run.preflight.model_refusal): ``step.model`` then says so
     (``refused``; an HBM over its capacity also as ``hbm_need_bytes`` and ``hbm_bytes``) and
     estimates nothing (its latency and tokens/s None)."""

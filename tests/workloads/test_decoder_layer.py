@@ -462,8 +462,8 @@ def test_a_run_of_fewer_layers_than_its_model_estimates_the_whole_step(tmp_path)
     assert round(mo["latency_ns"] / six["step"]["latency_ns"] - 1, 4) == -0.0237
     assert "model" not in six["step"]
     line = [x for x in summary(one, tmp_path).splitlines() if x.startswith("  model ")]
-    assert line == [f"  model       {mo['latency_ns'] / 1e6:.3f} ms, {mo['tokens_per_s']:,.1f} tokens/s for the model's 6 "
-                    f"layers, estimated (1 simulated layer(s) and 5 more of the last one's latency)"]
+    assert line == [f"  model       {mo['latency_ns'] / 1e6:.3f} ms, {mo['tokens_per_s']:,.1f} tokens/s for the "
+                    f"model's 6 layers, estimated (1 simulated layer(s) and 5 more of the last one's latency)"]
 
 
 @pytest.mark.parametrize("tp", [1, 2])
@@ -525,7 +525,8 @@ def test_a_step_that_fast_forwards_is_held_to_its_budget_by_the_layers_it_holds(
             "bench.S_kv=40", "bench.layers=60", "run.trace=false", "run.check=false")
     with pytest.raises(RecordBudgetError, match=r"would make about ([\d,]+) op_log records \(([\d,]+) with 1 of its "
                                                 r"60 steps of layers, ([\d,]+) more with each further one\) and hold "
-                                                r"those of at least 5 steps, about ([\d,]+), over run.max_records=1;") as e:
+                                                r"those of at least 5 steps, about ([\d,]+), over "
+                                                r"run.max_records=1;") as e:
         run(tmp_path / "one", *args, "run.max_records=1", bench="decoder_layer")
     full, one, more, least = (int(v.replace(",", "")) for v in
                               re.search(r"about ([\d,]+) op_log records \(([\d,]+) with 1 .*, ([\d,]+) more .* "
@@ -548,9 +549,9 @@ def test_a_step_that_fast_forwards_is_held_to_its_budget_by_the_layers_it_holds(
                                                 rf"run.max_records={held:,};"):
         run(tmp_path / "verify", *args, f"run.max_records={held}", "run.fast_forward=verify", bench="decoder_layer")
     # 15 layers: too few to leave any out (3 to settle, two periods of 4, one checked and the last)
-    with pytest.raises(RecordBudgetError, match=rf"would make about {one + 14 * more:,} op_log records \({one:,} with 1 "
-                                                rf"of its 15 steps of layers, {more:,} more with each further one\), "
-                                                rf"over run.max_records={held:,};"):
+    with pytest.raises(RecordBudgetError, match=rf"would make about {one + 14 * more:,} op_log records "
+                                                rf"\({one:,} with 1 of its 15 steps of layers, {more:,} more with "
+                                                rf"each further one\), over run.max_records={held:,};"):
         run(tmp_path / "short", *args, "bench.layers=15", f"run.max_records={held}", bench="decoder_layer")
     from kbframe.sim.steady import Steady
     monkeypatch.setattr(Steady, "_steady", lambda *a: None)  # no loop ever looks steady
