@@ -214,7 +214,8 @@ def _reference_units(c, ta: int, tb: int, reps: int, multi_pe: bool, sched: dict
 def test_unit_figures_equal_the_record_by_record_loop(bench, overrides):
     """Each unit's busy, idle and waited-for figures, a column at a time, are the loop's,
     over the whole run and over a window that cuts records in two."""
-    from kbframe.report.critical_path import Records, _units
+    from kbframe.report.critical_path import _units
+    from kbframe.report.record_columns import Records
     from test_waits import _wait_rows
     c = Records(*_wait_rows(bench, *overrides).columns())
     plain = Records(*(list(col) if not hasattr(col, "tolist") else col.tolist() for col in c))
@@ -235,7 +236,7 @@ def test_the_last_record_of_each_command_is_found_for_one_key_and_for_many(ids, 
     earlier one, a key it lacks gives the default (one key) or -1 (many), whether the
     command ids are packed (a run's) or spread far apart, or a PE negative (an edited
     op_log's)."""
-    from kbframe.report.critical_path import Records
+    from kbframe.report.record_columns import Records
     a, b, c, d = ids
     rows = [(0, "scheduler", "gemm", a, 0, 1, -1, "dispatch", -1, -1),
             (0, "gemm", "gemm", a, 0, 1, -1, "dep", -1, -1),

@@ -23,6 +23,7 @@ from .. import params
 from ..errors import ConfigError, InputsError, NumericsError, OutputError, raise_interrupt_behind
 from ..files import atomic_write, write_json
 from ..report import critical_path
+from ..report.record_columns import as_records
 from ..report.power import power_from_metrics
 from ..report.trace import tracks_from_metrics, write_trace
 from ..repeated import RepeatedTable
@@ -342,12 +343,12 @@ def _report(run: _Run, rd: RunDir) -> dict:
     cp, rows, repeated, table = None, None, None, oplog.table
     resources = critical_path.resources_from_roles(roles)
     if isinstance(table, RepeatedTable):  # a period of layers put back: made from the records simulated
-        simulated = critical_path.as_records(WaitLog(table.simulated()))
+        simulated = as_records(WaitLog(table.simulated()))
         cp = critical_path.analyse(simulated, wl.n_units(), wl.unit, resources,
                                    critical_path.Repeat(table.x, table.P, table.X, table.dt))
         repeated = phases.Repeated(table, *run.forwarded.simulated, rows=simulated)
     if cp is None:
-        rows = critical_path.as_records(oplog.waits)
+        rows = as_records(oplog.waits)
         cp = critical_path.analyse(rows, wl.n_units(), wl.unit, resources)
     metrics = run_metrics(run.cfg, wl, engine, pe, oplog, sim.latency_ps, cp.metrics)
     found, slices = phases.analyse(sim.phases or {}, rows, cp.segments, sim.latency_ps, roles, *_peaks(sim),

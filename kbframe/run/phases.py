@@ -23,7 +23,8 @@ import numpy as np
 from ..errors import ConfigError, HbmCapacityError
 from ..record_fields import FIELDS, N
 from ..records import label_codes
-from ..report.critical_path import LastOf, Path, Records, Repeat
+from ..report.critical_path import Path, Repeat
+from ..report.record_columns import LastOf, Records
 from ..sim.waits import WaitLog
 from ..timebase import ps_to_ns
 
@@ -56,7 +57,7 @@ class Repeated(NamedTuple):
     phases: dict
     lo: dict
     per: dict
-    rows: Any = None  # the simulated records as columns, if known (kbframe.report.critical_path.Records)
+    rows: Any = None  # the simulated records as columns, if known (kbframe.report.record_columns.Records)
 
 
 def _occurrences(phases: dict) -> list:
@@ -211,7 +212,7 @@ def analyse(phases: dict, rows, segments, latency_ps: int, roles: dict, hbm_gbps
 
     Args:
         phases: ``{pe: [(name, first cmd, last cmd, info), ...]}`` (``TL.phases``).
-        rows: the run's records (kbframe.report.critical_path.Records); unused with
+        rows: the run's records (kbframe.report.record_columns.Records); unused with
             ``repeated``.
         segments: its critical path (``CriticalPath.segments``: a :class:`~kbframe.report.critical_path.Path`
             or a list of segments).

@@ -8,7 +8,7 @@ import pytest
 
 from conftest import Sim
 from kbframe.kernels.collectives import ALGORITHMS, all_reduce, model_ps, plan
-from kbframe.report import critical_path
+from kbframe.report.record_columns import as_records
 from kbframe.tl.context import TL
 from kbframe.timebase import bytes_to_ps
 
@@ -32,7 +32,7 @@ def _run(tmp_path, P, algorithm, hw="cube", first=0, rows=8, cols=4096):
         out[p] = y
     eng.run({p: (lambda p=p: prog(p)) for p in pes})
     sim.oplog.close()
-    rec = critical_path.as_records(sim.oplog.waits)
+    rec = as_records(sim.oplog.waits)
     done = {(rec.pe[i], rec.cmd[i]): rec.t1[i] for i in range(rec.n) if rec.unit[i] == "scheduler"}
     start = max(done[(p, tls[p].phases[0][3]["after"])] for p in pes)
     end = max(done[(p, tls[p].phases[0][2])] for p in pes)
