@@ -49,10 +49,16 @@ def _role(unit) -> str:
     return unit.roles[0] if unit.roles else ""
 
 
+#: the largest energy value taken: 10¹² pJ (a joule) per action, or 10¹² mW static; far above
+#: any unit's, and small enough that a run's totals and EDP stay finite
+MAX_VALUE = 1e12
+_WHAT_MAX = {False: "a joule per action", True: "a gigawatt"}
+
+
 def check(energy, units: dict) -> None:
     """Refuse, before a run, an energy table the hardware cannot be charged by: a unit with
     no energy rule, a role with no table, a key missing or unknown, a value that is not a
-    finite number ≥ 0.
+    finite number ≥ 0, or one over :data:`MAX_VALUE`.
 
     Args:
         energy: the ``energy`` config node (kbframe.run.schema.EnergyConfig).
@@ -83,6 +89,9 @@ def check(energy, units: dict) -> None:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
                     or value < 0:
                 raise ConfigError(f"energy.{role}.{key} must be a finite number ≥ 0, got {value}")
+            if value > MAX_VALUE:
+                raise ConfigError(f"energy.{role}.{key} must be at most {MAX_VALUE:g} ({_WHAT_MAX[key == 'static_mw']}), "
+                                  f"got {value:g}: a run's total would overflow")
 
 
 def _work(pe, name: str, oplog, dtype: str) -> Work:
