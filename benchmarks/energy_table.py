@@ -54,7 +54,7 @@ def _uj(pj: float) -> str:
 
 def decode() -> None:
     print("\n#### GQA decode, G 8, d 128, S_kv 4096, tile 64 (64 KV tiles), one PE: nJ per KV tile\n")
-    print("| kernel | ns per tile | dispatch | DMA/HBM | TCM | GEMM | MATH | static | total | avg W | EDP (µJ·µs) |")
+    print("| kernel | ns per tile | dispatch | DMA/HBM | TCM | GEMM | MATH | static | total | avg W | EDP of the run (µJ·µs) |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for label, bench, ov in (("opt3", "decode_opt3", ()), ("opt2", "decode_opt2", ()),
                              ("opt2, V prefetched", "decode_opt2", ("bench.v_staging=prefetch", "bench.s_buffers=3"))):
