@@ -249,6 +249,15 @@ def test_a_run_on_a_disk_already_full_records_itself_not_the_earlier_run(tmpfs_3
                        cwd=REPO, capture_output=True, text=True, timeout=120)
     assert (p.returncode, p.stderr) == (1, "kbframe: error: cannot write the run's .hydra/ (Hydra's copy of its "
                                            "config): No space left on device\n")
+    assert not [q for q in fresh.rglob("*") if q.is_file()]  # no empty config.yaml left behind
+    sweep = tmpfs_300k / "sweep"  # a sweep: Hydra cannot write its multirun.yaml
+    p = subprocess.run([sys.executable, "-m", "kbframe", "-m", "+bench=decode_opt2", "bench.S_kv=64,128",
+                        "bench.data=false", f"hydra.sweep.dir={sweep}"], cwd=REPO, capture_output=True, text=True,
+                       timeout=120)
+    assert (p.returncode, p.stderr) == (1, f"kbframe: error: cannot write '{sweep}/multirun.yaml' (Hydra's record of "
+                                           f"the sweep, before any job runs): No space left on device; free space or "
+                                           f"choose another hydra.sweep.dir\n")
+    assert not [q for q in sweep.rglob("*") if q.is_file()]
 
 
 def test_commit_is_all_or_nothing(tmp_path):

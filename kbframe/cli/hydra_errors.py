@@ -15,6 +15,7 @@ Three cheap measures, all inert for a correct command line and for ``-m`` sweeps
 from __future__ import annotations
 
 import io
+import os
 import re
 import sys
 
@@ -132,11 +133,12 @@ def omegaconf_error(text: str) -> str | None:
 _OS_EXC = re.compile(r"^(?:\w+\.)*(\w*Error): \[Errno \d+\] (.*)$")
 
 
-def save_error(text: str) -> str | None:
+def save_error(text: str, where: str = "_save_config") -> str | None:
     """The reason, for a traceback of Hydra failing to write a run's ``.hydra/`` (a full
-    disk, a read-only directory); None for any other traceback."""
+    disk, a read-only directory; ``where``: a line of the traceback that says so, or
+    ``multirun.yaml`` for a sweep's record of itself); None for any other traceback."""
     lines = text.rstrip().splitlines()
-    if not any("_save_config" in ln for ln in lines):
+    if not any(where in ln for ln in lines):
         return None
     for ln in reversed(lines):
         m = _OS_EXC.match(ln.strip())
@@ -149,11 +151,36 @@ def save_error(text: str) -> str | None:
 
 def _record_save_error(why: str) -> None:
     """A single run into a named directory whose ``.hydra/`` Hydra began to rewrite:
-    status.json says this run failed (in place if need be), not an earlier run's end."""
+    status.json says this run failed (in place if need be), not an earlier run's end; a
+    file of ``.hydra/`` that Hydra left empty (a full disk) is removed."""
     key, val = run_dir_arg(sys.argv[1:])
     if key == "hydra.run.dir" and val and "${" not in val and stop.hydra_began(val):
         from ..run.jobstatus import mark_interrupted
         mark_interrupted(val, None, why, status="failed", error_type="OutputError")
+        for name in ("config.yaml", "hydra.yaml", "overrides.yaml"):
+            path = os.path.join(val, ".hydra", name)
+            try:
+                if not os.path.islink(path) and os.path.isfile(path) and os.path.getsize(path) == 0:
+                    os.unlink(path)
+            except OSError:
+                pass
+
+
+def _sweep_save_error(reason: str) -> str:
+    """A sweep whose ``multirun.yaml`` Hydra could not write (before any job ran): the line
+    to print; the file it left cut short is removed (Hydra had truncated it to write it)."""
+    _, val = run_dir_arg(sys.argv[1:])
+    where = "the sweep's multirun.yaml"
+    if val and "${" not in val:
+        path = os.path.join(val, "multirun.yaml")
+        where = f"'{path}'"
+        try:
+            if os.path.isfile(path) and not os.path.islink(path):
+                os.unlink(path)
+        except OSError:
+            pass
+    return (f"cannot write {where} (Hydra's record of the sweep, before any job runs): {reason}; "
+            f"free space or choose another hydra.sweep.dir")
 
 
 class _Tap(io.TextIOBase):
@@ -251,6 +278,8 @@ def _run(hydra_main) -> None:
                 why = f"cannot write the run's .hydra/ (Hydra's copy of its config): {save_error(text)}"
                 _record_save_error(why)
                 print(f"kbframe: error: {why}", file=real)
+            elif failed and save_error(text, "multirun.yaml"):
+                print(f"kbframe: error: {_sweep_save_error(save_error(text, 'multirun.yaml'))}", file=real)
             else:
                 real.write(text)
         raise
