@@ -14,8 +14,9 @@ from ..records import label_codes
 
 class Records(NamedTuple):
     """The records as columns (indexable sequences, one per field, record ``i`` at
-    ``[i]``): what the critical path and the phases read. A simulation's are int64 arrays and, for the names,
-    :class:`~kbframe.records.Labels` (``OpLog.waits.columns()``); lists do too."""
+    ``[i]``): what the critical path and the phases read. A simulation's are int64 arrays
+    and, for the names, :class:`~kbframe.records.Labels` (``OpLog.waits.columns()``); lists
+    do too."""
     pe: Sequence
     unit: Sequence
     kind: Sequence
