@@ -42,7 +42,7 @@ FIGURES = {
         ("units.tcm.read_gbps", round(23101 / 128, 2), ['"shared memory bandwidth (GB/s) | 16451 | 23101"',
                                                         "128 SMs"]),
         ("units.dma_read.setup_latency_ns", round(400 / 1.41, 1), ['"global memory latency (clock cycles) | 400"']),
-        ("units.dma_read.max_outstanding", 4, ['"4-stage pipeline"']),
+        ("units.dma_read.max_outstanding", 3, ['"128x128_64x3"']),
         ("units.gemm.peak_tflops", round(312 / 108 * 0.73, 9), ['"A100 80GB SXM BF16 TC / HBM2e | 312',
                                                                 '"reaching 50-73% of A100 peak']),
         ("units.math.vector_width", 64, ['"64 FP32 CUDA Cores/SM, 6912 FP32 CUDA']),
