@@ -278,8 +278,8 @@ def _run(hydra_main) -> None:
                 why = f"cannot write the run's .hydra/ (Hydra's copy of its config): {save_error(text)}"
                 _record_save_error(why)
                 print(f"kbframe: error: {why}", file=real)
-            elif failed and save_error(text, "multirun.yaml"):
-                print(f"kbframe: error: {_sweep_save_error(save_error(text, 'multirun.yaml'))}", file=real)
+            elif failed and (reason := save_error(text, "multirun.yaml")):
+                print(f"kbframe: error: {_sweep_save_error(reason)}", file=real)
             else:
                 real.write(text)
         raise

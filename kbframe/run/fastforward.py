@@ -303,7 +303,7 @@ def _in_one(cfg, wl, kernel, recipes, check: bool, units: dict, key: str, q: int
         axes = [Axis(key, tuple(wl.ff_periods or PERIODS), min_steps, wl.ff_after),
                 *(Axis(k, PERIODS, MIN_STEPS) for k in inner)]
         steady = Steady(axes, skipped.snapshot, preflight.record_budget(cfg), f"{cfg.bench.name} at {wl.shape_text()}")
-        if not inner and q < axes[0].min_steps + axes[0].tail + 2 * axes[0].multiple:
+        if not inner and axes[0].too_short(q):
             return Outcome(None, why)
         try:
             sim = simulate(cfg, wl, kernel, recipes, None, None, check, show, copy.deepcopy(units),

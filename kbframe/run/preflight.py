@@ -28,6 +28,7 @@ from ..errors import ConfigError, HbmCapacityError, InputsError, RecordBudgetErr
 from ..ir.handles import itemsize
 from ..sim.numerics import Numerics
 from ..sim.oplog import OpLog
+from ..sim.steady import Axis
 from ..hw.tiling import plan_key
 from ..ir.protocol import Dispatch, requests
 from ..tl.context import TL
@@ -129,17 +130,17 @@ def held_steps(cfg, wl, q: int) -> tuple[int, int]:
     at least its warm-up (``Workload.ff_min_steps``, and two of its shortest candidate
     periods to see it steady), one such period checked after the jump and the end
     (``ff_after``); at most, as a rule of thumb, three periods of the longest candidate
-    (``ff_periods``) after the warm-up and a jump's rounding to every candidate. Any other
-    run (``run.fast_forward=verify`` too: it simulates the full run as well): ``(q, q)``."""
+    (``ff_periods``) after the warm-up and a jump's rounding to every candidate
+    (kbframe.sim.steady.Axis). A step too short to leave any out, and any other run
+    (``run.fast_forward=verify`` too: it simulates the full run as well): ``(q, q)``."""
     ff = str(cfg.run.get("fast_forward", "off")) if "run" in cfg else "off"
     if ff != "on" or not wl.nested_axes() or not wl.ff_min_steps or not wl.ff_periods:
         return q, q
-    periods = tuple(wl.ff_periods)
-    if q - wl.ff_min_steps - (max(periods) + wl.ff_after) < 2 * math.lcm(*periods):
-        return q, q  # too short for its loop to leave anything out (kbframe.sim.steady: Steady._iterate)
-    p = min(periods)
-    least = max(wl.ff_min_steps, 2 * p) + p + wl.ff_after
-    return min(q, least), min(q, wl.ff_min_steps + 3 * max(periods) + wl.ff_after + math.lcm(*periods))
+    axis = Axis(wl.periodic_axis()[0], tuple(wl.ff_periods), wl.ff_min_steps, wl.ff_after)
+    if axis.too_short(q):
+        return q, q
+    most = axis.min_steps + 3 * max(axis.periods) + axis.after + axis.multiple  # a rule of thumb (docstring)
+    return min(q, axis.fewest_simulated), min(q, most)
 
 
 def check_simulated_records(cfg, wl, records: int, why: str) -> None:

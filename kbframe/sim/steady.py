@@ -56,6 +56,23 @@ class Axis:
         """Iterations after a jump at most: a period checked, and the end."""
         return max(self.periods) + self.after
 
+    def least(self, multiple: int | None = None) -> int:
+        """The fewest iterations a jump leaves out: fewer would not pay for the check
+        (``multiple``: of the candidate periods and the loop's rings; None: the periods')."""
+        return max(self.multiple if multiple is None else multiple, 2 * self.multiple)
+
+    def too_short(self, n: int, multiple: int | None = None) -> bool:
+        """Whether a loop of ``n`` iterations is too short to leave anything out."""
+        return n - self.min_steps - self.tail < self.least(multiple)
+
+    @property
+    def fewest_simulated(self) -> int:
+        """The fewest iterations a loop that jumps simulates: those before it is seen
+        steady (``min_steps``, and two of the shortest candidate period), that period
+        checked after the jump, and ``after``."""
+        p = min(self.periods)
+        return max(self.min_steps, 2 * p) + p + self.after
+
 
 @dataclass
 class Instance:
@@ -138,8 +155,8 @@ class Steady:
                            f"loop {k} of {axis.key} rotates other buffer rings on PE{pe} than on another")
             yield from range(n)
             return
-        least = max(multiple, 2 * axis.multiple)  # fewer steps left out would not pay for the check
-        if n - axis.min_steps - axis.tail < least:  # too short to leave anything out
+        least = axis.least(multiple)
+        if axis.too_short(n, multiple):
             yield from range(n)
             return
         env = tl.pe.env
