@@ -205,19 +205,21 @@ def check_records_estimate(cfg, wl, kernel, recipes: dict, units: dict | None = 
     if held * count[1] <= budget and not (whole and have is not None and held * count[1] * per > have):
         return held * count[1]
     more = records(2) - count[1]
-    full = count[1] + (q - 1) * more
-    head = (f"{cfg.bench.name} at {wl.shape_text()} would make about {full:,} op_log records ({count[1]:,} with 1 "
-            f"of its {q:,} steps of {key}, {more:,} more with each further one)")
+
+    def of(n: int) -> int:  # the records of n steps (affine in them)
+        return count[1] + (n - 1) * more
 
     def holding(n: int, how: str) -> str:
-        return f" and hold those of {how}{n} steps, about {count[1] + (n - 1) * more:,}" if n < q else ""
+        return f" and hold those of {how}{n} steps, about {of(n):,}" if n < q else ""
+    head = (f"{cfg.bench.name} at {wl.shape_text()} would make about {of(q):,} op_log records ({count[1]:,} with 1 "
+            f"of its {q:,} steps of {key}, {more:,} more with each further one)")
     # a model step's one step of the axis estimates the whole step (metrics.json step.model)
     instead = (f", or simulate one (bench.{key}={step}: metrics.json step.model estimates the whole step from it)"
                if one[0].model_layers() is not None else "")
-    if count[1] + (least - 1) * more > budget:
+    if of(least) > budget:
         raise RecordBudgetError(f"{head}{holding(least, 'at least ' if least < held else '')}, over "
                                 f"run.max_records={budget:,}; raise run.max_records or shrink the run{instead}")
-    est = count[1] + (held - 1) * more
+    est = of(held)
     head += holding(held, "up to " if least < held else "")
     if have is not None and est * per > have:
         raise ConfigError(f"{head}, about {_gib(est * per)} of host memory ({per} B each"
