@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from ..ir.commands import hazard_ranges
 from ..ir.handles import Completion
 from ..params import Choice, param
-from .tiling import PlanCache, plan_stages
+from .tiling import PlanCache, plan_key, plan_stages
 from .unit import PeUnit
 
 
@@ -261,7 +261,16 @@ class PeScheduler(PeUnit):
         return plans.count(cmd, self.pe.by_role, self.pe.numerics)
 
     def _start(self, cmd, reads, writes, why: str, ref: int) -> None:
+        steady = self.pe.steady
+        marks = None
+        if steady is not None and steady.tile_axis is not None and self._plans is not None:
+            # a run that fast-forwards may leave out a weight GEMM's output tiles (kbframe.sim.steady)
+            marks = steady.gemm_tiles(self.pe, cmd, plan_key(cmd))
         stages = self.plan(cmd)
+        if marks:
+            for st in stages:
+                if st.tile in marks and st.op_kind == "dma_read":
+                    st.effect = marks.pop(st.tile)
         self.n_commands += 1
         self.inflight[cmd.id] = _InFlight(cmd, len(stages), reads, writes, self.env.now, why, ref)
         if self.record is not None:

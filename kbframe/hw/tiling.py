@@ -20,8 +20,15 @@ unit serving ``ipcq_send`` / ``ipcq_recv``. Stage durations belong to the units;
 In timing-only runs a plan depends only on the command's *shape* (:func:`plan_key`), and
 a kernel repeats a few shapes once per KV tile, so :class:`PlanCache` plans each shape
 once and copies the plan for later commands of that shape.
+
+A run that fast-forwards in one simulation (kbframe.sim.steady) may leave out a steady
+stretch of a weight-streaming GEMM's output tiles (:func:`leave_out`): the command is
+planned as if those tiles were not there, the later ones numbered on without a gap (the
+run is exactly the run of a GEMM with fewer columns), and kbframe.run.skipped puts them back.
 """
 from __future__ import annotations
+
+import copy
 
 from ..ir.commands import Scope
 from .unit import Stage
@@ -40,6 +47,42 @@ def _chain(e1, e2):
         e1()
         e2()
     return both
+
+
+#: the command attribute that names output tiles a plan leaves out (:func:`leave_out`)
+_LEFT_OUT = "tiles_left_out"
+
+
+def leave_out(cmd, first: int, count: int) -> None:
+    """Plan ``cmd``, a GEMM with one row of output tiles, without its output tiles
+    ``first .. first + count - 1`` (timing only; kbframe.sim.steady decides, at admission)."""
+    cmd.__dict__[_LEFT_OUT] = (first, count)
+
+
+def left_out(cmd) -> tuple | None:
+    """``(first, count)`` of the output tiles ``cmd``'s plan leaves out, or None."""
+    return cmd.__dict__.get(_LEFT_OUT)
+
+
+def whole(cmd):
+    """``cmd`` as it was dispatched: a copy that leaves out none of its tiles."""
+    c = copy.copy(cmd)
+    c.__dict__.pop(_LEFT_OUT, None)
+    return c
+
+
+def gemm_tile_loop(cmd, units: dict) -> tuple | None:
+    """``(output tiles, K tiles per output tile)`` of a command whose GEMM streams its
+    weights (``b`` in HBM) over one row of output tiles (``M`` at most ``tile_m``: a
+    decode GEMV), or None."""
+    for op in cmd.ops:
+        if op.kind == "gemm":
+            a, b = op.operands["a"], op.operands["b"]
+            gu = units["gemm"]
+            if b.space != "hbm" or a.shape[0] > gu.tile_m:
+                return None
+            return -(-b.shape[1] // gu.tile_n), -(-a.shape[1] // gu.tile_k)
+    return None
 
 
 def _region_nbytes(rows: slice, cols: slice, itemsize: int) -> int:
@@ -68,7 +111,7 @@ def plan_stages(cmd, units: dict, nx) -> list[Stage]:
         prev = _op_stage(op, cmd, tag, units, nx, stages, prev)
     if gi is None:
         return stages
-    ends = _tile_loop(ops[gi], ops[gi + 1:], cmd, tag, units, nx, stages, prev)
+    ends = _tile_loop(ops[gi], ops[gi + 1:], cmd, tag, units, nx, stages, prev, left_out(cmd))
     post = None
     for op in ops[gi + 1:]:
         if op.scope is Scope.KERNEL:
@@ -120,7 +163,7 @@ def _op_stage(op, cmd, tag, units, nx, stages, prev) -> Stage:
     return st
 
 
-def _tile_loop(gemm, after_ops, cmd, tag, units, nx, stages, pre_end) -> list:
+def _tile_loop(gemm, after_ops, cmd, tag, units, nx, stages, pre_end, skip=None) -> list:
     a, b, out = gemm.operands["a"], gemm.operands["b"], gemm.out
     M, K = a.shape
     N = b.shape[1]
@@ -130,9 +173,12 @@ def _tile_loop(gemm, after_ops, cmd, tag, units, nx, stages, pre_end) -> list:
     o_ops = [op for op in after_ops if op.scope is Scope.OUTPUT_TILE]
     isz_a, isz_b = a.nbytes // a.n_elements, b.nbytes // b.n_elements
     ends, tile = [], 0
+    skipped = range(0) if skip is None else range(skip[0] * tn, (skip[0] + skip[1]) * tn, tn)
     for m0 in range(0, M, tm):
         rm = slice(m0, min(M, m0 + tm))
         for n0 in range(0, N, tn):
+            if n0 in skipped:  # left out (leave_out): the tiles after it numbered on without a gap
+                continue
             rn = slice(n0, min(N, n0 + tn))
             ro = (rm, rn)
             acc = f"{tag}.acc{m0}.{n0}"
@@ -196,9 +242,12 @@ def _epilogue_stage(op, cmd, units, nx, stages, prev, tile, acc, region) -> Stag
 
 def plan_key(cmd) -> tuple:
     """Everything of ``cmd`` a timing-only plan depends on: per op its kind, scope, operand
-    names and, per operand and output, space, shape and bytes, and an IPCQ op's peer
-    (addresses and numbers do not change a plan's stages, sizes or edges)."""
-    return tuple([op.shape_sig if "peer" not in op.extra else (op.shape_sig, op.extra["peer"]) for op in cmd.ops])
+    names and, per operand and output, space, shape and bytes, an IPCQ op's peer, and the
+    output tiles the plan leaves out (:func:`leave_out`); addresses and numbers do not
+    change a plan's stages, sizes or edges."""
+    key = tuple([op.shape_sig if "peer" not in op.extra else (op.shape_sig, op.extra["peer"]) for op in cmd.ops])
+    skip = cmd.__dict__.get(_LEFT_OUT)
+    return key if skip is None else (*key, skip)
 
 
 def plan_units_key(units: dict) -> tuple:

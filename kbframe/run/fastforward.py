@@ -66,7 +66,7 @@ from ..record_fields import FIELDS
 from ..records import RecordTable
 from ..repeated import RepeatedTable
 from ..sim import sanitizer
-from ..sim.steady import Axis, Steady
+from ..sim.steady import WEIGHT_TILES, Axis, Steady
 from ..timebase import MAX_PS
 from . import preflight
 from . import skipped
@@ -290,18 +290,22 @@ def _in_one(cfg, wl, kernel, recipes, check: bool, units: dict, key: str, q: int
     show that what it left out was steady (``note`` says why), even simulated once more
     with its loops judged from :data:`GROWTH` times as many steps on (a warm-up that looked
     steady for a while: a short PE_SCHEDULER queue, many tiles prefetched). With nested axes
-    (``Workload.nested_axes``) their loops jump too, and a run that cannot be made so is
-    first simulated again with the periodic axis's loops jumping alone. A simulation that
-    left nothing out is the full run (``Outcome.whole``)."""
+    (``Workload.nested_axes``, and ``Workload.ff_weight_tiles``: its weight GEMMs' output
+    tiles) their loops jump too, and a run that cannot be made so is simulated again with
+    the kernel's nested loops alone, then with the periodic axis's loops jumping alone. A
+    simulation that left nothing out is the full run (``Outcome.whole``)."""
     first = wl.ff_min_steps or MIN_STEPS
-    nested = tuple(wl.nested_axes())
-    # nested loops jump too; a run that cannot be made so is simulated once more with its
-    # outer loops jumping alone, then (or without nested loops, at once) jumping later
-    tries = ([(nested, first)] if nested else []) + [((), first), ((), first * GROWTH)]
+    loops = tuple(wl.nested_axes())
+    nested = loops + ((WEIGHT_TILES.key,) if wl.ff_weight_tiles else ())
+    # nested loops jump too; a run that cannot be made so is simulated once more with the
+    # kernel's nested loops alone (not its weight GEMMs'), then with its outer loops
+    # jumping alone, then (or without nested loops, at once) jumping later
+    tries = ([(nested, first)] if nested else []) + ([(loops, first)] if loops and loops != nested else []) \
+        + [((), first), ((), first * GROWTH)]
     why = ""
     for n_try, (inner, min_steps) in enumerate(tries):
         axes = [Axis(key, tuple(wl.ff_periods or PERIODS), min_steps, wl.ff_after),
-                *(Axis(k, PERIODS, MIN_STEPS) for k in inner)]
+                *(WEIGHT_TILES if k == WEIGHT_TILES.key else Axis(k, PERIODS, MIN_STEPS) for k in inner)]
         steady = Steady(axes, skipped.snapshot, preflight.record_budget(cfg), f"{cfg.bench.name} at {wl.shape_text()}")
         if not inner and axes[0].too_short(q):
             return Outcome(None, why)

@@ -42,6 +42,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ..hw.tiling import left_out, plan_key, plan_units_key, whole
 from ..record_fields import FIELDS, N, ROW
 from ..records import RecordTable
 from ..repeated import RepeatedTable
@@ -51,9 +52,11 @@ from ..sim.waits import WAIT_CODE
 from ..sorting import groups
 from .periodic import is_peak, running_totals
 
-_CMD, _T0, _T1, _TD, _WHY, _REF = (FIELDS.index(f) for f in ("cmd", "t0", "t1", "td", "why", "ref"))
+_CMD, _TILE, _T0, _T1, _TD, _WHY, _REF = (FIELDS.index(f) for f in ("cmd", "tile", "t0", "t1", "td", "why", "ref"))
 #: wait kinds whose ``ref`` is a command id (the others name a record, kbframe.sim.waits)
 _CMD_REFS = np.array([WAIT_CODE[k] for k in ("room", "wait", "dispatch", "hazard", "fifo", "admit")])
+#: ... the waits of a command's record (its admission: its start)
+_ADMITTED = np.array([WAIT_CODE[k] for k in ("dispatch", "hazard", "fifo")])
 #: ... and those whose ``ref`` is a record index (a stage's raw kinds -1 and -2 too)
 _RECORD_REFS = np.array([WAIT_CODE[k] for k in ("cpu", "dep", "unit", "link")] + [-1, -2])
 
@@ -121,6 +124,29 @@ class _Mover:
         return out
 
 
+class _TileMover(_Mover):
+    """Moves records by whole periods of a weight GEMM's tile loop (kbframe.sim.steady
+    ``WEIGHT_TILES``): no command is issued in a period, so command ids stay; a record
+    of the GEMM's command (``first``, per PE) moves its tile by the period's tiles, and a
+    record ``ref`` moves by the period's records when it names one of that command's
+    tiles' records (they repeat; its prologue does not, and the commands after it were
+    issued before the jump)."""
+
+    def __init__(self, rows, pe_of, first: dict, dt: int, P: int, tiles: int):
+        super().__init__(rows, pe_of, first, dict.fromkeys(first, 0), dt, P)
+        self.tiles = tiles
+
+    def looped(self, at: np.ndarray) -> np.ndarray:
+        r = self.rows
+        return (r[at, _CMD] == self.first[self.pe_of[r[at, 0]]]) & (r[at, _TILE] >= 0)
+
+    def step(self, rows: np.ndarray) -> np.ndarray:
+        d = super().step(rows)
+        mine = (rows[:, _CMD] == self.first[self.pe_of[rows[:, 0]]]) & (rows[:, _TILE] >= 0)
+        d[:, _TILE] = np.where(mine, self.tiles, 0)
+        return d
+
+
 def _check(rows: np.ndarray, pe_of: np.ndarray, k: int, inst, p: int, per_pe: "_PerPe") -> tuple:
     """Check the records ``rows`` around one jump (module doc) for period ``p`` and return
     ``(x, P, dt, mover)``: the first record after the jump, the records and ps of a period,
@@ -135,6 +161,9 @@ def _check(rows: np.ndarray, pe_of: np.ndarray, k: int, inst, p: int, per_pe: "_
         raise NotSteady(f"loop {k}: {n1 - n0} then {P} records over the last two periods of {p} before its jump")
     per_period = {pe: ids[J] - ids[J - p] for pe, ids in inst.ids.items()}
     first = {pe: inst.first[pe] for pe in inst.jumped}
+    if inst.tiles and any(per_period.values()):
+        q = min(pe for pe, n in per_period.items() if n)
+        raise NotSteady(f"loop {k}: PE{q} dispatched {per_period[q]} command(s) in a period of {p} of its tiles")
     x = _first_after(rows, pe_of, inst, n2)
     if x is None:
         raise NotSteady(f"loop {k}: no record after its jump")
@@ -150,7 +179,8 @@ def _check(rows: np.ndarray, pe_of: np.ndarray, k: int, inst, p: int, per_pe: "_
             raise NotSteady(f"loop {k}: record {i}, of PE{q}'s command {int(rows[i, _CMD])} from before the loop, "
                             f"started before the jump and ends after the periods checked")
     dt = int(rows[lo, _T0] - rows[lo - P, _T0])
-    mover = _Mover(rows, pe_of, first, per_period, dt, P)
+    mover = (_TileMover(rows, pe_of, first, dt, P, p * inst.tiles) if inst.tiles else
+             _Mover(rows, pe_of, first, per_period, dt, P))
     moved = mover.move(rows[lo - P:hi - P], 1)
     bad = np.nonzero((moved != rows[lo:hi]).any(axis=1))[0]
     if len(bad):
@@ -162,13 +192,17 @@ def _check(rows: np.ndarray, pe_of: np.ndarray, k: int, inst, p: int, per_pe: "_
 
 def _first_after(rows: np.ndarray, pe_of: np.ndarray, inst, start: int, chunk: int = 4096) -> int | None:
     """The first record from ``start`` on (the records when the first PE reached the jump)
-    of a command a PE issued after its jump; None: none."""
+    of a command a PE issued after its jump (a weight GEMM's tile loop: of a tile after
+    it); None: none."""
     ids = np.full(int(pe_of.max()) + 1, np.iinfo(np.int64).max, dtype=np.int64)
     for q in inst.jumped:
-        ids[q] = inst.ids[q][inst.J]
+        ids[q] = inst.first[q] if inst.tiles else inst.ids[q][inst.J]
     for a in range(start, len(rows), chunk):
         r = rows[a:a + chunk]
-        hit = np.nonzero(r[:, _CMD] >= ids[pe_of[r[:, 0]]])[0]
+        if inst.tiles:
+            hit = np.nonzero((r[:, _CMD] == ids[pe_of[r[:, 0]]]) & (r[:, _TILE] >= inst.J * inst.tiles))[0]
+        else:
+            hit = np.nonzero(r[:, _CMD] >= ids[pe_of[r[:, 0]]])[0]
         if len(hit):
             return a + int(hit[0])
     return None
@@ -297,7 +331,7 @@ def _shifts(rows: np.ndarray, pe_of: np.ndarray, found: list, before: np.ndarray
     t_pe = pe_of[table[ref[by_rec], 0]]
     t_cmd = table[ref[by_rec], _CMD]
     for q in np.unique(np.concatenate([pe, t_pe])).tolist():
-        mine = [j for j, f in enumerate(found) if q in f.mover.first_of]
+        mine = [j for j, f in enumerate(found) if q in f.mover.first_of and not f.inst.tiles]
         if not mine:
             continue
         idx = np.array(mine, dtype=np.int64)
@@ -313,7 +347,53 @@ def _shifts(rows: np.ndarray, pe_of: np.ndarray, found: list, before: np.ndarray
         d[c, _REF] = w_cmd[upto(c, ref[c])]
         t = np.nonzero(t_pe == q)[0]
         d[by_rec[t], _REF] += w_rec[upto(by_rec[t], t_cmd[t])]
+    if any(f.inst.tiles for f in found):
+        _tile_shifts(d, rows, pe_of, found, before, table, pe, by_rec, t_pe, t_cmd)
     return d
+
+
+def _tile_shifts(d, rows, pe_of, found, before, table, pe, by_rec, t_pe, t_cmd) -> None:
+    """:func:`_shifts`' part for the jumps of weight GEMMs' tile loops (:class:`_TileMover`'s
+    rules over all of them): a record of such a GEMM's command after its jump moves its
+    tile by the tiles put back; a command's record after a jump keeps its start (its
+    admission) when that came before the jump; a record ``ref`` moves by the records a jump put back
+    when the jump comes before the record that names it and after the one named, or that
+    one is of the jump's GEMM's tiles (a period of them repeats)."""
+    at = np.array([j for j, f in enumerate(found) if f.inst.tiles], dtype=np.int64)
+    tiles = [found[j] for j in at]
+    xs = np.array([f.x for f in tiles], dtype=np.int64)
+    w_rec = np.concatenate(([0], np.cumsum([f.X * f.P for f in tiles])))
+    wide = int(max(rows[:, _CMD].max(initial=0), table[:, _CMD].max(initial=0))) + 1
+    keys, jump = [], []  # (pe, the GEMM's command) of each jump, and the jump (its place among the tile jumps)
+    for j, f in enumerate(tiles):
+        for q, c in f.mover.first_of.items():
+            keys.append(q * wide + c)
+            jump.append(j)
+    order = np.argsort(keys)
+    keys, jump = np.array(keys, dtype=np.int64)[order], np.array(jump, dtype=np.int64)[order]
+
+    def jump_of(q, c):  # the tile jump of each (pe, command), -1: none
+        k = q * wide + c
+        i = np.minimum(np.searchsorted(keys, k), len(keys) - 1)
+        return np.where(keys[i] == k, jump[i], -1)
+    gone = np.searchsorted(at, before, side="left")  # tile jumps before each record
+    # a command admitted before a jump (the GEMM's own, one behind it) keeps its start
+    adm = np.nonzero(np.isin(rows[:, _WHY], _ADMITTED) & (gone > 0))[0]
+    for j, f in enumerate(tiles):
+        held = adm[(gone[adm] > j) & (rows[adm, _T0] < table[f.x, _T0])]
+        d[held, _T0] -= f.X * f.dt
+    j = jump_of(pe, rows[:, _CMD])
+    moves = (j >= 0) & (j < gone) & (rows[:, _TILE] >= 0)
+    d[moves, _TILE] += np.array([f.X * f.mover.tiles for f in tiles], dtype=np.int64)[j[moves]]
+    if len(by_rec):
+        s = rows[by_rec, _REF]
+        past = np.minimum(np.searchsorted(xs, s, side="right"), gone[by_rec])  # jumps between: those before s
+        add = w_rec[past]
+        js = jump_of(t_pe, t_cmd)
+        js[table[s, _TILE] < 0] = -1  # a GEMM's prologue does not repeat
+        own = (js >= 0) & (js == past) & (js < gone[by_rec])  # the next jump after it is its GEMM's tiles'
+        add[own] += np.array([f.X * f.P for f in tiles], dtype=np.int64)[js[own]]
+        d[by_rec, _REF] += add
 
 
 def _in_order(found: list) -> bool:
@@ -401,6 +481,8 @@ def make(sim, steady: Steady, tot: dict, repeated: bool = False) -> Made:
             if _in_order(found):
                 rows = _put_back_all(rows, pe_of, found, out)
             else:  # one at a time, the last first: the records before it stay where they are
+                if any(f.inst.tiles for f in found):
+                    raise NotSteady("the jumps of weight GEMMs' tiles and of loops interleave")
                 for f in reversed(found):
                     f.mover.of(rows)
                     rows = np.concatenate([rows[:f.x], f.mover.periods(rows[f.x - f.P:f.x], f.X),
@@ -476,6 +558,8 @@ def sanitized(engine, made: Made) -> dict:
     memo: dict = {}
 
     def period(jump) -> np.ndarray:
+        if id(jump) not in memo and jump.inst.tiles:
+            memo[id(jump)] = _tile_period(engine, jump, plans, ids, templates, memo)
         if id(jump) not in memo:
             inst, got = jump.simulated, np.zeros(3, dtype=np.int64)
             for pe in jump.per_period:
@@ -488,3 +572,25 @@ def sanitized(engine, made: Made) -> dict:
         return memo[id(jump)]
     total = sum((j.X * period(j) for j in made.jumps), np.zeros(3, dtype=np.int64))
     return dict(zip(("commands", "stages", "accesses"), (int(v) for v in total)))
+
+
+def _tile_period(engine, jump, plans: dict, ids: dict, templates, memo: dict) -> np.ndarray:
+    """The sanitizer's counts of a period of a weight GEMM's tiles put back: no command;
+    its stages, as simulated; its accesses, those of the GEMM planned whole less those of
+    it as planned, per period (each shape's once, in ``memo``)."""
+    got = np.zeros(3, dtype=np.int64)
+    inst = jump.inst
+    lo, hi = (inst.J - jump.p) * inst.tiles, inst.J * inst.tiles
+    for q, c in inst.first.items():
+        cmd, stages = plans[q][bisect.bisect_left(ids[q], c)]
+        got[1] += sum(1 for st in stages if lo <= st.tile < hi)
+        key = ("tiles", plan_units_key(engine.pes[q].by_role), plan_key(cmd))
+        if key not in memo:
+            pe, full = engine.pes[q], whole(cmd)
+            n_full = sanitizer.count_data_dependencies(pe, [(full, pe.scheduler.plan(full))], templates)
+            n_part = sanitizer.count_data_dependencies(pe, [(cmd, stages)], templates)
+            memo[key] = divmod(n_full - n_part, left_out(cmd)[1] // jump.p)
+        n, rest = memo[key]
+        assert rest == 0, "a weight GEMM's left-out output tiles are alike: their accesses divide by its periods"
+        got[2] += n
+    return got

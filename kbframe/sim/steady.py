@@ -17,6 +17,16 @@ axis's, 2 unless the workload says). Command ids go on without a
 gap, so the run is exactly a run of the workload with ``R`` fewer steps: what it leaves out
 is put back, and checked, by :mod:`kbframe.run.skipped`.
 
+A weight-streaming GEMM's output tiles (:data:`WEIGHT_TILES`, when the workload names that
+axis) are a loop too, inside one command: at the ``k``-th such command a PE admits
+(:meth:`Steady.gemm_tiles`), its plan leaves out output tiles ``J .. J + R - 1``
+(kbframe.hw.tiling.leave_out), alike on every PE. ``J`` is the axis's ``min_steps``, or
+later when :data:`WARM_TILES` K tiles would not come before the two periods checked (the
+transfers in flight settle over the first ones): the decision is taken at admission, not
+seen, since such a loop is DMA-bound from its first tiles (all its transfers are queued
+at once), and what is put back is checked as any jump's is. Its iterations are marked when
+the first transfer of an output tile ends.
+
 It only decides; the time of each iteration's start, each PE's command ids and a snapshot
 of the run's totals (``snapshot``, given by the run layer) at the iterations before the
 jump are what :mod:`kbframe.run.skipped` needs to put the stretch back.
@@ -26,8 +36,10 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
+from functools import partial
 
 from ..errors import RecordBudgetError
+from ..hw.tiling import gemm_tile_loop, leave_out
 
 
 @dataclass(frozen=True)
@@ -74,6 +86,14 @@ class Axis:
         return max(self.min_steps, 2 * p) + p + self.after
 
 
+#: the output tiles of a weight-streaming GEMM (a decode GEMV): a period of one output tile
+#: (its K tiles: a transfer and a GEMM stage each), left out from the fifth on, the last
+#: three simulated (one checked, two to its end); and before the two periods checked, at
+#: least :data:`WARM_TILES` K tiles (the DMA channel's transfers in flight settle)
+WEIGHT_TILES = Axis("weight tiles", (1,), 4, 2)
+WARM_TILES = 16
+
+
 @dataclass
 class Instance:
     """The ``k``-th loop of an axis on each PE. ``key``: the axis; ``level``: 0 for the
@@ -86,7 +106,9 @@ class Instance:
     ``J - window .. J``), ``ids[pe][J]`` the first command after the jump; ``snaps``: what
     :attr:`Steady.snapshot` gave when the first PE reached iteration ``i`` (the same
     iterations); ``times``: when the first PE reached the last iterations (ps);
-    ``jumped``: the PEs whose loop jumped."""
+    ``jumped``: the PEs whose loop jumped; ``tiles``: a weight GEMM's tile loop
+    (:data:`WEIGHT_TILES`): the tiles of an iteration (an output tile's K tiles), 0 for a
+    kernel's loop."""
 
     n: int
     key: str = ""
@@ -102,6 +124,7 @@ class Instance:
     snaps: dict = field(default_factory=dict)
     times: deque = None
     jumped: set = field(default_factory=set)
+    tiles: int = 0
 
 
 class Steady:
@@ -128,6 +151,9 @@ class Steady:
         self._by_key: dict = {}  # key -> its instances, k-th first
         self._entered: dict = {}
         self.broken: str | None = None  # why this run cannot stand for the full one
+        #: the weight GEMMs' tile axis when the run may leave out their tiles, else None
+        self.tile_axis = self.axes[WEIGHT_TILES.key][1] if WEIGHT_TILES.key in self.axes else None
+        self._tile_loops: dict = {}  # a command's plan key -> gemm_tile_loop
 
     def steps(self, tl, key: str, n: int, rings: tuple = ()):
         """The iterations of a loop of ``n`` along ``key`` on ``tl``'s PE whose buffers
@@ -189,6 +215,48 @@ class Steady:
                 i += inst.R
             yield i
             i += 1
+
+    def gemm_tiles(self, pe, cmd, key) -> dict | None:
+        """At ``cmd``'s admission on ``pe`` (``key``: its plan key, kbframe.hw.tiling): when
+        it is a weight-streaming GEMM (kbframe.hw.tiling.gemm_tile_loop) whose loop is long
+        enough, leave out its output tiles from ``J`` on (:attr:`Axis.min_steps`, or more
+        for :data:`WARM_TILES` K tiles and two periods before it), all but a period and
+        ``after`` (module doc), and return, per tile where the iterations before the jump
+        begin (their first K tile, numbered as planned), what its first transfer's end
+        calls (:attr:`Stage.effect`); else None."""
+        loop = self._tile_loops.get(key, False)
+        if loop is False:
+            loop = self._tile_loops[key] = gemm_tile_loop(cmd, pe.by_role)
+        axis = self.tile_axis
+        if loop is None:
+            return None
+        n, per = loop
+        p = axis.periods[0]
+        J = max(axis.min_steps, 2 * p - (-WARM_TILES // per))  # left out from output tile J on
+        R = n - J - p - axis.after
+        if R < axis.least():
+            return None
+        k = self._entered.get((pe.index, axis.key), 0)
+        self._entered[(pe.index, axis.key)] = k + 1
+        mine = self._by_key.setdefault(axis.key, [])
+        if k == len(mine):
+            mine.append(Instance(n, axis.key, 1, tiles=per))
+            self.instances.append(mine[-1])
+        inst = mine[k]
+        if inst.n != n or inst.tiles != per:
+            self.broken = f"weight GEMM {k} has {n}×{per} tiles on PE{pe.index}, {inst.n}×{inst.tiles} on another"
+            return None
+        inst.J, inst.R, inst.p = J, R, p
+        inst.first[pe.index] = cmd.id
+        inst.jumped.add(pe.index)
+        leave_out(cmd, J, R)
+        return {i * per: partial(self._tile_reached, inst, pe, i) for i in (J - 2 * p, J - p, J)}
+
+    def _tile_reached(self, inst: Instance, pe, i: int) -> None:
+        """``pe``'s weight GEMM ``inst`` begins iteration ``i`` (its first transfer ended)."""
+        inst.ids.setdefault(pe.index, {})[i] = pe.cpu.n_commands + 1
+        if i not in inst.snaps:  # the first PE to get here takes the snapshot
+            inst.snaps[i] = self.snapshot(self.engine)
 
     def _steady(self, inst: Instance, i: int, periods: tuple) -> int | None:
         """Whether the run looks steady at iteration ``i``: for a candidate period, the last

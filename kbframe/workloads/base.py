@@ -98,6 +98,10 @@ class Workload:
     ff_budget: float | None = None
     #: candidate periods, in steps of the periodic axis (None: fast-forward's, 1 to 8)
     ff_periods: tuple | None = None
+    #: whether the output tiles of its weight GEMMs (a GEMV streaming its weights) repeat
+    #: inside each step of the periodic axis: in one simulation they may be left out too,
+    #: as a nested axis's (kbframe.sim.steady.WEIGHT_TILES)
+    ff_weight_tiles: bool = False
     #: steps simulated after the period checked past a jump in one simulation
     #: (kbframe.sim.steady.Axis)
     ff_after: int = 2

@@ -89,6 +89,7 @@ class DecoderLayer(Workload):
     ff_budget = 0.7
     ff_periods = (1, 2, 4)  # what a jump in one simulation is a multiple of (kbframe.sim.steady)
     ff_after = 1  # a layer's commands are thousands, PE_SCHEDULER's queue 64: the end cannot reach back a layer
+    ff_weight_tiles = True  # its weight GEMVs' output tiles too
 
     # ---- checks ----------------------------------------------------------------------
     def validate(self) -> None:

@@ -336,6 +336,33 @@ def test_a_step_fast_forwards_along_the_kv_tiles_inside_its_layers(tmp_path, top
                                          f"the full simulation")
 
 
+WIDE = ("bench.H=1280", "bench.H_q=8", "bench.H_kv=8", "bench.d=128", "bench.F=12288", "bench.S_kv=512")
+
+
+@pytest.mark.parametrize("topology, note", [
+    (("hardware=default", "bench.tp=1", "bench.layers=3"),
+     "603 period(s) of 1 step(s) along weight tiles left out of 15 loop(s) (13590 of 23691 records"),
+    (("hardware=cube", "bench.tp=8", "bench.layers=3"),
+     "39 period(s) of 1 step(s) along weight tiles left out of 9 loop(s) (6537 of 29487 records"),
+    (("hardware=cube_mesh", "bench.tp=8", "bench.placement=spread", "bench.layers=3"),
+     "39 period(s) of 1 step(s) along weight tiles left out of 9 loop(s) (6537 of 29487 records"),
+    (("hardware=default", "bench.tp=1", "bench.layers=24", "bench.S_kv=8192"),
+     "18 period(s) of 1 step(s) along layers and 1206 period(s) of 1 step(s) along weight tiles and 4284 period(s) of 1 "
+     "step(s) along S_kv left out of 79 loop(s) (557406 of 604164 records"),
+], ids=["tp1", "tp8", "tp8-2x2-cubes", "tp1-layers-kv-and-weight-tiles"])
+def test_a_steps_weight_gemms_leave_out_their_output_tiles(tmp_path, topology, note):
+    """A weight GEMM streams its weights over one row of output tiles (a decode GEMV): all
+    but its first four, one checked and the last two are left out, and put back (their
+    tiles, times and the records that name them moved) before the layers are. The GEMMs of
+    3 layers on one PE, on a cube's 8 and on 8 dealt over 2×2 cubes, and of 24 layers whose
+    layer loop jumps too: run.fast_forward=verify finds each identical to the full
+    simulation, the sanitizer's counts included."""
+    m = run(tmp_path, *WIDE, *topology, "bench.data=false", "run.fast_forward=verify", "run.trace=false",
+            bench="decoder_layer")
+    assert m["fast_forward"]["note"] == (f"fast-forwarded in one simulation: {note} by shifting); verified against "
+                                         f"the full simulation")
+
+
 def test_a_step_whose_kv_jumps_do_not_hold_jumps_along_its_layers_alone(tmp_path):
     """With 79 KV tiles of 128 a loop jumps before its records repeat (the check refuses
     it): the step is simulated once more with its layer loop jumping alone, as it would
@@ -563,7 +590,7 @@ def test_a_step_that_fast_forwards_is_held_to_its_budget_by_the_layers_it_holds(
     assert got and held < int(got.group(1).replace(",", "")) <= one + 6 * more  # the first step it is over
     with pytest.raises(RecordBudgetError) as e:  # over it only in its last layers, which can no longer repeat
         run(tmp_path / "never", *args, f"run.max_records={full - 1}", bench="decoder_layer")
-    assert str(e.value).endswith(f"was simulated record by record (no loop along layers or S_kv looked steady with a "
+    assert str(e.value).endswith(f"was simulated record by record (no loop along layers or S_kv or weight tiles looked steady with a "
                                  f"stretch to leave out): {full:,} op_log records, over run.max_records={full - 1:,}; "
                                  f"raise run.max_records or shrink the run")
     assert not (tmp_path / "never").exists()
