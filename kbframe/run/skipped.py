@@ -363,17 +363,16 @@ def _tile_shifts(d, rows, pe_of, found, before, table, pe, by_rec, t_pe, t_cmd) 
     tiles = [found[j] for j in at]
     xs = np.array([f.x for f in tiles], dtype=np.int64)
     w_rec = np.concatenate(([0], np.cumsum([f.X * f.P for f in tiles])))
-    wide = int(max(rows[:, _CMD].max(initial=0), table[:, _CMD].max(initial=0))) + 1
     keys, jump = [], []  # (pe, the GEMM's command) of each jump, and the jump (its place among the tile jumps)
     for j, f in enumerate(tiles):
         for q, c in f.mover.first_of.items():
-            keys.append(q * wide + c)
+            keys.append((q << 40) | c)  # command ids are below 2^40
             jump.append(j)
     order = np.argsort(keys)
     keys, jump = np.array(keys, dtype=np.int64)[order], np.array(jump, dtype=np.int64)[order]
 
     def jump_of(q, c):  # the tile jump of each (pe, command), -1: none
-        k = q * wide + c
+        k = (q << 40) | c
         i = np.minimum(np.searchsorted(keys, k), len(keys) - 1)
         return np.where(keys[i] == k, jump[i], -1)
     gone = np.searchsorted(at, before, side="left")  # tile jumps before each record
