@@ -17,8 +17,9 @@ axis's, 2 unless the workload says). Command ids go on without a
 gap, so the run is exactly a run of the workload with ``R`` fewer steps: what it leaves out
 is put back, and checked, by :mod:`kbframe.run.skipped`.
 
-A weight-streaming GEMM's output tiles (:data:`WEIGHT_TILES`, when the workload names that
-axis) are a loop too, inside one command: at the ``k``-th such command a PE admits
+A weight-streaming GEMM's output tiles (:data:`WEIGHT_TILES`, among the axes when the
+workload's weight GEMMs repeat, ``Workload.ff_weight_tiles``) are a loop too, inside one
+command: at the ``k``-th such command a PE admits
 (:meth:`Steady.gemm_tiles`), its plan leaves out output tiles ``J .. J + R - 1``
 (kbframe.hw.tiling.leave_out), alike on every PE. ``J`` is the axis's ``min_steps``, or
 later when :data:`WARM_TILES` K tiles would not come before the two periods checked (the
