@@ -178,6 +178,8 @@ def _check(rows: np.ndarray, pe_of: np.ndarray, k: int, inst, p: int, per_pe: "_
         if i is not None:
             raise NotSteady(f"loop {k}: record {i}, of PE{q}'s command {int(rows[i, _CMD])} from before the loop, "
                             f"started before the jump and ends after the periods checked")
+    if inst.tiles:
+        _alone(rows, pe_of, k, inst, lo, hi)
     dt = int(rows[lo, _T0] - rows[lo - P, _T0])
     mover = (_TileMover(rows, pe_of, first, dt, P, p * inst.tiles) if inst.tiles else
              _Mover(rows, pe_of, first, per_period, dt, P))
@@ -188,6 +190,26 @@ def _check(rows: np.ndarray, pe_of: np.ndarray, k: int, inst, p: int, per_pe: "_
         f = FIELDS[int(np.nonzero(moved[bad[0]] != rows[i])[0][0])]
         raise NotSteady(f"loop {k}: record {i} is not record {i - P} a period of {p} later ({f})")
     return x, P, dt, mover
+
+
+def _alone(rows: np.ndarray, pe_of: np.ndarray, k: int, inst, lo: int, hi: int) -> None:
+    """Raise NotSteady unless a weight GEMM's tiles ran alone through the periods checked:
+    a record after them that started while they ran is one of the GEMM's stages or a
+    command's record (its admission; its start is kept). Anything else (a dispatch, another
+    command's stage) runs beside the tiles, at times the jump does not move alike (a PE_CPU
+    slower than the tiles, a MATH command admitted beside them)."""
+    end = rows[lo:hi, _T1].max()
+    first = np.full(int(pe_of.max()) + 1, -1, dtype=np.int64)
+    for q, c in inst.first.items():
+        first[q] = c
+    late = np.nonzero(rows[hi:, _T0] <= end)[0] + hi
+    r = rows[late]
+    own = (r[:, _CMD] == first[pe_of[r[:, 0]]]) & (r[:, _TILE] >= 0)
+    beside = late[~own & ~np.isin(r[:, _WHY], _ADMITTED)]
+    if len(beside):
+        i = int(beside[0])
+        raise NotSteady(f"loop {k}: record {i}, of PE{int(pe_of[rows[i, 0]])}'s command {int(rows[i, _CMD])}, "
+                        f"ran beside the tiles of the periods checked")
 
 
 def _first_after(rows: np.ndarray, pe_of: np.ndarray, inst, start: int, chunk: int = 4096) -> int | None:

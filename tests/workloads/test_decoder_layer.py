@@ -363,6 +363,18 @@ def test_a_steps_weight_gemms_leave_out_their_output_tiles(tmp_path, topology, n
                                          f"the full simulation")
 
 
+def test_weight_tiles_beside_a_slower_pe_cpu_are_not_left_out(tmp_path):
+    """A PE_CPU that dispatches slower than a weight GEMM streams its tiles (10,000 cycles
+    a command) still dispatches the commands behind it while the tiles run: the dispatch
+    that runs across the jump would not move with the tiles, so the jump is refused, and
+    the step (too short to leave its KV tiles out) is the full simulation."""
+    m = run(tmp_path, *WIDE, "hardware=default", "bench.tp=1", "bench.layers=1", "calibration.FIXED=10000",
+            "bench.data=false", "run.fast_forward=verify", "run.trace=false", bench="decoder_layer")
+    assert m["fast_forward"]["note"] == ("simulated in full: no loop along layers or S_kv looked steady with a stretch "
+                                         "to leave out (before: loop 0: record 141, of PE0's command 6, ran beside the "
+                                         "tiles of the periods checked)")
+
+
 def test_a_step_whose_kv_jumps_do_not_hold_jumps_along_its_layers_alone(tmp_path):
     """With 79 KV tiles of 128 a loop jumps before its records repeat (the check refuses
     it): the step is simulated once more with its layer loop jumping alone, as it would
