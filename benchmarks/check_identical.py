@@ -76,7 +76,7 @@ def cases() -> dict[str, list[str]]:
     # weight GEMMs wide enough to leave output tiles out, in layers that jump, over 2×2 cubes
     out["layer_wide_tp8_mesh_24_nodata"] = ["+bench=decoder_layer", "hardware=cube_mesh", "bench.tp=8",
                                             "bench.placement=spread", "bench.H=1280", "bench.H_q=8", "bench.H_kv=8",
-                                            "bench.d=128", "bench.F=12288", "bench.S_kv=8192", "bench.layers=24",
+                                            "bench.d=128", "bench.F=24576", "bench.S_kv=8192", "bench.layers=24",
                                             "bench.data=false"]
     out["layer_llama3_70b_mesh_1_nodata"] = ["+bench=decoder_layer", "+model=llama3_70b", "hardware=cube_mesh",
                                              "bench.tp=8", "bench.placement=spread", "bench.S_kv=4096",

@@ -319,7 +319,8 @@ def _in_one(cfg, wl, kernel, recipes, check: bool, units: dict, key: str, q: int
             made = skipped.make(sim, steady, totals(sim), repeated=bool(nested))
             break
         except skipped.NotSteady as e:  # a nested loop's jump, or one that looked steady too early: once more
-            how = f"from {min_steps} steps on" if min_steps != first else f"along {key} alone"
+            how = (f"from {min_steps} steps on" if min_steps != first else
+                   f"along {key} alone" if not inner else f"along {' and '.join([key, *inner])}")
             why = f"{why}; {how}, {e}" if n_try else str(e)
         except RecordBudgetError:
             raise

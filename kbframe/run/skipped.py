@@ -179,7 +179,7 @@ def _check(rows: np.ndarray, pe_of: np.ndarray, k: int, inst, p: int, per_pe: "_
             raise NotSteady(f"loop {k}: record {i}, of PE{q}'s command {int(rows[i, _CMD])} from before the loop, "
                             f"started before the jump and ends after the periods checked")
     if inst.tiles:
-        _alone(rows, pe_of, k, inst, lo, hi)
+        _alone(rows, pe_of, k, inst, x)
     dt = int(rows[lo, _T0] - rows[lo - P, _T0])
     mover = (_TileMover(rows, pe_of, first, dt, P, p * inst.tiles) if inst.tiles else
              _Mover(rows, pe_of, first, per_period, dt, P))
@@ -192,24 +192,34 @@ def _check(rows: np.ndarray, pe_of: np.ndarray, k: int, inst, p: int, per_pe: "_
     return x, P, dt, mover
 
 
-def _alone(rows: np.ndarray, pe_of: np.ndarray, k: int, inst, lo: int, hi: int) -> None:
-    """Raise NotSteady unless a weight GEMM's tiles ran alone through the periods checked:
-    a record after them that started while they ran is one of the GEMM's stages or a
-    command's record (its admission; its start is kept). Anything else (a dispatch, another
-    command's stage) runs beside the tiles, at times the jump does not move alike (a PE_CPU
-    slower than the tiles, a MATH command admitted beside them)."""
-    end = rows[lo:hi, _T1].max()
-    first = np.full(int(pe_of.max()) + 1, -1, dtype=np.int64)
+def _alone(rows: np.ndarray, pe_of: np.ndarray, k: int, inst, x: int) -> None:
+    """Raise NotSteady unless a weight GEMM's tiles run alone from its jump (record ``x``)
+    to its last transfer on each PE: a record from ``x`` on that starts before that PE's
+    last transfer of the GEMM does is one of the GEMM's, or a command's record whose start,
+    its admission, came before the jump (the GEMM's own, those queued behind it; its start
+    is kept). Anything else (a dispatch, an admission, another command's stage) runs beside
+    the tiles, at times the jump does not move as it moves them (a PE_CPU slower than the
+    tiles, a command waiting on one that is not the GEMM)."""
+    n_pes = int(pe_of.max()) + 1
+    first = np.full(n_pes, -1, dtype=np.int64)
     for q, c in inst.first.items():
         first[q] = c
-    late = np.nonzero(rows[hi:, _T0] <= end)[0] + hi
-    r = rows[late]
-    own = (r[:, _CMD] == first[pe_of[r[:, 0]]]) & (r[:, _TILE] >= 0)
-    beside = late[~own & ~np.isin(r[:, _WHY], _ADMITTED)]
+    r = rows[x:]
+    pe = pe_of[r[:, 0]]
+    own = r[:, _CMD] == first[pe]
+    last = np.full(n_pes, -1, dtype=np.int64)  # per PE: when its last transfer of the GEMM starts
+    tiles = r[own & (r[:, _TILE] >= 0)]
+    t_pe = pe_of[tiles[:, 0]]
+    for q in inst.first:
+        mine = tiles[t_pe == q]
+        if len(mine):
+            last[q] = mine[mine[:, _TILE] == mine[:, _TILE].max(), _T0].min()
+    kept = np.isin(r[:, _WHY], _ADMITTED) & (r[:, _T0] < rows[x, _T0])
+    beside = np.nonzero(~own & ~kept & (r[:, _T0] < last[pe]))[0]
     if len(beside):
-        i = int(beside[0])
+        i = x + int(beside[0])
         raise NotSteady(f"loop {k}: record {i}, of PE{int(pe_of[rows[i, 0]])}'s command {int(rows[i, _CMD])}, "
-                        f"ran beside the tiles of the periods checked")
+                        f"ran beside the tiles after the jump")
 
 
 def _first_after(rows: np.ndarray, pe_of: np.ndarray, inst, start: int, chunk: int = 4096) -> int | None:
@@ -481,12 +491,13 @@ def make(sim, steady: Steady, tot: dict, repeated: bool = False) -> Made:
     levels = sorted({inst.level for _, inst in jumps}, reverse=True)
     for level in levels:
         per_pe = _PerPe(rows, pe_of)
-        found = [_put_back(rows, pe_of, k, inst, steady.axes[inst.key][1].periods, placed, per_pe)
+        found = [_put_back(rows, pe_of, k, inst, (inst.p,) if inst.tiles else steady.axes[inst.key][1].periods,
+                           placed, per_pe)
                  for k, inst in jumps if inst.level == level]
         found.sort(key=lambda f: f.x)
         n = len(rows) + sum(f.X * f.P for f in found)
         final = level == levels[-1]
-        if final and repeated and len(found) == 1:  # held as the simulated records and the period
+        if final and repeated and len(found) == 1 and not found[0].inst.tiles:  # held: the records, the period
             f = found[0]
             f.mover.of(rows)
             made = RepeatedTable(rows, table.names, f.x, f.P, f.X, f.mover.step(rows[f.x - f.P:f.x]),

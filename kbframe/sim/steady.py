@@ -21,12 +21,12 @@ A weight-streaming GEMM's output tiles (:data:`WEIGHT_TILES`, among the axes whe
 workload's weight GEMMs repeat, ``Workload.ff_weight_tiles``) are a loop too, inside one
 command: at the ``k``-th such command a PE admits
 (:meth:`Steady.gemm_tiles`), its plan leaves out output tiles ``J .. J + R - 1``
-(kbframe.hw.tiling.leave_out), alike on every PE. ``J`` is the axis's ``min_steps``, or
-later when :data:`WARM_TILES` K tiles would not come before the two periods checked (the
-transfers in flight settle over the first ones): the decision is taken at admission, not
-seen, since such a loop is DMA-bound from its first tiles (all its transfers are queued
-at once), and what is put back is checked as any jump's is. Its iterations are marked when
-the first transfer of an output tile ends.
+(kbframe.hw.tiling.leave_out), alike on every PE, ``R`` a multiple of the GEMM's period
+(:data:`WEIGHT_TILES`) and ``J`` three periods in (one to settle, two to check; the axis's
+``min_steps`` at least): the decision is taken at admission, not seen, since such a loop
+is DMA-bound from its first tiles (all its transfers are queued at once), and what is put
+back is checked as any jump's is. Its iterations are marked when the first transfer of an
+output tile ends.
 
 It only decides; the time of each iteration's start, each PE's command ids and a snapshot
 of the run's totals (``snapshot``, given by the run layer) at the iterations before the
@@ -87,10 +87,12 @@ class Axis:
         return max(self.min_steps, 2 * p) + p + self.after
 
 
-#: the output tiles of a weight-streaming GEMM (a decode GEMV): a period of one output tile
-#: (its K tiles: a transfer and a GEMM stage each), left out from the fifth on, the last
-#: three simulated (one checked, two to its end); and before the two periods checked, at
-#: least :data:`WARM_TILES` K tiles (the DMA channel's transfers in flight settle)
+#: the output tiles of a weight-streaming GEMM (a decode GEMV), each K tile a transfer and
+#: a GEMM stage: left out from the fifth on at the earliest, a period checked and two more
+#: simulated to its end. A GEMM's period is the fewest output tiles that hold
+#: :data:`WARM_TILES` K tiles or more and a multiple of the DMA channel's transfers in flight
+#: (transfers bound by their setup latency end in groups of that many); a period's worth
+#: runs before the two checked (the transfers in flight settle)
 WEIGHT_TILES = Axis("weight tiles", (1,), 4, 2)
 WARM_TILES = 16
 
@@ -126,6 +128,15 @@ class Instance:
     times: deque = None
     jumped: set = field(default_factory=set)
     tiles: int = 0
+
+
+def _tile_period(per: int, in_flight: int) -> int:
+    """The period, in output tiles of ``per`` K tiles, of a weight GEMM's tile loop
+    (:data:`WEIGHT_TILES`) whose DMA channel has ``in_flight`` transfers in flight at once."""
+    p = 1
+    while p * per < WARM_TILES or p * per % in_flight:
+        p += 1
+    return p
 
 
 class Steady:
@@ -220,11 +231,11 @@ class Steady:
     def gemm_tiles(self, pe, cmd, key) -> dict | None:
         """At ``cmd``'s admission on ``pe`` (``key``: its plan key, kbframe.hw.tiling): when
         it is a weight-streaming GEMM (kbframe.hw.tiling.gemm_tile_loop) whose loop is long
-        enough, leave out its output tiles from ``J`` on (:attr:`Axis.min_steps`, or more
-        for :data:`WARM_TILES` K tiles and two periods before it), all but a period and
-        ``after`` (module doc), and return, per tile where the iterations before the jump
-        begin (their first K tile, numbered as planned), what its first transfer's end
-        calls (:attr:`Stage.effect`); else None."""
+        enough, leave out its output tiles from ``J`` on (three of its periods: one to
+        settle, two checked; :attr:`Axis.min_steps` at least), whole periods of them but
+        the one checked and ``after`` (module doc), and return, per tile where the
+        iterations before the jump begin (their first K tile, numbered as planned), what
+        its first transfer's end calls (:attr:`Stage.effect`); else None."""
         loop = self._tile_loops.get(key, False)
         if loop is False:
             loop = self._tile_loops[key] = gemm_tile_loop(cmd, pe.by_role)
@@ -232,10 +243,10 @@ class Steady:
         if loop is None:
             return None
         n, per = loop
-        p = axis.periods[0]
-        J = max(axis.min_steps, 2 * p - (-WARM_TILES // per))  # left out from output tile J on
-        R = n - J - p - axis.after
-        if R < axis.least():
+        p = _tile_period(per, getattr(pe.by_role["dma_read"], "max_outstanding", 1))
+        J = max(axis.min_steps, 3 * p)  # left out from output tile J on
+        R = (n - J - p - axis.after) // p * p
+        if R < 2 * p:  # fewer would not pay for the check
             return None
         k = self._entered.get((pe.index, axis.key), 0)
         self._entered[(pe.index, axis.key)] = k + 1

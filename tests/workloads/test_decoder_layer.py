@@ -336,27 +336,33 @@ def test_a_step_fast_forwards_along_the_kv_tiles_inside_its_layers(tmp_path, top
                                          f"the full simulation")
 
 
-WIDE = ("bench.H=1280", "bench.H_q=8", "bench.H_kv=8", "bench.d=128", "bench.F=12288", "bench.S_kv=512")
+WIDE = ("bench.H=1280", "bench.H_q=8", "bench.H_kv=8", "bench.d=128", "bench.F=24576", "bench.S_kv=512")
 
 
 @pytest.mark.parametrize("topology, note", [
     (("hardware=default", "bench.tp=1", "bench.layers=3"),
-     "603 period(s) of 1 step(s) along weight tiles left out of 15 loop(s) (13590 of 23691 records"),
+     "576 period(s) of 1/2 step(s) along weight tiles left out of 12 loop(s) (26145 of 40971 records"),
     (("hardware=cube", "bench.tp=8", "bench.layers=3"),
-     "39 period(s) of 1 step(s) along weight tiles left out of 9 loop(s) (6537 of 29487 records"),
+     "51 period(s) of 1/2 step(s) along weight tiles left out of 9 loop(s) (16905 of 46767 records"),
     (("hardware=cube_mesh", "bench.tp=8", "bench.placement=spread", "bench.layers=3"),
-     "39 period(s) of 1 step(s) along weight tiles left out of 9 loop(s) (6537 of 29487 records"),
-    (("hardware=default", "bench.tp=1", "bench.layers=24", "bench.S_kv=8192"),
-     "18 period(s) of 1 step(s) along layers and 1206 period(s) of 1 step(s) along weight tiles and 4284 period(s) of 1 "
-     "step(s) along S_kv left out of 79 loop(s) (557406 of 604164 records"),
-], ids=["tp1", "tp8", "tp8-2x2-cubes", "tp1-layers-kv-and-weight-tiles"])
+     "51 period(s) of 1/2 step(s) along weight tiles left out of 9 loop(s) (16905 of 46767 records"),
+    (("hardware=default", "bench.tp=1", "bench.layers=24", "bench.S_kv=8192", "bench.F=12288"),
+     "18 period(s) of 1 step(s) along layers and 576 period(s) of 1/2 step(s) along weight tiles and 4284 period(s) "
+     "of 1 step(s) along S_kv left out of 73 loop(s) (556020 of 604164 records"),
+    (("bench.H=4096", "bench.H_q=1", "bench.H_kv=1", "bench.F=1024", "bench.layers=1",
+      "hardware.units.dma_read.setup_latency_ns=500"),
+     "11 period(s) of 2 step(s) along weight tiles left out of 1 loop(s) (374 of 2081 records"),
+], ids=["tp1", "tp8", "tp8-2x2-cubes", "tp1-layers-kv-and-weight-tiles", "one-gemv-setup-bound"])
 def test_a_steps_weight_gemms_leave_out_their_output_tiles(tmp_path, topology, note):
     """A weight GEMM streams its weights over one row of output tiles (a decode GEMV): all
-    but its first four, one checked and the last two are left out, and put back (their
-    tiles, times and the records that name them moved) before the layers are. The GEMMs of
-    3 layers on one PE, on a cube's 8 and on 8 dealt over 2×2 cubes, and of 24 layers whose
-    layer loop jumps too: run.fast_forward=verify finds each identical to the full
-    simulation, the sanitizer's counts included."""
+    but its first three periods, one checked and the last two tiles are left out, a period
+    holding 16 K tiles or more and a multiple of the DMA's 4 transfers in flight (1 or 2
+    output tiles of 10 to 24 K tiles here), and put back (their tiles, times and the records
+    that name them moved) before the layers are. The GEMMs of 3 layers on one PE, on a
+    cube's 8 and on 8 dealt over 2×2 cubes; of 24 layers whose layer loop and KV loops jump
+    too; and one GEMM of 8 K tiles an output tile whose transfers, bound by their setup
+    latency, end in groups of 4 (a period of 2 output tiles): run.fast_forward=verify finds
+    each identical to the full simulation, the sanitizer's counts included."""
     m = run(tmp_path, *WIDE, *topology, "bench.data=false", "run.fast_forward=verify", "run.trace=false",
             bench="decoder_layer")
     assert m["fast_forward"]["note"] == (f"fast-forwarded in one simulation: {note} by shifting); verified against "
@@ -372,7 +378,7 @@ def test_weight_tiles_beside_a_slower_pe_cpu_are_not_left_out(tmp_path):
             "bench.data=false", "run.fast_forward=verify", "run.trace=false", bench="decoder_layer")
     assert m["fast_forward"]["note"] == ("simulated in full: no loop along layers or S_kv looked steady with a stretch "
                                          "to leave out (before: loop 0: record 141, of PE0's command 6, ran beside the "
-                                         "tiles of the periods checked)")
+                                         "tiles after the jump)")
 
 
 def test_a_step_whose_kv_jumps_do_not_hold_jumps_along_its_layers_alone(tmp_path):
