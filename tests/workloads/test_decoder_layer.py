@@ -366,16 +366,25 @@ def test_a_steps_weight_gemms_leave_out_their_output_tiles(tmp_path, topology, n
                                          f"the full simulation")
 
 
-def test_weight_tiles_beside_a_slower_pe_cpu_are_not_left_out(tmp_path):
-    """A PE_CPU that dispatches slower than a weight GEMM streams its tiles (10,000 cycles
-    a command) still dispatches the commands behind it while the tiles run: the dispatch
-    that runs across the jump would not move with the tiles, so the jump is refused, and
-    the step (too short to leave its KV tiles out) is the full simulation."""
-    m = run(tmp_path, *WIDE, "hardware=default", "bench.tp=1", "bench.layers=1", "calibration.FIXED=10000",
-            "bench.data=false", "run.fast_forward=verify", "run.trace=false", bench="decoder_layer")
+@pytest.mark.parametrize("overrides, why", [
+    ((*WIDE, "hardware=default", "bench.tp=1", "calibration.FIXED=10000"),
+     "record 141, of PE0's command 6, ran beside the tiles after the jump"),
+    (("bench.H=4096", "bench.H_q=1", "bench.H_kv=1", "bench.d=128", "bench.F=1024", "bench.S_kv=512",
+      "hardware.units.gemm.pipeline_latency_ns=50000"),
+     "record 1614, of tile 0 before the jump, comes after the periods checked"),
+], ids=["slow-pe-cpu", "gemm-bound"])
+def test_weight_tiles_that_do_not_run_alone_are_not_left_out(tmp_path, overrides, why):
+    """Weight tiles are left out only when nothing but the GEMM runs from the jump to its
+    last transfer, and its units keep pace with its transfers. A PE_CPU that dispatches
+    slower than the GEMM streams its tiles (10,000 cycles a command) still dispatches the
+    commands behind it while they run; a GEMM stage 50 µs deep lags every transfer, so its
+    first tile's records come after the periods checked. Neither would move with the
+    tiles: the jump is refused, and the layer (too short to leave its KV tiles out) is the
+    full simulation."""
+    m = run(tmp_path, *overrides, "bench.layers=1", "bench.data=false", "run.fast_forward=verify", "run.trace=false",
+            bench="decoder_layer")
     assert m["fast_forward"]["note"] == ("simulated in full: no loop along layers or S_kv looked steady with a stretch "
-                                         "to leave out (before: loop 0: record 141, of PE0's command 6, ran beside the "
-                                         "tiles after the jump)")
+                                         f"to leave out (before: loop 0: {why})")
 
 
 def test_a_step_whose_kv_jumps_do_not_hold_jumps_along_its_layers_alone(tmp_path):
