@@ -179,7 +179,7 @@ def _check(rows: np.ndarray, pe_of: np.ndarray, k: int, inst, p: int, per_pe: "_
             raise NotSteady(f"loop {k}: record {i}, of PE{q}'s command {int(rows[i, _CMD])} from before the loop, "
                             f"started before the jump and ends after the periods checked")
     if inst.tiles:
-        _alone(rows, pe_of, k, inst, x, hi)
+        _alone(rows, pe_of, k, inst, lo - P, x, hi)
     dt = int(rows[lo, _T0] - rows[lo - P, _T0])
     mover = (_TileMover(rows, pe_of, first, dt, P, p * inst.tiles) if inst.tiles else
              _Mover(rows, pe_of, first, per_period, dt, P))
@@ -192,15 +192,16 @@ def _check(rows: np.ndarray, pe_of: np.ndarray, k: int, inst, p: int, per_pe: "_
     return x, P, dt, mover
 
 
-def _alone(rows: np.ndarray, pe_of: np.ndarray, k: int, inst, x: int, hi: int) -> None:
+def _alone(rows: np.ndarray, pe_of: np.ndarray, k: int, inst, start: int, x: int, hi: int) -> None:
     """Raise NotSteady unless a weight GEMM's tiles run alone from its jump (record ``x``)
     to its last transfer on each PE: a record from ``x`` on that starts before that PE's
     last transfer of the GEMM does is one of the GEMM's, or a command's record whose start,
     its admission, came before the jump (the GEMM's own, those queued behind it; its start
     is kept). Anything else (a dispatch, an admission, another command's stage) runs beside
     the tiles, at times the jump does not move as it moves them (a PE_CPU slower than the
-    tiles, a command waiting on one that is not the GEMM). And no record after the periods
-    checked (from ``hi`` on) is of a tile before the jump."""
+    tiles, a command waiting on one that is not the GEMM). The records of the periods
+    compared (``start`` to ``hi``) are the GEMM's tiles', and none after them is of a tile
+    before the jump (a GEMM-bound GEMV: its GEMM stages lag its transfers)."""
     n_pes = int(pe_of.max()) + 1
     first = np.full(n_pes, -1, dtype=np.int64)
     for q, c in inst.first.items():
@@ -221,6 +222,12 @@ def _alone(rows: np.ndarray, pe_of: np.ndarray, k: int, inst, x: int, hi: int) -
         i = x + int(beside[0])
         raise NotSteady(f"loop {k}: record {i}, of PE{int(pe_of[rows[i, 0]])}'s command {int(rows[i, _CMD])}, "
                         f"ran beside the tiles after the jump")
+    w = rows[start:hi]  # the periods compared: the GEMM's tiles alone
+    odd = np.nonzero((w[:, _CMD] != first[pe_of[w[:, 0]]]) | (w[:, _TILE] < 0))[0]
+    if len(odd):
+        i = start + int(odd[0])
+        raise NotSteady(f"loop {k}: record {i}, of PE{int(pe_of[rows[i, 0]])}'s command {int(rows[i, _CMD])}, "
+                        f"ran beside the tiles of the periods checked")
     # a tile from before the jump whose records come after the periods checked: the GEMM's
     # units lag its transfers by more than those periods (a GEMM-bound GEMV), unchecked
     behind = np.nonzero(own[hi - x:] & (r[hi - x:, _TILE] >= 0) & (r[hi - x:, _TILE] < inst.J * inst.tiles))[0]
