@@ -448,6 +448,26 @@ def _why_label(c: Records, i: int, sched) -> str:
     return {"room": "queue room", "wait": "tl.wait", "cpu": "dispatch", "unit": "unit busy"}.get(why, why)
 
 
+def _full_prev(prev: np.ndarray, at: np.ndarray, b1: np.ndarray, bounds: list, repeat: Repeat) -> np.ndarray:
+    """:func:`_units`' ``prev`` (per record, stream by stream: the latest end of its
+    stream's records before it) in the full run's times, for the records from ``x`` on
+    (moved by the periods put back): the ends of the records before the period stay, those
+    of the period's last copy and later move as they do."""
+    extra = repeat.X * repeat.dt
+    moved = at >= repeat.x - repeat.P
+    out = prev.copy()
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        after = np.nonzero(at[a:b] >= repeat.x)[0]
+        after = after[after > 0]
+        if not len(after):
+            continue
+        end = np.maximum(b1[a:b], 0)
+        still = np.maximum.accumulate(np.where(moved[a:b], 0, end))  # ends that stay
+        gone = np.maximum.accumulate(np.where(moved[a:b], end + extra, 0))  # ends that move
+        out[a + after] = np.maximum(still[after - 1], gone[after - 1])
+    return out
+
+
 def _units(c: Records, ta: int, tb: int, reps: int, multi_pe: bool, sched: "LastOf",
            repeat: Repeat | None = None) -> dict:
     """Per unit: busy and idle ns per period over ``[ta, tb)``, and what the idle time
@@ -487,6 +507,9 @@ def _units(c: Records, ta: int, tb: int, reps: int, multi_pe: bool, sched: "Last
             e, moved = b1[a:b], late[a:b]
             last_end[s_] = max(int(e[~moved].max(initial=0)), int(e[moved].max()) + extra if moved.any() else 0)
     busy_of = np.add.reduceat(busy, bounds[:-1])
+    if repeat is not None:  # the gaps in the full run's times: after the periods put back, a stream
+        shift = np.where(at >= repeat.x, extra, 0)  # that last ended before them waits that much longer
+        prev, t0, b0 = _full_prev(prev, at, b1, bounds, repeat), t0 + shift, b0 + shift
     # the idle gap before a record: what it waited for, then (a DMA's data phase) its setup
     gap = np.nonzero(live & (b0 > prev) & (b0 > ta))[0]
     labels, label_of = _gap_labels(c, at[gap], sched)
@@ -496,7 +519,7 @@ def _units(c: Records, ta: int, tb: int, reps: int, multi_pe: bool, sched: "Last
     lab = np.concatenate([label_of, np.full(len(gap), labels.index("setup"))])
     lo, hi = np.concatenate([prev[gap], cut]), np.concatenate([cut, b0[gap]])
     seq = np.concatenate([2 * gap, 2 * gap + 1])  # the order the pieces come in
-    amount = np.minimum(hi, tb) - np.maximum(lo, ta)
+    amount = np.minimum(hi, tb + extra) - np.maximum(lo, ta)
     pos = amount > 0
     key = np.concatenate([g[gap], g[gap]])[pos] * len(labels) + lab[pos]
     keys, inverse = _dense(key)

@@ -387,6 +387,23 @@ def test_weight_tiles_that_do_not_run_alone_are_not_left_out(tmp_path, overrides
                                          f"to leave out (before: loop 0: {why})")
 
 
+def test_a_unit_idle_across_a_kv_loop_held_repeated_waits_as_in_the_full_run(tmp_path):
+    """One KV loop's jump, the run's only one, is held repeated (kbframe.repeated): the
+    DMA write channel, idle from the new key and value's stores to the output's store,
+    waits across the periods left out, and the critical path's per-unit waits are the
+    full simulation's (323649.254 ns on the admission of the store), not the simulated
+    records' alone."""
+    args = ("bench.H=1280", "bench.H_q=1", "bench.H_kv=1", "bench.d=128", "bench.F=1024", "bench.S_kv=65536",
+            "bench.layers=1", "bench.data=false", "run.trace=false", "run.check=false")
+    on = run(tmp_path / "on", *args, bench="decoder_layer")
+    off = run(tmp_path / "off", *args, "run.fast_forward=off", bench="decoder_layer")
+    assert on["fast_forward"]["note"].startswith("fast-forwarded in one simulation: 984 period(s) of 1 step(s) along "
+                                                 "S_kv left out of 1 loop(s)")
+    assert on["critical_path"]["units"] == off["critical_path"]["units"]
+    assert on["critical_path"]["units"]["dma_write"]["waited_for"] == {"admission (hazard)": 323649.254,
+                                                                       "setup": 154.0}
+
+
 def test_a_step_whose_kv_jumps_do_not_hold_jumps_along_its_layers_alone(tmp_path):
     """With 79 KV tiles of 128 a loop jumps before its records repeat (the check refuses
     it): the step is simulated once more with its layer loop jumping alone, as it would
