@@ -343,9 +343,10 @@ WIDE = ("bench.H=1280", "bench.H_q=8", "bench.H_kv=8", "bench.d=128", "bench.F=2
      "51 period(s) of 1/2 step(s) along weight tiles left out of 9 loop(s) (16905 of 46767 records"),
     (("hardware=cube_mesh", "bench.tp=8", "bench.placement=spread", "bench.layers=3"),
      "51 period(s) of 1/2 step(s) along weight tiles left out of 9 loop(s) (16905 of 46767 records"),
-    (("hardware=default", "bench.tp=1", "bench.layers=16", "bench.S_kv=8192", "bench.F=12288"),
-     "10 period(s) of 1 step(s) along layers and 576 period(s) of 1/2 step(s) along weight tiles and 4284 period(s) "
-     "of 1 step(s) along S_kv left out of 73 loop(s) (354636 of 402780 records"),
+    (("hardware=default", "bench.tp=1", "bench.layers=16", "bench.S_kv=8192", "bench.F=12288", "bench.H_q=2",
+      "bench.H_kv=2"),
+     "10 period(s) of 1 step(s) along layers and 1068 period(s) of 1 step(s) along S_kv and 534 period(s) of 1/2 "
+     "step(s) along weight tiles left out of 31 loop(s) (149868 of 170460 records"),
     (("bench.H=4096", "bench.H_q=1", "bench.H_kv=1", "bench.F=1024", "bench.layers=1",
       "hardware.units.dma_read.setup_latency_ns=500"),
      "11 period(s) of 2 step(s) along weight tiles left out of 1 loop(s) (374 of 2081 records"),
