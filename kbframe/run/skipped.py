@@ -206,7 +206,8 @@ def _alone(rows: np.ndarray, pe_of: np.ndarray, k: int, inst, start: int, x: int
     first = np.full(n_pes, -1, dtype=np.int64)
     for q, c in inst.first.items():
         first[q] = c
-    r = rows[x:]
+    y = _gemm_done(rows, pe_of, first, inst, x, hi)  # after the GEMM's last record on every PE
+    r = rows[x:y]
     pe = pe_of[r[:, 0]]
     own = r[:, _CMD] == first[pe]
     last = np.full(n_pes, -1, dtype=np.int64)  # per PE: when its last transfer of the GEMM starts
@@ -216,10 +217,15 @@ def _alone(rows: np.ndarray, pe_of: np.ndarray, k: int, inst, start: int, x: int
         mine = tiles[t_pe == q]
         if len(mine):
             last[q] = mine[mine[:, _TILE] == mine[:, _TILE].max(), _T0].min()
-    kept = np.isin(r[:, _WHY], _ADMITTED) & (r[:, _T0] < rows[x, _T0])
-    beside = np.nonzero(~own & ~kept & (r[:, _T0] < last[pe]))[0]
+    t_jump = rows[x, _T0]
+    kept = np.isin(r[:, _WHY], _ADMITTED) & (r[:, _T0] < t_jump)
+    beside = x + np.nonzero(~own & ~kept & (r[:, _T0] < last[pe]))[0]
+    if not len(beside):  # later records, none the GEMM's: one that started before its last transfer
+        later = y + np.nonzero(rows[y:, _T0] < last.max())[0]
+        c = rows[later]
+        beside = later[~(np.isin(c[:, _WHY], _ADMITTED) & (c[:, _T0] < t_jump)) & (c[:, _T0] < last[pe_of[c[:, 0]]])]
     if len(beside):
-        i = x + int(beside[0])
+        i = int(beside[0])
         raise NotSteady(f"loop {k}: record {i}, of PE{int(pe_of[rows[i, 0]])}'s command {int(rows[i, _CMD])}, "
                         f"ran beside the tiles after the jump")
     w = rows[start:hi]  # the periods compared: the GEMM's tiles alone
@@ -235,6 +241,19 @@ def _alone(rows: np.ndarray, pe_of: np.ndarray, k: int, inst, start: int, x: int
         i = hi + int(behind[0])
         raise NotSteady(f"loop {k}: record {i}, of tile {int(rows[i, _TILE])} before the jump, comes after the "
                         f"periods checked")
+
+
+def _gemm_done(rows: np.ndarray, pe_of: np.ndarray, first: np.ndarray, inst, x: int, hi: int) -> int:
+    """The record after the weight GEMM's last record on every PE that jumped (its
+    command's record, at its completion), looked for from ``x`` in windows that double."""
+    w = max(hi - x, 1024)
+    while True:
+        r = rows[x:x + w]
+        done = np.isin(r[:, _WHY], _ADMITTED) & (r[:, _CMD] == first[pe_of[r[:, 0]]])
+        at = np.nonzero(done)[0]
+        if len(set(pe_of[r[at, 0]].tolist())) == len(inst.first) or x + w >= len(rows):
+            return x + int(at.max()) + 1 if len(at) else len(rows)
+        w *= 2
 
 
 def _first_after(rows: np.ndarray, pe_of: np.ndarray, inst, start: int, chunk: int = 4096) -> int | None:
