@@ -165,8 +165,9 @@ def test_a_loop_that_looked_steady_too_early_is_judged_again_later(tmp_path):
             "++bench.v_buffers=10", "hardware.units.scheduler.max_queued_commands=5", "bench.data=false",
             "run.fast_forward=verify", "run.trace=false", bench="decode_opt2")
     assert m["fast_forward"]["note"] == ("fast-forwarded in one simulation: 920 period(s) of 1 step(s) along S_kv "
-                                         "left out of 1 loop(s) (18400 of 20518 records by shifting); verified "
-                                         "against the full simulation")
+                                         "left out of 1 loop(s) (18400 of 20518 records by shifting) (simulated "
+                                         "once more: loop 0: record 341 is not record 321 a period of 1 later "
+                                         "(name)); verified against the full simulation")
 
 
 def test_jumps_put_back_in_one_pass_equal_one_at_a_time(monkeypatch):

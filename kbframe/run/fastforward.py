@@ -303,7 +303,10 @@ def _in_one(cfg, wl, kernel, recipes, check: bool, units: dict, key: str, q: int
     tries = ([(nested, first)] if nested else []) + ([(loops, first)] if loops and loops != nested else []) \
         + [((), first), ((), first * GROWTH)]
     why = ""
+    tiled = True  # whether the last try left out any weight GEMM's tiles (if not, a try without them is that try again)
     for n_try, (inner, min_steps) in enumerate(tries):
+        if n_try and not tiled and inner == loops and nested != loops:
+            continue
         axes = [Axis(key, tuple(wl.ff_periods or PERIODS), min_steps, wl.ff_after),
                 *(WEIGHT_TILES if k == WEIGHT_TILES.key else Axis(k, PERIODS, MIN_STEPS) for k in inner)]
         steady = Steady(axes, skipped.snapshot, preflight.record_budget(cfg), f"{cfg.bench.name} at {wl.shape_text()}")
@@ -319,6 +322,7 @@ def _in_one(cfg, wl, kernel, recipes, check: bool, units: dict, key: str, q: int
             made = skipped.make(sim, steady, totals(sim), repeated=bool(nested))
             break
         except skipped.NotSteady as e:  # a nested loop's jump, or one that looked steady too early: once more
+            tiled = any(inst.tiles and inst.J is not None for inst in steady.instances)
             how = (f"from {min_steps} steps on" if min_steps != first else
                    f"along {key} alone" if not inner else f"along {' and '.join([key, *inner])}")
             why = f"{why}; {how}, {e}" if n_try else str(e)
@@ -344,7 +348,8 @@ def _in_one(cfg, wl, kernel, recipes, check: bool, units: dict, key: str, q: int
     _apply(sim, made.tot, made.table)
     sim.phases = made.phases
     sim.engine.wall_s = time.perf_counter() - t_start
-    return Outcome(sim, made.note, made.period, simulated=made.simulated)
+    note = made.note + (f" (simulated once more: {why})" if why else "")  # a try refused cost a simulation
+    return Outcome(sim, note, made.period, simulated=made.simulated)
 
 
 def _phases(runs: Runs, n_a: int, p: int, k_full: int) -> dict | None:
