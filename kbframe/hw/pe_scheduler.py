@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from ..ir.commands import hazard_ranges
 from ..ir.handles import Completion
 from ..params import Choice, param
-from .tiling import PlanCache, plan_key, plan_stages
+from .tiling import PlanCache, plan_stages
 from .unit import PeUnit
 
 
@@ -265,7 +265,7 @@ class PeScheduler(PeUnit):
         marks = None
         if steady is not None and steady.tile_axis is not None and self._plans is not None:
             # a run that fast-forwards may leave out a weight GEMM's output tiles (kbframe.sim.steady)
-            marks = steady.gemm_tiles(self.pe, cmd, plan_key(cmd))
+            marks = steady.gemm_tiles(self.pe, cmd)
         stages = self.plan(cmd)
         if marks:
             for st in stages:

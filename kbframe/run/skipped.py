@@ -124,6 +124,12 @@ class _Mover:
         return out
 
 
+def _gemm_tiles(rows: np.ndarray, pe_of: np.ndarray, first: np.ndarray) -> np.ndarray:
+    """Whether each of ``rows`` is a tile's record of its PE's weight GEMM (``first[pe]``:
+    the GEMM's command; -1 or another id where a PE has none)."""
+    return (rows[:, _CMD] == first[pe_of[rows[:, 0]]]) & (rows[:, _TILE] >= 0)
+
+
 class _TileMover(_Mover):
     """Moves records by whole periods of a weight GEMM's tile loop (kbframe.sim.steady
     ``WEIGHT_TILES``): no command is issued in a period, so command ids stay; a record
@@ -137,13 +143,11 @@ class _TileMover(_Mover):
         self.tiles = tiles
 
     def looped(self, at: np.ndarray) -> np.ndarray:
-        r = self.rows
-        return (r[at, _CMD] == self.first[self.pe_of[r[at, 0]]]) & (r[at, _TILE] >= 0)
+        return _gemm_tiles(self.rows[at], self.pe_of, self.first)
 
     def step(self, rows: np.ndarray) -> np.ndarray:
         d = super().step(rows)
-        mine = (rows[:, _CMD] == self.first[self.pe_of[rows[:, 0]]]) & (rows[:, _TILE] >= 0)
-        d[:, _TILE] = np.where(mine, self.tiles, 0)
+        d[:, _TILE] = np.where(_gemm_tiles(rows, self.pe_of, self.first), self.tiles, 0)
         return d
 
 
@@ -208,35 +212,36 @@ def _alone(rows: np.ndarray, pe_of: np.ndarray, k: int, inst, start: int, x: int
         first[q] = c
     y = _gemm_done(rows, pe_of, first, inst, x, hi)  # after the GEMM's last record on every PE
     r = rows[x:y]
-    pe = pe_of[r[:, 0]]
-    own = r[:, _CMD] == first[pe]
+    own = _gemm_tiles(r, pe_of, first)
     last = np.full(n_pes, -1, dtype=np.int64)  # per PE: when its last transfer of the GEMM starts
-    tiles = r[own & (r[:, _TILE] >= 0)]
+    tiles = r[own]
     t_pe = pe_of[tiles[:, 0]]
     for q in inst.first:
         mine = tiles[t_pe == q]
         if len(mine):
             last[q] = mine[mine[:, _TILE] == mine[:, _TILE].max(), _T0].min()
     t_jump = rows[x, _T0]
-    kept = np.isin(r[:, _WHY], _ADMITTED) & (r[:, _T0] < t_jump)
-    beside = x + np.nonzero(~own & ~kept & (r[:, _T0] < last[pe]))[0]
-    if not len(beside):  # later records, none the GEMM's: one that started before its last transfer
+
+    def beside(sub):  # not the GEMM's, nor a command admitted before the jump, and started before the last transfer
+        pe = pe_of[sub[:, 0]]
+        kept = (sub[:, _CMD] == first[pe]) | (np.isin(sub[:, _WHY], _ADMITTED) & (sub[:, _T0] < t_jump))
+        return ~kept & (sub[:, _T0] < last[pe])
+    hit = x + np.nonzero(beside(r))[0]
+    if not len(hit):  # later records (none the GEMM's): one that started before its last transfer
         later = y + np.nonzero(rows[y:, _T0] < last.max())[0]
-        c = rows[later]
-        beside = later[~(np.isin(c[:, _WHY], _ADMITTED) & (c[:, _T0] < t_jump)) & (c[:, _T0] < last[pe_of[c[:, 0]]])]
-    if len(beside):
-        i = int(beside[0])
+        hit = later[beside(rows[later])]
+    if len(hit):
+        i = int(hit[0])
         raise NotSteady(f"loop {k}: record {i}, of PE{int(pe_of[rows[i, 0]])}'s command {int(rows[i, _CMD])}, "
                         f"ran beside the tiles after the jump")
-    w = rows[start:hi]  # the periods compared: the GEMM's tiles alone
-    odd = np.nonzero((w[:, _CMD] != first[pe_of[w[:, 0]]]) | (w[:, _TILE] < 0))[0]
+    odd = np.nonzero(~_gemm_tiles(rows[start:hi], pe_of, first))[0]  # the periods compared: the GEMM's tiles alone
     if len(odd):
         i = start + int(odd[0])
         raise NotSteady(f"loop {k}: record {i}, of PE{int(pe_of[rows[i, 0]])}'s command {int(rows[i, _CMD])}, "
                         f"ran beside the tiles of the periods checked")
     # a tile from before the jump whose records come after the periods checked: the GEMM's
     # units lag its transfers by more than those periods (a GEMM-bound GEMV), unchecked
-    behind = np.nonzero(own[hi - x:] & (r[hi - x:, _TILE] >= 0) & (r[hi - x:, _TILE] < inst.J * inst.tiles))[0]
+    behind = np.nonzero(own[hi - x:] & (r[hi - x:, _TILE] < inst.J * inst.tiles))[0]
     if len(behind):
         i = hi + int(behind[0])
         raise NotSteady(f"loop {k}: record {i}, of tile {int(rows[i, _TILE])} before the jump, comes after the "

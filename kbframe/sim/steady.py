@@ -165,7 +165,6 @@ class Steady:
         self.broken: str | None = None  # why this run cannot stand for the full one
         #: the weight GEMMs' tile axis when the run may leave out their tiles, else None
         self.tile_axis = self.axes[WEIGHT_TILES.key][1] if WEIGHT_TILES.key in self.axes else None
-        self._tile_loops: dict = {}  # a command's plan key -> gemm_tile_loop
 
     def steps(self, tl, key: str, n: int, rings: tuple = ()):
         """The iterations of a loop of ``n`` along ``key`` on ``tl``'s PE whose buffers
@@ -228,17 +227,15 @@ class Steady:
             yield i
             i += 1
 
-    def gemm_tiles(self, pe, cmd, key) -> dict | None:
-        """At ``cmd``'s admission on ``pe`` (``key``: its plan key, kbframe.hw.tiling): when
+    def gemm_tiles(self, pe, cmd) -> dict | None:
+        """At ``cmd``'s admission on ``pe``: when
         it is a weight-streaming GEMM (kbframe.hw.tiling.gemm_tile_loop) whose loop is long
         enough, leave out its output tiles from ``J`` on (three of its periods: one to
         settle, two checked; :attr:`Axis.min_steps` at least), whole periods of them but
         the one checked and ``after`` (module doc), and return, per tile where the
         iterations before the jump begin (their first K tile, numbered as planned), what
         its first transfer's end calls (:attr:`Stage.effect`); else None."""
-        loop = self._tile_loops.get(key, False)
-        if loop is False:
-            loop = self._tile_loops[key] = gemm_tile_loop(cmd, pe.by_role)
+        loop = gemm_tile_loop(cmd, pe.by_role)
         axis = self.tile_axis
         if loop is None:
             return None
