@@ -371,6 +371,9 @@ def _put_back(rows, pe_of, k: int, sim_inst: Instance, periods: tuple, placed: l
             why = why or e
             continue
         a, b, c = (sim_inst.snaps[inst.J - j][1] for j in (2 * p, p, 0))
+        if None in (a, b, c):  # taken before the loop's first commands completed (snapshot)
+            why = why or NotSteady(f"loop {k}: its first commands had not run {2 * p} iterations before its jump")
+            continue
         d = _delta(b, c)
         if d != _delta(a, b) or any(c[n] != b[n] for n in c if is_peak(n)):
             why = why or NotSteady(f"loop {k}: the totals grow unevenly over two periods of {p}")
@@ -608,14 +611,17 @@ def _phases(ph: list, inst, pe: int, p: int, X: int) -> list:
     return out + [moved(e, X, hi) for e in ph if e[1] >= hi]
 
 
-def snapshot(engine) -> tuple:
+def snapshot(engine, first: dict | None = None) -> tuple:
     """What kbframe.sim.steady keeps at an iteration's start (``Steady.snapshot``): the
     records so far, the totals, per PE the commands dispatched but not completed, and those
-    completed."""
-    tot = running_totals(engine, engine.oplog)
-    done = {pe.index: tot.get(("oplog", (pe.index, "scheduler"), "count"), 0) for pe in engine.pes.built()}
-    flight = tuple(tot[("cpu", pe, "n_commands")] - n for pe, n in done.items())
-    return len(engine.oplog.table), tot, flight, done
+    completed. The totals are None while a PE of ``first`` (``{pe: a loop's first command
+    id}``) has not completed that command: no period of the loop can be steady yet, and
+    taking them costs a record's worth of work per name."""
+    pes = engine.pes.built()
+    done = {pe.index: (engine.oplog.unit_totals(pe.index, "scheduler") or (0,))[0] for pe in pes}
+    flight = tuple(pe.cpu.n_commands - done[pe.index] for pe in pes)
+    ready = first is None or all(done.get(pe, 0) >= c for pe, c in first.items())
+    return len(engine.oplog.table), running_totals(engine, engine.oplog) if ready else None, flight, done
 
 
 def sanitized(engine, made: Made) -> dict:

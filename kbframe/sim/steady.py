@@ -145,9 +145,10 @@ class Steady:
     Args:
         axes: the :class:`Axis` es whose loops may jump, the workload's periodic axis first
             (a loop of another key is left alone).
-        snapshot: ``(engine) -> (records so far, totals dict, commands in flight per PE,
-            {pe: commands completed})``, taken at each iteration start before a jump
-            (kbframe.run.skipped).
+        snapshot: ``(engine, first=None) -> (records so far, totals dict, commands in
+            flight per PE, {pe: commands completed})``, taken at each iteration start
+            before a jump (kbframe.run.skipped); the totals None while a PE of ``first``
+            (a loop's first command id per PE) has not completed it.
         max_records: a run holding more records than this while its outer loops have not
             jumped stops with RecordBudgetError (0: never).
         run: what the run is, as RecordBudgetError names it (e.g. the bench and its shape).
@@ -213,7 +214,7 @@ class Steady:
                         f"run.max_records or shrink the run")
                 inst.times.append(env.now)
                 if i >= axis.min_steps - axis.window:
-                    inst.snaps[i] = self.snapshot(self.engine)
+                    inst.snaps[i] = self.snapshot(self.engine, inst.first)
                     inst.snaps.pop(i - axis.window - 1, None)
                 p = self._steady(inst, i, axis.periods) if i >= axis.min_steps else None
                 m = math.lcm(p, ring) if p else 0  # the state repeats every m iterations
@@ -290,7 +291,7 @@ class Steady:
             done = snaps[i - 2 * p][3]  # the loop's own commands ran in both periods
             if any(done.get(pe, 0) < first for pe, first in inst.first.items()):
                 continue
-            a, b, c = (snaps[i - j * p][1] for j in (2, 1, 0))
+            a, b, c = (snaps[i - j * p][1] for j in (2, 1, 0))  # taken: the loop's first commands had run
             if all(c[k] - b[k] == b[k] - a.get(k, 0) for k in c):
                 return p
         return None
