@@ -218,6 +218,7 @@ class _Run:
     ff_note: str = "off"
     oplog_form: dict | None = None  # metrics.json "op_log": an op_log written in periodic form
     sim: Simulation | None = None
+    full: Simulation | None = None  # run.fast_forward=verify: the full simulation, until its metrics are compared
     oplog_path: Path | None = None
     trace_path: Path | None = None
     sanitizer: dict | None = None
@@ -320,7 +321,7 @@ def _simulate(run: _Run, rd: RunDir) -> None:
             run.oplog_form["nested"] = form.nested
     run.sanitizer = run.sim.sanitizer
     if run.ff == "verify" and not run.forwarded.whole:
-        fastforward.verify(run.cfg, run.wl, run.kernel, run.recipes, run.check, run.sim)
+        run.full = fastforward.verify(run.cfg, run.wl, run.kernel, run.recipes, run.check, run.sim)
         run.ff_note += "; verified against the full simulation"
 
 
@@ -336,8 +337,36 @@ def _check(run: _Run) -> None:
 
 
 def _report(run: _Run, rd: RunDir) -> dict:
-    """The critical path, the metrics and ``trace.json`` (staged): the metrics."""
+    """The critical path, the metrics and ``trace.json`` (staged): the metrics. With
+    ``run.fast_forward=verify`` the metrics are checked against the full simulation's too
+    (kbframe.run.fastforward.verify_metrics)."""
     sim, wl = run.sim, run.wl
+    oplog = sim.oplog
+    metrics, cp, slices = _analyses(run, sim)
+    if run.full is not None:  # the full simulation's, made the same way
+        fastforward.verify_metrics(metrics, _analyses(run, run.full)[0])
+        run.full = None
+    if run.trace:  # from the run's record table, as its op_log was
+        power = power_from_metrics(metrics) if run.cfg.run.get("power_track", False) else None
+        write_trace(oplog.table, run.trace_path, tracks_from_metrics(metrics), critical=cp.records,
+                    phases=slices, power=power, source=run.oplog_path.name)
+    metrics["sanitizer"] = run.sanitizer
+    # how the run was made, not a result (check_identical and verify leave it out, as wall_s)
+    metrics["fast_forward"] = {"mode": run.ff, "applied": run.forwarded is not None and not run.forwarded.whole,
+                              "note": run.ff_note}
+    if run.oplog_form is not None:
+        metrics["op_log"] = run.oplog_form
+    metrics.update(wl.extra_metrics(run.inputs))
+    if run.unused:
+        metrics["inputs"] = {"path": str(run.cfg.bench.inputs.path), "unused_keys": run.unused}
+    return metrics
+
+
+def _analyses(run: _Run, sim: Simulation) -> tuple:
+    """``(metrics, critical path, phase slices)`` of a simulation of ``run``: the critical
+    path, the totals, the phases and a model's step (a fast-forwarded step's from the
+    records it simulated and its period, kbframe.repeated)."""
+    wl = run.wl
     engine, pe, oplog = sim.engine, sim.pe, sim.oplog
     roles = {name: u.roles for name, u in pe.stage_units.items()}
     cp, rows, repeated, table = None, None, None, oplog.table
@@ -356,20 +385,7 @@ def _report(run: _Run, rd: RunDir) -> dict:
     metrics.update(found)
     if found and wl.tokens():
         metrics["step"] = phases.step(metrics, wl.tokens(), wl.model_layers(), preflight.model_refusal(run.cfg, wl))
-    if run.trace:  # from the run's record table, as its op_log was
-        power = power_from_metrics(metrics) if run.cfg.run.get("power_track", False) else None
-        write_trace(oplog.table, run.trace_path, tracks_from_metrics(metrics), critical=cp.records,
-                    phases=slices, power=power, source=run.oplog_path.name)
-    metrics["sanitizer"] = run.sanitizer
-    # how the run was made, not a result (check_identical and verify leave it out, as wall_s)
-    metrics["fast_forward"] = {"mode": run.ff, "applied": run.forwarded is not None and not run.forwarded.whole,
-                              "note": run.ff_note}
-    if run.oplog_form is not None:
-        metrics["op_log"] = run.oplog_form
-    metrics.update(wl.extra_metrics(run.inputs))
-    if run.unused:
-        metrics["inputs"] = {"path": str(run.cfg.bench.inputs.path), "unused_keys": run.unused}
-    return metrics
+    return metrics, cp, slices
 
 
 def _compare(run: _Run, metrics: dict) -> dict:

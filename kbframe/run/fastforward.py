@@ -476,11 +476,12 @@ def _can_grow(copies: _Copies, q: int, n_min: int, budget_share: float | None) -
     return k_full >= MIN_COPIES and (n_min + 3) * 2 <= q and copies.steps + copies.cost(n_min, 1) <= budget * q
 
 
-def verify(cfg, wl, kernel, recipes, check: bool, ff: Simulation) -> None:
+def verify(cfg, wl, kernel, recipes, check: bool, ff: Simulation) -> Simulation:
     """``run.fast_forward=verify``: simulate the bench in full as well (its records kept in
-    its table, nothing written) and compare. Raises SanitizerError (rule ``fast_forward``)
-    naming the first difference: the first line of the op_log texts of the two tables that
-    differs, or the total, the wait record, the phases or the dispatch cycles that differ."""
+    its table, nothing written) and compare; the full simulation (its metrics are compared
+    too, :func:`verify_metrics`). Raises SanitizerError (rule ``fast_forward``) naming the
+    first difference: the first line of the op_log texts of the two tables that differs, or
+    the total, the wait record, the phases or the dispatch cycles that differ."""
     from ..errors import SanitizerError
     full = simulate(cfg, wl, kernel, recipes, None, None, check, False)
     for i, (la, lb) in enumerate(zip(full.oplog.table.text().splitlines(), ff.oplog.table.text().splitlines())):
@@ -503,3 +504,28 @@ def verify(cfg, wl, kernel, recipes, check: bool, ff: Simulation) -> None:
         if pe.cpu.cycles != ff.engine.pes[pe.index].cpu.cycles:
             raise SanitizerError(f"fast-forward: PE{pe.index} dispatch cycles {ff.engine.pes[pe.index].cpu.cycles!r}, "
                                  f"the full simulation's {pe.cpu.cycles!r}", "fast_forward")
+    return full
+
+
+def verify_metrics(got: dict, want: dict) -> None:
+    """``run.fast_forward=verify``: the metrics of the fast-forwarded run (``got``: what its
+    analyses made of the records it simulated and the periods it put back) against the full
+    simulation's (``want``), value for value but the wall time. Raises SanitizerError (rule
+    ``fast_forward``) naming the first key that differs."""
+    from ..errors import SanitizerError
+    a, b = _flat(got), _flat(want)
+    for key in dict.fromkeys([*b, *a]):
+        if key != "sim.wall_s" and a.get(key, "(none)") != b.get(key, "(none)"):
+            raise SanitizerError(f"fast-forward: metrics.json {key} is {a.get(key, '(none)')!r}, the full "
+                                 f"simulation's {b.get(key, '(none)')!r}", "fast_forward")
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    """``{"a.b.c": value}`` of a nested dict (a list a value)."""
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
