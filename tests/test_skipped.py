@@ -2,6 +2,7 @@
 periodic axis leave out a steady stretch, and the full run is made by putting it back,
 byte for byte what the full simulation writes (verify mode checks it)."""
 
+import re
 from types import SimpleNamespace
 
 import numpy as np
@@ -14,7 +15,8 @@ from kbframe.run.bench import validate
 from kbframe.run.periodic import totals
 from kbframe.run.simulate import simulate
 from kbframe.sim import sanitizer
-from kbframe.sim.steady import Axis, Instance, Steady
+from kbframe.sim.engine import build_units
+from kbframe.sim.steady import WEIGHT_TILES, Axis, Instance, Steady
 from kbframe.sim.targets import resolve_kernel
 from kbframe.sim.waits import WAIT_CODE
 from kbframe.tl.recipe import load_recipes
@@ -76,7 +78,7 @@ def test_a_record_that_does_not_repeat_is_caught():
     rows[x + 1, 4] += 1  # t1 (kbframe.records.FIELDS)
     bad = SimpleNamespace(oplog=SimpleNamespace(table=RecordTable.of_rows(sim.oplog.table.names, rows)),
                           latency_ps=sim.latency_ps, phases=sim.phases)
-    with pytest.raises(skipped.NotSteady, match=rf"^loop 0: record {x + 1} is not record {x + 1 - 18} a period "
+    with pytest.raises(skipped.NotSteady, match=rf"^loop 0 of S_kv: record {x + 1} is not record {x + 1 - 18} a period "
                                                 r"of 1 later \(t1\)$"):
         skipped.make(bad, steady, totals(sim))
 
@@ -166,7 +168,7 @@ def test_a_loop_that_looked_steady_too_early_is_judged_again_later(tmp_path):
             "run.fast_forward=verify", "run.trace=false", bench="decode_opt2")
     assert m["fast_forward"]["note"] == ("fast-forwarded in one simulation: 920 period(s) of 1 step(s) along S_kv "
                                          "left out of 1 loop(s) (18400 of 20518 records by shifting) (simulated "
-                                         "once more: loop 0: record 341 is not record 321 a period of 1 later "
+                                         "once more: loop 0 of S_kv: record 341 is not record 321 a period of 1 later "
                                          "(name)); verified against the full simulation")
 
 
@@ -192,8 +194,8 @@ def test_a_command_from_before_the_loop_in_flight_across_the_jump_is_caught(tmp_
     args = ("bench.H=32", "bench.H_q=8", "bench.H_kv=8", "bench.d=16", "bench.F=64", "bench.S_kv=8192",
             "bench.layers=1", "bench.inner=opt3", "hardware.units.dma_write.setup_latency_ns=200000")
     sim, steady = _skipping(*args, bench="decoder_layer")
-    with pytest.raises(skipped.NotSteady, match=r"^loop 0: record 788, of PE0's command 6 from before the loop, "
-                                                r"started before the jump and ends after the periods checked$"):
+    with pytest.raises(skipped.NotSteady, match=r"^loop 0 of S_kv: record 788, of PE0's command 6 from before the "
+                                                r"loop, started before the jump and ends after the periods checked$"):
         skipped.make(sim, steady, totals(sim))
     m = run(tmp_path, *args, "bench.data=false", "run.fast_forward=verify", "run.trace=false", bench="decoder_layer")
     assert m["fast_forward"]["applied"] is False and "command 6 from before the loop" in m["fast_forward"]["note"]
@@ -214,3 +216,53 @@ def test_a_periods_accesses_are_counted_from_the_command_templates():
             assert n == sanitizer.check_data_dependencies(pe, sub)
             counted.append(n)
     assert len(counted) == 24 and min(counted) > 0
+
+
+def test_a_try_refused_before_any_weight_gemm_left_tiles_out_is_not_made_again_without_them(tmp_path):
+    """A decoder layer's first KV loop (79 tiles of 128) jumps before its records repeat:
+    refused after reading the first 413 records, before
+    a weight GEMM first left tiles out (record 5469). Simulated without the tile axis, the
+    step makes those records alike and is refused alike, so that try is not made: the
+    layer loop jumps alone next, and the note names the one refusal."""
+    args = ("bench.H=32", "bench.H_q=8", "bench.H_kv=8", "bench.d=16", "bench.F=24576", "bench.S_kv=10000",
+            "bench.tile=128", "bench.layers=20", "bench.data=false", "run.check=false", "run.trace=false")
+    m = run(tmp_path, *args, bench="decoder_layer")
+    assert m["fast_forward"]["note"] == ("fast-forwarded in one simulation: 14 period(s) of 1 step(s) along layers "
+                                         "left out of 1 loop(s) (178010 of 254312 records by shifting) (simulated "
+                                         "once more: loop 0 of S_kv: record 303 is not record 285 a period of 1 later "
+                                         "(name))")
+    cfg = compose_cfg(*args, "run.progress=false", bench="decoder_layer")
+    wl = validate(cfg)
+    refused = []
+    for inner in ((Axis("S_kv", fastforward.PERIODS, fastforward.MIN_STEPS), WEIGHT_TILES),
+                  (Axis("S_kv", fastforward.PERIODS, fastforward.MIN_STEPS),)):
+        steady = Steady([Axis("layers", wl.ff_periods, wl.ff_min_steps, wl.ff_after), *inner], skipped.snapshot)
+        sim = simulate(cfg, wl, resolve_kernel(cfg.bench.kernel), load_recipes(cfg.recipes), None, None, False, False,
+                       steady=steady)
+        with pytest.raises(skipped.NotSteady) as e:
+            skipped.make(sim, steady, totals(sim), repeated=True)
+        refused.append((str(e.value), e.value.upto, steady.first_jump.get(WEIGHT_TILES.key),
+                        sim.oplog.table.array()[:e.value.upto]))
+    (why, upto, tiles_from, rows), (why_kv, upto_kv, no_tiles, rows_kv) = refused
+    assert (why, upto, tiles_from) == ("loop 0 of S_kv: record 303 is not record 285 a period of 1 later (name)", 413,
+                                       5469)
+    assert (why_kv, upto_kv, no_tiles) == (why, upto, None) and np.array_equal(rows, rows_kv)
+
+
+def test_a_try_that_would_simulate_what_was_refused_is_not_made():
+    """On an H100's one HBM a small model's layer loop looks steady at layer 15, no KV loop
+    or weight GEMM having jumped, and is refused. Its layer loop jumping alone, even from
+    12 layers on, is that simulation again: neither try is made, and the one refusal is
+    why nothing was left out (checked here: that simulation is refused alike)."""
+    args = ("hardware=h100_sxm", "bench.tp=8", "bench.H=512", "bench.H_q=8", "bench.H_kv=8", "bench.d=64",
+            "bench.F=2048", "bench.S_kv=2048", "bench.layers=40", "bench.data=false", "run.progress=false")
+    cfg = compose_cfg(*args, bench="decoder_layer")
+    wl, kernel, recipes = validate(cfg), resolve_kernel(cfg.bench.kernel), load_recipes(cfg.recipes)
+    why = "loop 0 of layers: record 85460 is not record 53716 a period of 4 later (t0)"
+    out = fastforward._in_one(cfg, wl, kernel, recipes, False, build_units(cfg.hardware), "layers", 40, 0.0)
+    assert (out.sim, out.note) == (None, why)
+    steady = Steady([Axis("layers", wl.ff_periods, wl.ff_min_steps * fastforward.GROWTH, wl.ff_after)],
+                    skipped.snapshot)
+    sim = simulate(cfg, wl, kernel, recipes, None, None, False, False, steady=steady)
+    with pytest.raises(skipped.NotSteady, match=f"^{re.escape(why)}$"):
+        skipped.make(sim, steady, totals(sim), repeated=True)

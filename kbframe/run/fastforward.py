@@ -303,9 +303,9 @@ def _in_one(cfg, wl, kernel, recipes, check: bool, units: dict, key: str, q: int
     tries = ([(nested, first)] if nested else []) + ([(loops, first)] if loops and loops != nested else []) \
         + [((), first), ((), first * GROWTH)]
     why = ""
-    tiled = True  # whether the last try left out any weight GEMM's tiles (if not, a try without them is that try again)
+    refused = None  # (axes, steps, Steady, NotSteady) of the try refused last
     for n_try, (inner, min_steps) in enumerate(tries):
-        if n_try and not tiled and inner == loops and nested != loops:
+        if refused is not None and _refused_alike(refused, inner, min_steps):
             continue
         axes = [Axis(key, tuple(wl.ff_periods or PERIODS), min_steps, wl.ff_after),
                 *(WEIGHT_TILES if k == WEIGHT_TILES.key else Axis(k, PERIODS, MIN_STEPS) for k in inner)]
@@ -322,7 +322,7 @@ def _in_one(cfg, wl, kernel, recipes, check: bool, units: dict, key: str, q: int
             made = skipped.make(sim, steady, totals(sim), repeated=bool(nested))
             break
         except skipped.NotSteady as e:  # a nested loop's jump, or one that looked steady too early: once more
-            tiled = any(inst.tiles and inst.J is not None for inst in steady.instances)
+            refused = (inner, min_steps, steady, e)
             how = (f"from {min_steps} steps on" if min_steps != first else
                    f"along {key} alone" if not inner else f"along {' and '.join([key, *inner])}")
             why = f"{why}; {how}, {e}" if n_try else str(e)
@@ -350,6 +350,22 @@ def _in_one(cfg, wl, kernel, recipes, check: bool, units: dict, key: str, q: int
     sim.engine.wall_s = time.perf_counter() - t_start
     note = made.note + (f" (simulated once more: {why})" if why else "")  # a try refused cost a simulation
     return Outcome(sim, note, made.period, simulated=made.simulated)
+
+
+def _refused_alike(refused: tuple, inner: tuple, min_steps: int) -> bool:
+    """Whether a try of :func:`_in_one` along the nested axes ``inner``, its outer loops
+    jumping from ``min_steps`` on, would be refused as an earlier try was (``refused``: its
+    nested axes, steps, Steady and NotSteady): it makes the same records and decisions as far
+    as the refusal read them, for the axes it drops had no loop that had jumped by then,
+    and its outer loops, jumping later, had jumped later still."""
+    axes, steps, steady, e = refused
+    if set(inner) - set(axes) or min_steps < steps:
+        return False
+    late = min((i.J for i in steady.instances if i.level == 0 and i.J is not None), default=None)
+    if min_steps > steps and (late is None or late < min_steps):
+        return False
+    return all(k not in steady.first_jump or (e.upto is not None and e.upto <= steady.first_jump[k])
+               for k in set(axes) - set(inner))
 
 
 def _phases(runs: Runs, n_a: int, p: int, k_full: int) -> dict | None:

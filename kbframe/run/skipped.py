@@ -62,7 +62,14 @@ _RECORD_REFS = np.array([WAIT_CODE[k] for k in ("cpu", "dep", "unit", "link")] +
 
 
 class NotSteady(Exception):
-    """The simulated run does not show the stretch it left out was steady (module doc)."""
+    """The simulated run does not show the stretch it left out was steady (module doc).
+    ``upto``: when the verdict read nothing of the run but its first ``upto`` records and
+    the loop's own decision, that many (a simulation that makes the same first records is
+    refused alike); else None."""
+
+    def __init__(self, message: str, upto: int | None = None):
+        super().__init__(message)
+        self.upto = upto
 
 
 class _Mover:
@@ -151,18 +158,20 @@ class _TileMover(_Mover):
         return d
 
 
-def _check(rows: np.ndarray, pe_of: np.ndarray, k: int, inst, p: int, per_pe: "_PerPe") -> tuple:
+def _check(rows: np.ndarray, pe_of: np.ndarray, k: str, inst, p: int, per_pe: "_PerPe") -> tuple:
     """Check the records ``rows`` around one jump (module doc) for period ``p`` and return
     ``(x, P, dt, mover)``: the first record after the jump, the records and ps of a period,
-    and how records move (``per_pe``: the PEs' records in ``rows``). Raises NotSteady."""
+    and how records move (``k``: the loop as messages name it, e.g. ``0 of S_kv``;
+    ``per_pe``: the PEs' records in ``rows``). Raises NotSteady."""
     J = inst.J
     snaps = inst.snaps
     if any(J - j not in snaps or any(J - j not in ids for ids in inst.ids.values()) for j in (0, p, 2 * p)):
-        raise NotSteady(f"loop {k}: jumped {J} iterations in, before two periods of {p}")
+        raise NotSteady(f"loop {k}: jumped {J} iterations in, before two periods of {p}", upto=0)
     n0, n1, n2 = snaps[J - 2 * p][0], snaps[J - p][0], snaps[J][0]
     P = n2 - n1
     if P <= 0 or n1 - n0 != P:
-        raise NotSteady(f"loop {k}: {n1 - n0} then {P} records over the last two periods of {p} before its jump")
+        raise NotSteady(f"loop {k}: {n1 - n0} then {P} records over the last two periods of {p} before its jump",
+                        upto=0)
     per_period = {pe: ids[J] - ids[J - p] for pe, ids in inst.ids.items()}
     first = {pe: inst.first[pe] for pe in inst.jumped}
     if inst.tiles and any(per_period.values()):
@@ -192,11 +201,12 @@ def _check(rows: np.ndarray, pe_of: np.ndarray, k: int, inst, p: int, per_pe: "_
     if len(bad):
         i = lo + int(bad[0])
         f = FIELDS[int(np.nonzero(moved[bad[0]] != rows[i])[0][0])]
-        raise NotSteady(f"loop {k}: record {i} is not record {i - P} a period of {p} later ({f})")
+        raise NotSteady(f"loop {k}: record {i} is not record {i - P} a period of {p} later ({f})",
+                        upto=None if inst.tiles else hi)  # a weight GEMM's were read further (_alone)
     return x, P, dt, mover
 
 
-def _alone(rows: np.ndarray, pe_of: np.ndarray, k: int, inst, start: int, x: int, hi: int) -> None:
+def _alone(rows: np.ndarray, pe_of: np.ndarray, k: str, inst, start: int, x: int, hi: int) -> None:
     """Raise NotSteady unless a weight GEMM's tiles run alone from its jump (record ``x``)
     to its last transfer on each PE: a record from ``x`` on that starts before that PE's
     last transfer of the GEMM does is one of the GEMM's, or a command's record whose start,
@@ -356,27 +366,33 @@ def _after(inst: Instance, placed: list) -> tuple[Instance, dict]:
     return moved, before
 
 
-def _put_back(rows, pe_of, k: int, sim_inst: Instance, periods: tuple, placed: list, per_pe: _PerPe) -> PutBack:
+def _put_back(rows, pe_of, k: str, sim_inst: Instance, periods: tuple, placed: list, per_pe: _PerPe) -> PutBack:
     """Check one loop's jump in ``rows`` (the simulated records, with the jumps of nested
     loops ``placed`` put back): the period it looked steady with first, then the others
-    that divide its jump. Raises NotSteady."""
+    that divide its jump (``k``: the loop, as :func:`_check` names it). Raises NotSteady."""
     inst, before = _after(sim_inst, placed)
-    why = None
+    why, upto = None, 0  # the first refusal, and the records every refusal read (NotSteady.upto)
+
+    def refused(e: NotSteady, read: int | None) -> NotSteady:
+        nonlocal upto
+        upto = None if upto is None or read is None or inst.tiles else max(upto, read)
+        return why or e
     for p in sorted(periods, key=lambda q: q != inst.p):
         if inst.R % p:
             continue
         try:
             x, P, dt, mover = _check(rows, pe_of, k, inst, p, per_pe)
         except NotSteady as e:
-            why = why or e
+            why = refused(e, e.upto)
             continue
         a, b, c = (sim_inst.snaps[inst.J - j][1] for j in (2 * p, p, 0))
         if None in (a, b, c):  # taken before the loop's first commands completed (snapshot)
-            why = why or NotSteady(f"loop {k}: its first commands had not run {2 * p} iterations before its jump")
+            why = refused(NotSteady(f"loop {k}: its first commands had not run {2 * p} iterations before its jump"),
+                          x + P)
             continue
         d = _delta(b, c)
         if d != _delta(a, b) or any(c[n] != b[n] for n in c if is_peak(n)):
-            why = why or NotSteady(f"loop {k}: the totals grow unevenly over two periods of {p}")
+            why = refused(NotSteady(f"loop {k}: the totals grow unevenly over two periods of {p}"), x + P)
             continue
         inner = tuple(j for j in before[inst.J] if all(j is not e for e in before[inst.J - p]))
         for j in inner:  # a period holds these nested jumps: it grows by what they put back too
@@ -384,7 +400,9 @@ def _put_back(rows, pe_of, k: int, sim_inst: Instance, periods: tuple, placed: l
                 d[n] = d.get(n, 0) + j.X * v
         per_period = {pe: ids[inst.J] - ids[inst.J - p] for pe, ids in inst.ids.items()}
         return PutBack(x, P, dt, mover, inst.R // p, p, d, inst, per_period, sim_inst, inner)
-    raise why or NotSteady(f"loop {k}: no candidate period divides its jump of {inst.R}")
+    why = why or NotSteady(f"loop {k}: no candidate period divides its jump of {inst.R}")
+    why.upto = upto
+    raise why
 
 
 def _shifts(rows: np.ndarray, pe_of: np.ndarray, found: list, before: np.ndarray, table: np.ndarray) -> np.ndarray:
@@ -533,8 +551,8 @@ def make(sim, steady: Steady, tot: dict, repeated: bool = False) -> Made:
     levels = sorted({inst.level for _, inst in jumps}, reverse=True)
     for level in levels:
         per_pe = _PerPe(rows, pe_of)
-        found = [_put_back(rows, pe_of, k, inst, (inst.p,) if inst.tiles else steady.axes[inst.key][1].periods,
-                           placed, per_pe)
+        found = [_put_back(rows, pe_of, f"{k} of {inst.key}", inst,
+                           (inst.p,) if inst.tiles else steady.axes[inst.key][1].periods, placed, per_pe)
                  for k, inst in jumps if inst.level == level]
         found.sort(key=lambda f: f.x)
         n = len(rows) + sum(f.X * f.P for f in found)

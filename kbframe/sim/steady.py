@@ -166,6 +166,9 @@ class Steady:
         self.broken: str | None = None  # why this run cannot stand for the full one
         #: the weight GEMMs' tile axis when the run may leave out their tiles, else None
         self.tile_axis = self.axes[WEIGHT_TILES.key][1] if WEIGHT_TILES.key in self.axes else None
+        #: per axis, the records made when a loop of it first jumped (a weight GEMM: first
+        #: left tiles out): those before are what the run makes without that axis too
+        self.first_jump: dict = {}
 
     def steps(self, tl, key: str, n: int, rings: tuple = ()):
         """The iterations of a loop of ``n`` along ``key`` on ``tl``'s PE whose buffers
@@ -221,6 +224,7 @@ class Steady:
                 R = (n - i - p - axis.after) // m * m if p else 0  # after it: a period checked, and the end
                 if R >= least:
                     inst.J, inst.R, inst.p = i, R, p
+                    self.first_jump.setdefault(axis.key, len(self.engine.oplog.table))
             if i == inst.J:
                 inst.jumped.add(pe)
                 inst.ids[pe] = dict(ids)
@@ -257,6 +261,7 @@ class Steady:
             self.broken = f"weight GEMM {k} has {n}×{per} tiles on PE{pe.index}, {inst.n}×{inst.tiles} on another"
             return None
         inst.J, inst.R, inst.p = J, R, p
+        self.first_jump.setdefault(axis.key, len(self.engine.oplog.table))
         inst.first[pe.index] = cmd.id
         inst.jumped.add(pe.index)
         leave_out(cmd, J, R)
