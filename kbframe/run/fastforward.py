@@ -303,7 +303,7 @@ def _in_one(cfg, wl, kernel, recipes, check: bool, units: dict, key: str, q: int
     tries = ([(nested, first)] if nested else []) + ([(loops, first)] if loops and loops != nested else []) \
         + [((), first), ((), first * GROWTH)]
     why = ""
-    refused = None  # (axes, steps, Steady, NotSteady) of the try refused last
+    refused = None  # of the try refused last: what _refused_alike compares
     for n_try, (inner, min_steps) in enumerate(tries):
         if refused is not None and _refused_alike(refused, inner, min_steps):
             continue
@@ -322,7 +322,8 @@ def _in_one(cfg, wl, kernel, recipes, check: bool, units: dict, key: str, q: int
             made = skipped.make(sim, steady, totals(sim), repeated=bool(nested))
             break
         except skipped.NotSteady as e:  # a nested loop's jump, or one that looked steady too early: once more
-            refused = (inner, min_steps, steady, e)
+            late = min((i.J for i in steady.instances if i.level == 0 and i.J is not None), default=None)
+            refused = (inner, min_steps, late, dict(steady.first_jump), e.upto)  # not the simulation: it is freed
             how = (f"from {min_steps} steps on" if min_steps != first else
                    f"along {key} alone" if not inner else f"along {' and '.join([key, *inner])}")
             why = f"{why}; {how}, {e}" if n_try else str(e)
@@ -355,17 +356,17 @@ def _in_one(cfg, wl, kernel, recipes, check: bool, units: dict, key: str, q: int
 def _refused_alike(refused: tuple, inner: tuple, min_steps: int) -> bool:
     """Whether a try of :func:`_in_one` along the nested axes ``inner``, its outer loops
     jumping from ``min_steps`` on, would be refused as an earlier try was (``refused``: its
-    nested axes, steps, Steady and NotSteady): it makes the same records and decisions as far
-    as the refusal read them, for the axes it drops had no loop that had jumped by then,
-    and its outer loops, jumping later, had jumped later still."""
-    axes, steps, steady, e = refused
+    nested axes and steps, the iteration its outer loops first jumped at, per axis the
+    records made when a loop of it first jumped (``Steady.first_jump``) and the records its
+    refusal read, ``NotSteady.upto``): it makes the same records and decisions as far as
+    the refusal read them, for the axes it drops had no loop that had jumped by then, and
+    its outer loops, jumping later, had jumped later still."""
+    axes, steps, late, first_jump, upto = refused
     if set(inner) - set(axes) or min_steps < steps:
         return False
-    late = min((i.J for i in steady.instances if i.level == 0 and i.J is not None), default=None)
     if min_steps > steps and (late is None or late < min_steps):
         return False
-    return all(k not in steady.first_jump or (e.upto is not None and e.upto <= steady.first_jump[k])
-               for k in set(axes) - set(inner))
+    return all(k not in first_jump or (upto is not None and upto <= first_jump[k]) for k in set(axes) - set(inner))
 
 
 def _phases(runs: Runs, n_a: int, p: int, k_full: int) -> dict | None:
