@@ -119,6 +119,19 @@ class Path(Sequence):
                 np.fromiter((whys.setdefault(s.why, len(whys)) for s in segs), dtype=np.int64, count=n)]
         return cls(*cols, list(whys))
 
+    @classmethod
+    def of_codes(cls, segs: list, whys: list) -> "Path":
+        """The path of ``(rec, phase code, t0, t1, why code)`` tuples in time order, ``why``
+        coded into ``whys`` (recoded here in order of first use, as :meth:`of` codes them)."""
+        if not segs:
+            return cls.of([])
+        rec, phase, t0, t1, why = np.array(segs, dtype=np.int64).T
+        used, first = np.unique(why, return_index=True)
+        used = used[np.argsort(first)]  # in order of first use
+        recode = np.zeros(len(whys), dtype=np.int64)
+        recode[used] = np.arange(len(used))
+        return cls(*(np.ascontiguousarray(a) for a in (rec, phase, t0, t1)), recode[why], [whys[i] for i in used])
+
     @property
     def dur(self) -> np.ndarray:
         """Each segment's ps."""
@@ -175,12 +188,13 @@ def _name(c: Records, i: int, phase: str) -> str:
     return unit if kind == unit else f"{unit} {kind}"
 
 
-def walk(rows, sched: "LastOf | None" = None) -> list:
-    """The critical path of ``rows`` (:func:`as_records` reads them) as :class:`Segment` s
-    in time order (module doc). ``sched``: ``Records.last_of("scheduler")``, if known."""
+def walk(rows, sched: "LastOf | None" = None) -> Path:
+    """The critical path of ``rows`` (:func:`as_records` reads them) as a :class:`Path`,
+    its segments in time order (module doc). ``sched``: ``Records.last_of("scheduler")``,
+    if known."""
     c = as_records(rows)
     if not c.n:
-        return []
+        return Path.of([])
     PE, UNIT, CMD, T0, T1, TD, WHY, REF, END = c.pe, c.unit, c.cmd, c.t0, c.t1, c.td, c.why, c.ref, c.end
     sched = c.last_of("scheduler") if sched is None else sched
     disp = c.last_of("cpu")
@@ -189,8 +203,10 @@ def walk(rows, sched: "LastOf | None" = None) -> list:
     while T1[idx] != t_last:  # the last record to end (the latest logged of those)
         idx -= 1
     pos, t = "end", int(T1[idx])
-    back: list = []
+    back: list = []  # (rec, phase code, t0, t1, why code), last first
     seg = back.append
+    whys = {"": 0}  # a wait's reason -> its code
+    RUN, SETUP, DATA, WAIT = (_PHASE[p] for p in ("run", "setup", "data", "wait"))
 
     for _ in range(4 * c.n + 4):
         pe = int(PE[idx])
@@ -199,18 +215,18 @@ def walk(rows, sched: "LastOf | None" = None) -> list:
             if UNIT[idx] == "scheduler":  # completion: the stage that completed it
                 nxt = (int(END[idx]), "end") if END[idx] >= 0 else (idx, "start")
             elif TD[idx] >= 0:
-                seg((idx, "data", int(TD[idx]), int(T1[idx]), ""))
+                seg((idx, DATA, int(TD[idx]), int(T1[idx]), 0))
                 t = int(TD[idx])
                 nxt = (idx, "data")
             else:
-                seg((idx, "run", int(T0[idx]), int(T1[idx]), ""))
+                seg((idx, RUN, int(T0[idx]), int(T1[idx]), 0))
                 t = int(T0[idx])
                 nxt = (idx, "start")
         elif pos == "data":
             if END[idx] >= 0:  # the channel's previous transfer
                 nxt = (int(END[idx]), "end")
             else:
-                seg((idx, "setup", int(T0[idx]), int(TD[idx]), ""))
+                seg((idx, SETUP, int(T0[idx]), int(TD[idx]), 0))
                 t = int(T0[idx])
                 nxt = (idx, "start")
         else:  # the record's start (a command's: its admission)
@@ -228,19 +244,19 @@ def walk(rows, sched: "LastOf | None" = None) -> list:
                 nxt = (j, "end") if j is not None else None
             if nxt is None:  # the start of the kernel, or an unexplained wait
                 if t > 0:
-                    seg((-1, "wait", 0, t, why))
+                    seg((-1, WAIT, 0, t, whys.setdefault(why, len(whys))))
                 break
         j, p = nxt
         tj = int(T1[j] if p == "end" else TD[j] if p == "data" else T0[j])
         if tj > t:  # a cause after its effect: not a record this walk can follow
-            seg((-1, "wait", 0, t, "unexplained"))
+            seg((-1, WAIT, 0, t, whys.setdefault("unexplained", len(whys))))
             break
         if tj < t:
-            seg((-1, "wait", tj, t, WHY[idx] if pos == "start" else ""))
+            seg((-1, WAIT, tj, t, whys.setdefault(WHY[idx], len(whys)) if pos == "start" else 0))
             t = tj
         idx, pos = j, p
     back.reverse()
-    return [Segment._make(b) for b in back]
+    return Path.of_codes(back, list(whys))
 
 
 class _Ends:
@@ -611,7 +627,7 @@ def analyse(rows: list, n_units: int, unit_name: str = "unit", resources: dict |
     """
     rows = as_records(rows)
     sched = rows.last_of("scheduler")
-    segs = Path.of(walk(rows, sched))
+    segs = walk(rows, sched)
     look = segs.rec  # the record of rows each segment names its unit, op kind and PE by
     if repeat is not None:
         extended = repeat.extend(segs)
@@ -679,7 +695,7 @@ def analyse(rows: list, n_units: int, unit_name: str = "unit", resources: dict |
 def on_path(rows) -> set:
     """The records with time on the critical path (:attr:`CriticalPath.records`, what
     trace.json flags), from the walk alone: no period, terms or unit figures."""
-    return _on_path(Path.of(walk(rows)))
+    return _on_path(walk(rows))
 
 
 def _on_path(segs: Path) -> set:
