@@ -218,14 +218,17 @@ def test_a_periods_accesses_are_counted_from_the_command_templates():
     assert len(counted) == 24 and min(counted) > 0
 
 
+WIDE_FFN = ("bench.H=32", "bench.H_q=8", "bench.H_kv=8", "bench.d=16", "bench.F=24576", "bench.S_kv=10000",
+            "bench.tile=128", "bench.layers=20", "bench.data=false", "run.check=false", "run.trace=false")
+
+
 def test_a_try_refused_before_any_weight_gemm_left_tiles_out_is_not_made_again_without_them(tmp_path):
     """A decoder layer's first KV loop (79 tiles of 128) jumps before its records repeat:
     refused after reading the first 413 records, before
     a weight GEMM first left tiles out (record 5469). Simulated without the tile axis, the
     step makes those records alike and is refused alike, so that try is not made: the
     layer loop jumps alone next, and the note names the one refusal."""
-    args = ("bench.H=32", "bench.H_q=8", "bench.H_kv=8", "bench.d=16", "bench.F=24576", "bench.S_kv=10000",
-            "bench.tile=128", "bench.layers=20", "bench.data=false", "run.check=false", "run.trace=false")
+    args = WIDE_FFN
     m = run(tmp_path, *args, bench="decoder_layer")
     assert m["fast_forward"]["note"] == ("fast-forwarded in one simulation: 14 period(s) of 1 step(s) along layers "
                                          "left out of 1 loop(s) (178010 of 254312 records by shifting) (simulated "
@@ -266,3 +269,20 @@ def test_a_try_that_would_simulate_what_was_refused_is_not_made():
     sim = simulate(cfg, wl, kernel, recipes, None, None, False, False, steady=steady)
     with pytest.raises(skipped.NotSteady, match=f"^{re.escape(why)}$"):
         skipped.make(sim, steady, totals(sim), repeated=True)
+
+
+def test_a_jump_the_records_so_far_refuse_stops_the_simulation_there():
+    """The first KV loop's jump of WIDE_FFN, probed as soon as the period after it is in
+    (kbframe.run.skipped.probe): the simulation stops at record 465 of 254,312 with the
+    refusal make gives at its end (the same reason, read from the same first 413 records)."""
+    cfg = compose_cfg(*WIDE_FFN, "run.progress=false", bench="decoder_layer")
+    wl = validate(cfg)
+    steady = Steady([Axis("layers", wl.ff_periods, wl.ff_min_steps, wl.ff_after),
+                     Axis("S_kv", fastforward.PERIODS, fastforward.MIN_STEPS), WEIGHT_TILES],
+                    skipped.snapshot, probe=skipped.probe)
+    with pytest.raises(skipped.NotSteady) as e:
+        simulate(cfg, wl, resolve_kernel(cfg.bench.kernel), load_recipes(cfg.recipes), None, None, False, False,
+                 steady=steady)
+    assert (str(e.value), e.value.upto) == ("loop 0 of S_kv: record 303 is not record 285 a period of 1 later (name)",
+                                            413)
+    assert len(steady.engine.oplog.table) == 465

@@ -68,8 +68,11 @@ class NotSteady(Exception):
     refused alike); else None."""
 
     def __init__(self, message: str, upto: int | None = None):
-        super().__init__(message)
+        super().__init__(message, upto)  # both in args: SimPy re-raises a process's exception as type(e)(*e.args)
         self.upto = upto
+
+    def __str__(self) -> str:
+        return self.args[0]
 
 
 class _Mover:
@@ -401,8 +404,7 @@ def _put_back(rows, pe_of, k: str, sim_inst: Instance, periods: tuple, placed: l
         per_period = {pe: ids[inst.J] - ids[inst.J - p] for pe, ids in inst.ids.items()}
         return PutBack(x, P, dt, mover, inst.R // p, p, d, inst, per_period, sim_inst, inner)
     why = why or NotSteady(f"loop {k}: no candidate period divides its jump of {inst.R}")
-    why.upto = upto
-    raise why
+    raise NotSteady(str(why), upto)
 
 
 def _shifts(rows: np.ndarray, pe_of: np.ndarray, found: list, before: np.ndarray, table: np.ndarray) -> np.ndarray:
@@ -640,6 +642,36 @@ def snapshot(engine, first: dict | None = None) -> tuple:
     flight = tuple(pe.cpu.n_commands - done[pe.index] for pe in pes)
     ready = first is None or all(done.get(pe, 0) >= c for pe, c in first.items())
     return len(engine.oplog.table), running_totals(engine, engine.oplog) if ready else None, flight, done
+
+
+def probe(engine, inst: Instance, k: int, periods: tuple):
+    """An early verdict on a loop's jump (``Steady.probe``; ``inst`` the ``k``-th loop of
+    its axis, of the innermost level that jumps, every PE having jumped): once the records
+    of the period after the jump are in, :func:`_put_back` on the records so far. Every
+    reason it can refuse for is final by then (what comes later does not change the
+    records it read, nor a PE that jumped), so a refusal (the NotSteady, returned) is
+    :func:`make`'s too; False when it holds (make checks it again, with what follows);
+    else the records to wait for."""
+    table = engine.oplog.table
+    J = inst.J
+    snaps = inst.snaps
+    if J not in snaps:
+        return False
+    n2 = snaps[J][0]
+    need = n2 + max((n2 - snaps[J - p][0] for p in periods if J - p in snaps), default=0)
+    if len(table) < need:
+        return need
+    rows = table.array()
+    pe_of = np.array(table.name_col(0), dtype=np.int64)
+    x = _first_after(rows, pe_of, inst, n2)
+    P = max((n2 - snaps[J - p][0] for p in periods if J - p in snaps), default=0)
+    if x is None or x + P > len(rows):  # the period after the jump is not in yet
+        return (x if x is not None else len(rows)) + P + 1
+    try:
+        _put_back(rows, pe_of, f"{k} of {inst.key}", inst, periods, [], _PerPe(rows, pe_of))
+    except NotSteady as e:
+        return e
+    return False
 
 
 def sanitized(engine, made: Made) -> dict:

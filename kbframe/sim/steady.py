@@ -152,11 +152,23 @@ class Steady:
         max_records: a run holding more records than this while its outer loops have not
             jumped stops with RecordBudgetError (0: never).
         run: what the run is, as RecordBudgetError names it (e.g. the bench and its shape).
+        probe: ``(engine, instance, k, periods) -> exception | False | int``: an early
+            verdict on the first jump of each axis of the innermost level (not a weight
+            GEMM's tiles, whose verdict reads the GEMM's end), once every PE has jumped: an exception (raised here: the
+            jump cannot be put back, whatever the run does next), False (it may be), or
+            the records to wait for before asking again (kbframe.run.skipped.probe). None:
+            the verdict waits for the run's end.
     """
 
-    def __init__(self, axes, snapshot, max_records: int = 0, run: str = "the run"):
+    def __init__(self, axes, snapshot, max_records: int = 0, run: str = "the run", probe=None):
         self.axes = {a.key: (0 if j == 0 else 1, a) for j, a in enumerate(axes)}  # nested: level 1
         self.snapshot = snapshot
+        self.probe = probe
+        #: the first jump of each axis of the innermost level whose verdict the run does
+        #: not wait for: [(instance, its k, its axis, records to wait for)]
+        self._probing: list = []
+        self._probed: set = set()
+        self._deepest = max(level for level, _ in self.axes.values())  # its jumps are put back first
         self.max_records = max_records  # records the run may hold before its outer loops jump (0: any)
         self.run = run
         self.engine = None  # set by the engine it is installed on (kbframe.run.simulate)
@@ -225,12 +237,36 @@ class Steady:
                 if R >= least:
                     inst.J, inst.R, inst.p = i, R, p
                     self.first_jump.setdefault(axis.key, len(self.engine.oplog.table))
+                    if self.probe is not None and axis.key not in self._probed and level == self._deepest:
+                        self._probed.add(axis.key)
+                        self._probing.append([inst, k, axis, 0])
             if i == inst.J:
                 inst.jumped.add(pe)
                 inst.ids[pe] = dict(ids)
                 i += inst.R
+            if self._probing:
+                self._ask()
             yield i
             i += 1
+
+    def _ask(self) -> None:
+        """Ask :attr:`probe` about each first jump waiting for its verdict whose PEs have all
+        jumped and whose records are in; raise what it finds."""
+        n, built = len(self.engine.oplog.table), None
+        for entry in list(self._probing):
+            inst, k, axis, need = entry
+            if n < need:
+                continue
+            built = built or {pe.index for pe in self.engine.pes.built()}
+            if not built <= inst.jumped:
+                continue
+            got = self.probe(self.engine, inst, k, axis.periods)
+            if isinstance(got, Exception):
+                raise got
+            if got is False:
+                self._probing.remove(entry)
+            else:
+                entry[3] = got
 
     def gemm_tiles(self, pe, cmd) -> dict | None:
         """At ``cmd``'s admission on ``pe``: when
