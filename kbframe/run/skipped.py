@@ -658,13 +658,12 @@ def probe(engine, inst: Instance, k: int, periods: tuple):
     if J not in snaps:
         return False
     n2 = snaps[J][0]
-    need = n2 + max((n2 - snaps[J - p][0] for p in periods if J - p in snaps), default=0)
-    if len(table) < need:
-        return need
+    P = max((n2 - snaps[J - p][0] for p in periods if J - p in snaps), default=0)  # the longest period's records
+    if len(table) < n2 + P:
+        return n2 + P
     rows = table.array()
     pe_of = np.array(table.name_col(0), dtype=np.int64)
     x = _first_after(rows, pe_of, inst, n2)
-    P = max((n2 - snaps[J - p][0] for p in periods if J - p in snaps), default=0)
     if x is None or x + P > len(rows):  # the period after the jump is not in yet
         return (x if x is not None else len(rows)) + P + 1
     try:

@@ -154,10 +154,10 @@ class Steady:
         run: what the run is, as RecordBudgetError names it (e.g. the bench and its shape).
         probe: ``(engine, instance, k, periods) -> exception | False | int``: an early
             verdict on the first jump of each axis of the innermost level (not a weight
-            GEMM's tiles, whose verdict reads the GEMM's end), once every PE has jumped: an exception (raised here: the
-            jump cannot be put back, whatever the run does next), False (it may be), or
-            the records to wait for before asking again (kbframe.run.skipped.probe). None:
-            the verdict waits for the run's end.
+            GEMM's tiles, whose verdict reads the GEMM's end), once every PE has jumped:
+            an exception (raised here: the jump cannot be put back, whatever the run does
+            next), False (it may be), or the records to wait for before asking again
+            (kbframe.run.skipped.probe). None: every verdict waits for the run's end.
     """
 
     def __init__(self, axes, snapshot, max_records: int = 0, run: str = "the run", probe=None):
