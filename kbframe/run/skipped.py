@@ -164,7 +164,7 @@ class _TileMover(_Mover):
 def _check(rows: np.ndarray, pe_of: np.ndarray, k: str, inst, p: int, per_pe: "_PerPe") -> tuple:
     """Check the records ``rows`` around one jump (module doc) for period ``p`` and return
     ``(x, P, dt, mover)``: the first record after the jump, the records and ps of a period,
-    and how records move (``k``: the loop as messages name it, e.g. ``0 of S_kv``;
+    and how records move (``k``: the loop as messages name it, ``0 of <axis key>``;
     ``per_pe``: the PEs' records in ``rows``). Raises NotSteady."""
     J = inst.J
     snaps = inst.snaps
