@@ -8,6 +8,8 @@ notes); read-after-write ordering between commands is the scheduler's job.
 """
 from __future__ import annotations
 
+import numpy as np
+
 from ..errors import ValidationError
 from ..ir.protocol import Dispatch, requests
 from ..timebase import cycles_to_ps, ns_to_ps
@@ -66,19 +68,13 @@ class PeCpu(PeUnit):
         return self.fixed_cycles + self.r_cycles_per_byte * logical_bytes
 
     def restore(self, n_commands: int, busy_ps: int, logical_bytes) -> None:
-        """Stand for a run that dispatched commands of ``logical_bytes`` (in dispatch order)
-        in ``n_commands`` dispatches over ``busy_ps`` (a run made, not simulated:
-        kbframe.run.fastforward). Its cycles are summed in dispatch order, as dispatching
-        sums them (the same float)."""
+        """Stand for a run that dispatched commands of ``logical_bytes`` (an int64 array, in
+        dispatch order) in ``n_commands`` dispatches over ``busy_ps`` (a run made, not
+        simulated: kbframe.run.fastforward). Its cycles are summed in dispatch order, as
+        dispatching sums them (a running sum: the same float)."""
         self.n_commands, self.busy_ps = n_commands, busy_ps
-        cost: dict = {}
-        cycles = 0.0
-        for nb in logical_bytes:
-            c = cost.get(nb)
-            if c is None:
-                c = cost[nb] = self.cycles_for(nb)
-            cycles += c
-        self.cycles = cycles
+        nb = np.asarray(logical_bytes, dtype=np.float64)  # exact: far below 2**53 bytes
+        self.cycles = float(np.cumsum(self.fixed_cycles + self.r_cycles_per_byte * nb)[-1]) if len(nb) else 0.0
 
     def check_cap(self, cmd) -> None:
         """Raise :class:`ValidationError` if a composite exceeds the cap (ADR-0064 D7)."""

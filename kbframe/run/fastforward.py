@@ -53,7 +53,6 @@ are extrapolated like the rest.
 from __future__ import annotations
 
 import copy
-import itertools
 import time
 from dataclasses import dataclass
 
@@ -163,9 +162,8 @@ def _apply(sim: Simulation, tot: dict, table: RecordTable) -> None:
     dispatches = [(r[is_cpu[r[:, 0]]], times) for r, times in parts]  # taken once, then split by PE
     cpu = [(pe_of[d[:, 0]], d[:, nb], times) for d, times in dispatches]
     for pe in e.pes.built():
-        mine = [(b[p == pe.index].tolist(), times) for p, b, times in cpu]
-        pe.cpu.restore(tot[("cpu", pe.index, "n_commands")], tot[("cpu", pe.index, "busy_ps")],
-                       itertools.chain.from_iterable(b * times for b, times in mine))
+        mine = np.concatenate([np.tile(b[p == pe.index], times) for p, b, times in cpu])
+        pe.cpu.restore(tot[("cpu", pe.index, "n_commands")], tot[("cpu", pe.index, "busy_ps")], mine)
     for key, ln in e.fabric.links.items():
         ln.restore_counters(**{f: tot[("link", key, f)] for f in ln.COUNTERS})
     for f in ("commands", "stages", "accesses"):
