@@ -206,6 +206,19 @@ def test_the_reader_prints_the_records_and_names_a_bad_file(step_runs, tmp_path)
     assert out.stderr == f"kbframe: error: {bad}:1: malformed periodic op_log line (no 'prefix')\n"
 
 
+@pytest.mark.parametrize("sweep", [False, True])
+def test_the_reader_and_the_trace_name_a_directory_without_an_op_log(tmp_path, capsys, sweep):
+    from kbframe.report import trace
+    if sweep:  # a sweep's directory: its runs are its job folders
+        (tmp_path / "multirun.yaml").write_text("{}\n")
+    jobs = "; a sweep's runs are its numbered job folders" if sweep else ""
+    want = f"kbframe: error: {tmp_path} holds no op_log.jsonl: give a run's directory{jobs}\n"
+    for main in (oplog.main, trace.main):
+        assert main([str(tmp_path)]) == 1
+        assert capsys.readouterr() == ("", want)
+    assert sorted(p.name for p in tmp_path.iterdir()) == (["multirun.yaml"] if sweep else [])
+
+
 def _two_section_rows() -> list:
     """Two records before, 5 periods of three records (as :func:`_periodic_rows`), two records
     between, 4 periods of two records (cmd +1, times +50 ps), one record after."""

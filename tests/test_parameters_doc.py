@@ -20,3 +20,12 @@ def test_help_lists_every_declared_key():
             "bench.dtype", "bench.tile", "bench.v_staging"} <= set(keys)
     for key in keys:
         assert f"  {key}  [" in text
+
+
+def test_help_gives_each_bench_its_configs_first_sentence_whole():
+    lines = {line.split()[0]: line for line in kb_help.text().splitlines()
+             if line.startswith("  ") and " [" in line and line.split()[0] in ("rmsnorm_linear", "decoder_layer")}
+    assert lines["rmsnorm_linear"].endswith("the RMSNorm a YAML prologue recipe (recipes/rmsnorm.yaml) ahead of the "
+                                            "GEMM head that streams W from HBM.")
+    assert lines["decoder_layer"].endswith("(kbframe/workloads/decoder_layer.py): RMSNorm, QKV, RoPE, KV-cache append, "
+                                           "GQA attention, o-projection, SwiGLU FFN, residuals, all-reduce over IPCQ.")

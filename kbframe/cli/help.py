@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import pkgutil
+import re
 import sys
 from enum import Enum
 from pathlib import Path
@@ -28,10 +29,20 @@ CONF = Path(__file__).resolve().parents[1] / "conf"
 
 
 def _first_comment(path: Path) -> str:
+    """The first sentence of a config's opening comment (it may run over several lines; an
+    indented line, a command example, ends it)."""
+    words = []
     for line in path.read_text().splitlines():
-        if line.startswith("#") and not line.startswith("# @package"):
-            return line.lstrip("# ").strip()
-    return ""
+        if line.startswith("# @package"):
+            continue
+        if not line.startswith("#") or line.startswith("#   "):
+            if words:
+                break
+            continue
+        words.append(line.lstrip("# ").strip())
+    text = " ".join(words)
+    end = re.search(r"\.(\s|$)", text)
+    return text[:end.start() + 1] if end else text
 
 
 def _target(path: Path) -> str:

@@ -28,12 +28,19 @@ from ..records import RecordTable
 def read(path) -> RecordTable:
     """The records of the op_log at ``path`` (a file, or a run directory holding
     ``op_log.jsonl``), expanded. Raises OSError, or ValueError naming the malformed line."""
-    return RecordTable.parse(_file(path))
+    return RecordTable.parse(op_log_file(path))
 
 
-def _file(path) -> Path:
+def op_log_file(path) -> Path:
+    """The op_log at ``path``: the file, or a run directory's ``op_log.jsonl``. Raises
+    FileNotFoundError naming a directory that holds none (a sweep's: its jobs do)."""
     p = Path(path)
-    return p / "op_log.jsonl" if p.is_dir() else p
+    if not p.is_dir():
+        return p
+    if not (p / "op_log.jsonl").exists():
+        jobs = "; a sweep's runs are its numbered job folders" if (p / "multirun.yaml").exists() else ""
+        raise FileNotFoundError(f"{p} holds no op_log.jsonl: give a run's directory{jobs}")
+    return p / "op_log.jsonl"
 
 
 def lines(path, chunk: int = 1 << 14) -> Iterator[str]:
@@ -46,7 +53,7 @@ def lines(path, chunk: int = 1 << 14) -> Iterator[str]:
     or ``repeat`` line, a nested ``repeat`` line outside its section's first period, more or
     fewer ``repeat`` lines than sections, a count that differs from the header's, a last
     line cut short."""
-    p = _file(path)
+    p = op_log_file(path)
     with open(p, encoding="utf-8", errors="strict") as f:
         try:
             yield from _lines(f, p, chunk)

@@ -56,6 +56,7 @@ from ..files import final_name, temp_path
 from ..record_fields import FIELDS
 from ..records import RecordTable
 from ..sorting import groups
+from .oplog import op_log_file
 from .power import POWER_TID, power_counters, power_from_metrics
 
 
@@ -551,11 +552,9 @@ def main(argv=None) -> int:
     if not args or args[0] in ("-h", "--help"):
         print("usage: python -m kbframe.report.trace [--power] RUN_DIR|op_log.jsonl [trace.json]")
         return 0 if args else 2
-    src = Path(args[0])
-    if src.is_dir():
-        src = src / "op_log.jsonl"
-    dst = Path(args[1]) if len(args) > 1 else src.with_name("trace.json")
     try:
+        src = op_log_file(args[0])
+        dst = Path(args[1]) if len(args) > 1 else src.with_name("trace.json")
         metrics = src.with_name("metrics.json")  # the units' labels, as the run named its tracks
         m = _metrics(metrics)
         tracks = tracks_from_metrics(m) if m is not None else None

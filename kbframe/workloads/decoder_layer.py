@@ -67,8 +67,8 @@ class DecoderLayerConfig(ModelConfig):
     tp: int = param(1, lo=1, doc="tensor-parallel PEs (divides H_kv, or a multiple of it dividing H_q; divides F)")
     placement: str = param("packed", doc="packed: rank r on PE r; spread: the ranks dealt over the cubes, rank r on "
                                          "cube r mod cubes")
-    fusion: str = param("fused", doc="fused (recipes: rmsnorm, rope, swiglu, residual epilogues) or none (every op "
-                                     "a command)")
+    fusion: str = param("fused", doc="fused (the rmsnorm and swiglu recipes, RoPE and the residual adds as GEMM "
+                                     "epilogues) or none (every op a command)")
     allreduce: str = param("ring", doc="ring | tree | direct")
     inner: str = param("opt2", doc="the attention inner loop: opt2 or opt3")
     tile: int = param(64, unit="keys", lo=1, doc="keys per KV tile")
