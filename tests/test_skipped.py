@@ -168,8 +168,8 @@ def test_a_loop_that_looked_steady_too_early_is_judged_again_later(tmp_path):
             "run.fast_forward=verify", "run.trace=false", bench="decode_opt2")
     assert m["fast_forward"]["note"] == ("fast-forwarded in one simulation: 920 period(s) of 1 step(s) along S_kv "
                                          "left out of 1 loop(s) (18400 of 20518 records by shifting) (simulated "
-                                         "once more: loop 0 of S_kv: record 341 is not record 321 a period of 1 later "
-                                         "(name)); verified against the full simulation")
+                                         "once more: along S_kv alone, loop 0 of S_kv: record 341 is not record 321 a period "
+                                         "of 1 later (name)); verified against the full simulation")
 
 
 def test_jumps_put_back_in_one_pass_equal_one_at_a_time(monkeypatch):
@@ -232,8 +232,8 @@ def test_a_try_refused_before_any_weight_gemm_left_tiles_out_is_not_made_again_w
     m = run(tmp_path, *args, bench="decoder_layer")
     assert m["fast_forward"]["note"] == ("fast-forwarded in one simulation: 14 period(s) of 1 step(s) along layers "
                                          "left out of 1 loop(s) (178010 of 254312 records by shifting) (simulated "
-                                         "once more: loop 0 of S_kv: record 303 is not record 285 a period of 1 later "
-                                         "(name))")
+                                         "once more: along layers and S_kv and weight tiles, loop 0 of S_kv: record 303 is not "
+                                         "record 285 a period of 1 later (name))")
     cfg = compose_cfg(*args, "run.progress=false", bench="decoder_layer")
     wl = validate(cfg)
     refused = []
@@ -263,7 +263,7 @@ def test_a_try_that_would_simulate_what_was_refused_is_not_made():
     wl, kernel, recipes = validate(cfg), resolve_kernel(cfg.bench.kernel), load_recipes(cfg.recipes)
     why = "loop 0 of layers: record 85460 is not record 53716 a period of 4 later (t0)"
     out = fastforward._in_one(cfg, wl, kernel, recipes, False, build_units(cfg.hardware), "layers", 40, 0.0)
-    assert (out.sim, out.note) == (None, why)
+    assert (out.sim, out.note) == (None, f"along layers and S_kv and weight tiles, {why}")
     steady = Steady([Axis("layers", wl.ff_periods, wl.ff_min_steps * fastforward.GROWTH, wl.ff_after)],
                     skipped.snapshot)
     sim = simulate(cfg, wl, kernel, recipes, None, None, False, False, steady=steady)

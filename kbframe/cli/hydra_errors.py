@@ -63,6 +63,22 @@ def group_key_error(msg: str) -> str:
     return f"{m['key']}: +{m['group']}={m['name']} sets it, and {bench} has no such key; {goes}"
 
 
+_NO_KEY = re.compile(r"^Could not override '(?P<key>[^']+)'; To append to your config use \+[^;]*; "
+                     r"Key '(?P<name>[^']+)' not in '(?P<cls>\w+)'$")
+
+
+def unknown_key_error(msg: str) -> str:
+    """Hydra's refusal of an override of a key a structured config does not declare,
+    without its advice to append it with ``+`` (which the schema refuses too): the key, the
+    config and where the keys are listed; any other message as it is."""
+    m = _NO_KEY.match(msg)
+    if m is None:
+        return msg
+    listed = m["key"].split(".", 1)[0] in ("run", "calibration", "hardware", "bench")  # --help's sections
+    return (f"Could not override '{m['key']}': {m['cls']} has no key '{m['name']}'"
+            + (" (python -m kbframe --help lists the keys)" if listed else ""))
+
+
 def one_line(text: str) -> str:
     """Fold Hydra's multi-line error text into one line (key first, options listed; a
     refused choice as its declared message, :func:`choice_error`)."""
@@ -89,7 +105,7 @@ def one_line(text: str) -> str:
         msg = f"{key}: {msg}"
     if options:
         msg += f" (available: {', '.join(options)})"
-    return group_key_error(choice_error(msg))
+    return unknown_key_error(group_key_error(choice_error(msg)))
 
 
 _YAML_EXC = re.compile(r"^(yaml(?:\.\w+)*\.\w*Error): (.*)$")

@@ -325,7 +325,7 @@ def _in_one(cfg, wl, kernel, recipes, check: bool, units: dict, key: str, q: int
             refused = (inner, min_steps, late, dict(steady.first_jump), e.upto)  # not the simulation: it is freed
             how = (f"from {min_steps} steps on" if min_steps != first else
                    f"along {key} alone" if not inner else f"along {' and '.join([key, *inner])}")
-            why = f"{why}; {how}, {e}" if n_try else str(e)
+            why = f"{why}; {how}, {e}" if why else f"{how}, {e}"
         except RecordBudgetError:
             raise
         except KbframeError as e:

@@ -385,7 +385,7 @@ def test_weight_tiles_that_do_not_run_alone_are_not_left_out(tmp_path, overrides
     m = run(tmp_path, *overrides, "bench.layers=1", "bench.data=false", "run.fast_forward=verify", "run.trace=false",
             bench="decoder_layer")
     assert m["fast_forward"]["note"] == ("simulated in full: no loop along layers or S_kv looked steady with a stretch "
-                                         f"to leave out (before: loop 0 of weight tiles: {why})")
+                                         f"to leave out (before: along layers and S_kv and weight tiles, loop 0 of weight tiles: {why})")
 
 
 def test_a_unit_idle_across_a_kv_loop_held_repeated_waits_as_in_the_full_run(tmp_path):
@@ -437,8 +437,8 @@ def test_a_step_whose_kv_jumps_do_not_hold_jumps_along_its_layers_alone(tmp_path
             "run.fast_forward=verify", "run.check=false", "run.trace=false", bench="decoder_layer")
     assert m["fast_forward"]["note"] == ("fast-forwarded in one simulation: 14 period(s) of 1 step(s) along layers "
                                          "left out of 1 loop(s) (161966 of 231392 records by shifting) (simulated "
-                                         "once more: loop 0 of S_kv: record 303 is not record 285 a period of 1 later "
-                                         "(name)); verified against the full simulation")
+                                         "once more: along layers and S_kv and weight tiles, loop 0 of S_kv: record 303 is not "
+                                         "record 285 a period of 1 later (name)); verified against the full simulation")
 
 
 FUSED_8 = ("bench.H=256", "bench.H_q=8", "bench.H_kv=8", "bench.d=128", "bench.F=256", "bench.S_kv=512",
