@@ -308,7 +308,7 @@ def _in_one(cfg, wl, kernel, recipes, check: bool, units: dict, key: str, q: int
         axes = [Axis(key, tuple(wl.ff_periods or PERIODS), min_steps, wl.ff_after),
                 *(WEIGHT_TILES if k == WEIGHT_TILES.key else Axis(k, PERIODS, MIN_STEPS) for k in inner)]
         steady = Steady(axes, skipped.snapshot, preflight.record_budget(cfg), f"{cfg.bench.name} at {wl.shape_text()}",
-                        skipped.probe)
+                        skipped.probe, skipped.repeats)
         if not inner and axes[0].too_short(q):
             return Outcome(None, why)
         try:

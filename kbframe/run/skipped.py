@@ -59,6 +59,9 @@ _CMD_REFS = np.array([WAIT_CODE[k] for k in ("room", "wait", "dispatch", "hazard
 _ADMITTED = np.array([WAIT_CODE[k] for k in ("dispatch", "hazard", "fifo")])
 #: ... and those whose ``ref`` is a record index (a stage's raw kinds -1 and -2 too)
 _RECORD_REFS = np.array([WAIT_CODE[k] for k in ("cpu", "dep", "unit", "link")] + [-1, -2])
+#: the fields a period does not move, and its times (``td`` -1: none, not moved)
+_SAME = [FIELDS.index(f) for f in ("name", "tile", "bytes", "peer", "why")]
+_TIMES = [_T0, _T1, _TD]
 
 
 class NotSteady(Exception):
@@ -642,6 +645,25 @@ def snapshot(engine, first: dict | None = None) -> tuple:
     flight = tuple(pe.cpu.n_commands - done[pe.index] for pe in pes)
     ready = first is None or all(done.get(pe, 0) >= c for pe, c in first.items())
     return len(engine.oplog.table), running_totals(engine, engine.oplog) if ready else None, flight, done
+
+
+def repeats(engine, inst: Instance, i: int, p: int) -> bool:
+    """Whether the records of the two periods of ``p`` iterations before iteration ``i`` of
+    the loop ``inst`` (of the innermost level that jumps) repeat, as far as one PE's command
+    ids do not come into it: names, tiles, bytes, peers and waits alike, times a period
+    later (``Steady.repeats``). They are among the records :func:`_check` compares a period
+    apart after a jump at ``i``, so a loop that would jump where they do not is not made to."""
+    n0, n1, n2 = (inst.snaps[i - j * p][0] for j in (2, 1, 0))
+    P = n2 - n1
+    if P <= 0 or n1 - n0 != P:
+        return False
+    a = engine.oplog.table.array(n0, n2)
+    before, after = a[:P], a[P:]
+    dt = int(after[0, _T0] - before[0, _T0])
+    if not np.array_equal(after[:, _SAME], before[:, _SAME]):
+        return False
+    moved = before[:, _TIMES] + np.where(before[:, _TIMES] >= 0, dt, 0)
+    return bool(np.array_equal(after[:, _TIMES], moved))
 
 
 def probe(engine, inst: Instance, k: int, periods: tuple):

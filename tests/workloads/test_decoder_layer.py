@@ -427,18 +427,25 @@ def test_verify_names_a_metric_the_held_run_reports_unlike_the_full_one(tmp_path
         run(tmp_path, *HELD_KV, "run.fast_forward=verify", bench="decoder_layer")
 
 
-def test_a_step_whose_kv_jumps_do_not_hold_jumps_along_its_layers_alone(tmp_path):
-    """With 79 KV tiles of 128 a loop jumps before its records repeat (the check refuses
-    it): the step is simulated once more with its layer loop jumping alone, as it would
-    without nested axes (no weight GEMM left out tiles, so not first with its KV loops
-    alone, which would be the same simulation), the note says why, and verify finds it
-    exact."""
+@pytest.mark.parametrize("compared", [True, False], ids=["compared-as-decided", "refused-after"])
+def test_a_step_whose_kv_jumps_do_not_hold_jumps_along_its_layers_alone(tmp_path, monkeypatch, compared):
+    """With 79 KV tiles of 128 a loop looks steady before its records repeat. Its records
+    before the jump are compared as it is decided (kbframe.run.skipped.repeats): no KV
+    loop jumps, and the layers do, in the first simulation. Without that comparison the
+    KV jump is made and refused after it: the step is simulated once more with its layer
+    loop jumping alone, as it would without nested axes (no weight GEMM left out tiles, so
+    not first with its KV loops alone, which would be the same simulation), and the note
+    says why. Verify finds both exact."""
+    from kbframe.run import skipped
+    if not compared:
+        monkeypatch.setattr(skipped, "repeats", lambda *a: True)
     m = run(tmp_path, *NESTED[:-1], "bench.S_kv=10000", "bench.tile=128", "bench.layers=20", "bench.data=false",
             "run.fast_forward=verify", "run.check=false", "run.trace=false", bench="decoder_layer")
+    again = ("" if compared else " (simulated once more: along layers and S_kv and weight tiles, loop 0 of S_kv: record "
+             "303 is not record 285 a period of 1 later (name))")
     assert m["fast_forward"]["note"] == ("fast-forwarded in one simulation: 14 period(s) of 1 step(s) along layers "
-                                         "left out of 1 loop(s) (161966 of 231392 records by shifting) (simulated "
-                                         "once more: along layers and S_kv and weight tiles, loop 0 of S_kv: record 303 is not "
-                                         "record 285 a period of 1 later (name)); verified against the full simulation")
+                                         f"left out of 1 loop(s) (161966 of 231392 records by shifting){again}; "
+                                         "verified against the full simulation")
 
 
 FUSED_8 = ("bench.H=256", "bench.H_q=8", "bench.H_kv=8", "bench.d=128", "bench.F=256", "bench.S_kv=512",
