@@ -647,23 +647,27 @@ def snapshot(engine, first: dict | None = None) -> tuple:
     return len(engine.oplog.table), running_totals(engine, engine.oplog) if ready else None, flight, done
 
 
-def repeats(engine, inst: Instance, i: int, p: int) -> bool:
-    """Whether the records of the two periods of ``p`` iterations before iteration ``i`` of
-    the loop ``inst`` (of the innermost level that jumps) repeat, as far as one PE's command
-    ids do not come into it: names, tiles, bytes, peers and waits alike, times a period
-    later (``Steady.repeats``). They are among the records :func:`_check` compares a period
-    apart after a jump at ``i``, so a loop that would jump where they do not is not made to."""
-    n0, n1, n2 = (inst.snaps[i - j * p][0] for j in (2, 1, 0))
-    P = n2 - n1
-    if P <= 0 or n1 - n0 != P:
-        return False
-    a = engine.oplog.table.array(n0, n2)
-    before, after = a[:P], a[P:]
-    dt = int(after[0, _T0] - before[0, _T0])
-    if not np.array_equal(after[:, _SAME], before[:, _SAME]):
-        return False
-    moved = before[:, _TIMES] + np.where(before[:, _TIMES] >= 0, dt, 0)
-    return bool(np.array_equal(after[:, _TIMES], moved))
+def repeats(engine, inst: Instance, i: int, periods: tuple) -> bool:
+    """Whether, for one of ``periods`` (those :func:`_put_back` would try for a jump at
+    iteration ``i`` of the loop ``inst``, of the innermost level that jumps), the records of
+    the two periods before ``i`` repeat, as far as one PE's command ids do not come into it:
+    names, tiles, bytes, peers and waits alike, times a period later (``Steady.repeats``).
+    They are among the records :func:`_check` compares a period apart after such a jump, so
+    a jump every period would refuse is not made."""
+    for p in periods:
+        if any(i - j * p not in inst.snaps for j in (1, 2)):
+            continue  # _check refuses it too: fewer than two periods before the jump
+        n0, n1, n2 = (inst.snaps[i - j * p][0] for j in (2, 1, 0))
+        P = n2 - n1
+        if P <= 0 or n1 - n0 != P:
+            continue
+        a = engine.oplog.table.array(n0, n2)
+        before, after = a[:P], a[P:]
+        dt = int(after[0, _T0] - before[0, _T0])
+        if np.array_equal(after[:, _SAME], before[:, _SAME]) and np.array_equal(
+                after[:, _TIMES], before[:, _TIMES] + np.where(before[:, _TIMES] >= 0, dt, 0)):
+            return True
+    return False
 
 
 def probe(engine, inst: Instance, k: int, periods: tuple):

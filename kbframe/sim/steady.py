@@ -158,10 +158,11 @@ class Steady:
             an exception (raised here: the jump cannot be put back, whatever the run does
             next), False (it may be), or the records to wait for before asking again
             (kbframe.run.skipped.probe). None: every verdict waits for the run's end.
-        repeats: ``(engine, instance, i, p) -> bool``: whether the records of the two
-            periods of ``p`` before iteration ``i`` repeat as far as they are in, asked of a
-            loop of the innermost level before it jumps there (kbframe.run.skipped.repeats):
-            a jump they would refuse is not made. None: not asked.
+        repeats: ``(engine, instance, i, periods) -> bool``: whether, for one of the
+            candidate periods that divide a jump at iteration ``i``, the records of the two
+            periods before it repeat as far as they are in, asked of a loop of the innermost
+            level before it jumps there (kbframe.run.skipped.repeats): a jump they would
+            refuse for every period is not made. None: not asked.
     """
 
     def __init__(self, axes, snapshot, max_records: int = 0, run: str = "the run", probe=None, repeats=None):
@@ -239,8 +240,8 @@ class Steady:
                 p = self._steady(inst, i, axis.periods) if i >= axis.min_steps else None
                 m = math.lcm(p, ring) if p else 0  # the state repeats every m iterations
                 R = (n - i - p - axis.after) // m * m if p else 0  # after it: a period checked, and the end
-                if R >= least and (self.repeats is None or level != self._deepest
-                                   or self.repeats(self.engine, inst, i, p)):
+                if R >= least and (self.repeats is None or level != self._deepest or self.repeats(
+                        self.engine, inst, i, tuple(q for q in axis.periods if R % q == 0))):
                     inst.J, inst.R, inst.p = i, R, p
                     self.first_jump.setdefault(axis.key, len(self.engine.oplog.table))
                     if self.probe is not None and axis.key not in self._probed and level == self._deepest:
