@@ -172,6 +172,16 @@ def test_a_loop_whose_records_do_not_repeat_yet_jumps_later_in_the_same_simulati
                                          "the full simulation")
 
 
+def test_a_loop_whose_records_never_repeat_is_the_full_simulation_and_the_note_says_so(tmp_path):
+    """opt2 with tiles of 128 and a PE_CPU of 200 cycles a command looks steady again and
+    again, but its records never repeat: no jump is made, the one simulation is the full
+    run (no second try), and the note names the last loop held back."""
+    m = run(tmp_path, "bench.tile=128", "bench.S_kv=22195", "calibration.FIXED=200", "bench.data=false",
+            "run.trace=false", bench="decode_opt2")
+    assert m["fast_forward"]["note"] == ("simulated in full: no loop along S_kv jumped (loop 0 of S_kv looked steady "
+                                         "at step 116, its records not repeating)")
+
+
 def test_a_loop_that_looked_steady_too_early_is_judged_again_later(tmp_path):
     """opt2 on an H100 with 5 tiles prefetched: its loop's records repeat where it jumps,
     but a wait's ref a period after the jump does not. The run is simulated once more, its

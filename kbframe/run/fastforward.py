@@ -316,6 +316,8 @@ def _in_one(cfg, wl, kernel, recipes, check: bool, units: dict, key: str, q: int
                            check_later=check, steady=steady)
             if not steady.jumps:  # nothing left out: this is the full simulation
                 none = f"no loop along {' or '.join(a.key for a in axes)} looked steady with a stretch to leave out"
+                if steady.unrepeated:  # one did, but its records did not repeat (kbframe.run.skipped.repeats)
+                    none = f"no loop along {' or '.join(a.key for a in axes)} jumped ({steady.unrepeated})"
                 preflight.check_simulated_records(cfg, wl, len(sim.oplog.table), none)
                 return Outcome(sim, f"simulated in full: {none}" + (f" (before: {why})" if why else ""), whole=True)
             made = skipped.make(sim, steady, totals(sim), repeated=bool(nested))

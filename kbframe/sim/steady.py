@@ -182,6 +182,8 @@ class Steady:
         self._by_key: dict = {}  # key -> its instances, k-th first
         self._entered: dict = {}
         self.broken: str | None = None  # why this run cannot stand for the full one
+        #: the last loop whose jump :attr:`repeats` held back (kbframe.run.skipped.repeats)
+        self.unrepeated: str | None = None
         #: the weight GEMMs' tile axis when the run may leave out their tiles, else None
         self.tile_axis = self.axes[WEIGHT_TILES.key][1] if WEIGHT_TILES.key in self.axes else None
         #: per axis, the records made when a loop of it first jumped (a weight GEMM: first
@@ -240,8 +242,11 @@ class Steady:
                 p = self._steady(inst, i, axis.periods) if i >= axis.min_steps else None
                 m = math.lcm(p, ring) if p else 0  # the state repeats every m iterations
                 R = (n - i - p - axis.after) // m * m if p else 0  # after it: a period checked, and the end
-                if R >= least and (self.repeats is None or level != self._deepest or self.repeats(
-                        self.engine, inst, i, tuple(q for q in axis.periods if R % q == 0))):
+                if R >= least and level == self._deepest and self.repeats is not None and not self.repeats(
+                        self.engine, inst, i, tuple(q for q in axis.periods if R % q == 0)):
+                    # a jump its records so far would refuse: not made, the loop goes on
+                    self.unrepeated = f"loop {k} of {axis.key} looked steady at step {i}, its records not repeating"
+                elif R >= least:
                     inst.J, inst.R, inst.p = i, R, p
                     self.first_jump.setdefault(axis.key, len(self.engine.oplog.table))
                     if self.probe is not None and axis.key not in self._probed and level == self._deepest:
