@@ -275,15 +275,21 @@ def test_a_try_refused_before_any_weight_gemm_left_tiles_out_is_not_made_again_w
     assert (why_kv, upto_kv, no_tiles) == (why, upto, None) and np.array_equal(rows, rows_kv)
 
 
-def test_a_try_that_would_simulate_what_was_refused_is_not_made():
+def test_a_try_that_would_simulate_what_was_refused_is_not_made(monkeypatch):
     """On an H100's one HBM a small model's layer loop looks steady at layer 15, no KV loop
-    or weight GEMM having jumped, and is refused. Its layer loop jumping alone, even from
-    12 layers on, is that simulation again: neither try is made, and the one refusal is
-    why nothing was left out (checked here: that simulation is refused alike)."""
+    or weight GEMM having jumped. Its records there do not repeat yet: compared as the jump
+    is decided (kbframe.run.skipped.repeats), it jumps later, in the first simulation.
+    Made without that comparison, the jump is refused, and its layer loop jumping alone,
+    even from 12 layers on, is that simulation again: neither try is made, and the one
+    refusal is why nothing was left out (checked here: that simulation is refused alike)."""
     args = ("hardware=h100_sxm", "bench.tp=8", "bench.H=512", "bench.H_q=8", "bench.H_kv=8", "bench.d=64",
             "bench.F=2048", "bench.S_kv=2048", "bench.layers=40", "bench.data=false", "run.progress=false")
     cfg = compose_cfg(*args, bench="decoder_layer")
     wl, kernel, recipes = validate(cfg), resolve_kernel(cfg.bench.kernel), load_recipes(cfg.recipes)
+    out = fastforward._in_one(cfg, wl, kernel, recipes, False, build_units(cfg.hardware), "layers", 40, 0.0)
+    assert out.note == ("fast-forwarded in one simulation: 4 period(s) of 4 step(s) along layers left out of 1 "
+                        "loop(s) (126976 of 317515 records by shifting)")
+    monkeypatch.setattr(skipped, "repeats", lambda *a: True)
     why = "loop 0 of layers: record 85460 is not record 53716 a period of 4 later (t0)"
     out = fastforward._in_one(cfg, wl, kernel, recipes, False, build_units(cfg.hardware), "layers", 40, 0.0)
     assert (out.sim, out.note) == (None, f"along layers and S_kv and weight tiles, {why}")

@@ -649,11 +649,13 @@ def snapshot(engine, first: dict | None = None) -> tuple:
 
 def repeats(engine, inst: Instance, i: int, periods: tuple) -> bool:
     """Whether, for one of ``periods`` (those :func:`_put_back` would try for a jump at
-    iteration ``i`` of the loop ``inst``, of the innermost level that jumps), the records of
-    the two periods before ``i`` repeat, as far as one PE's command ids do not come into it:
-    names, tiles, bytes, peers and waits alike, times a period later (``Steady.repeats``).
-    They are among the records :func:`_check` compares a period apart after such a jump, so
-    a jump every period would refuse is not made."""
+    iteration ``i`` of the loop ``inst``), the simulated records of the two periods before
+    ``i`` repeat, as far as one PE's command ids do not come into it: names, tiles, bytes,
+    peers and waits alike, times a period later (``Steady.repeats``). Of a loop of the
+    innermost level that jumps they are among the records :func:`_check` compares a period
+    apart after such a jump, so a jump every period would refuse is not made; of a loop
+    whose nested loops jump they hold those jumps as simulated, alike in both periods when
+    the nested loops jumped alike."""
     for p in periods:
         if any(i - j * p not in inst.snaps for j in (1, 2)):
             continue  # _check refuses it too: fewer than two periods before the jump

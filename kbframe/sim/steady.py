@@ -160,9 +160,9 @@ class Steady:
             (kbframe.run.skipped.probe). None: every verdict waits for the run's end.
         repeats: ``(engine, instance, i, periods) -> bool``: whether, for one of the
             candidate periods that divide a jump at iteration ``i``, the records of the two
-            periods before it repeat as far as they are in, asked of a loop of the innermost
-            level before it jumps there (kbframe.run.skipped.repeats): a jump they would
-            refuse for every period is not made. None: not asked.
+            periods before it repeat as far as they are in, asked of a loop before it jumps
+            there (kbframe.run.skipped.repeats); where they do not, it does not jump. None:
+            not asked.
     """
 
     def __init__(self, axes, snapshot, max_records: int = 0, run: str = "the run", probe=None, repeats=None):
@@ -242,9 +242,9 @@ class Steady:
                 p = self._steady(inst, i, axis.periods) if i >= axis.min_steps else None
                 m = math.lcm(p, ring) if p else 0  # the state repeats every m iterations
                 R = (n - i - p - axis.after) // m * m if p else 0  # after it: a period checked, and the end
-                if R >= least and level == self._deepest and self.repeats is not None and not self.repeats(
+                if R >= least and self.repeats is not None and not self.repeats(
                         self.engine, inst, i, tuple(q for q in axis.periods if R % q == 0)):
-                    # a jump its records so far would refuse: not made, the loop goes on
+                    # records so far that do not repeat: no jump here, the loop goes on
                     self.unrepeated = f"loop {k} of {axis.key} looked steady at step {i}, its records not repeating"
                 elif R >= least:
                     inst.J, inst.R, inst.p = i, R, p
