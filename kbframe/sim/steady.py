@@ -242,16 +242,8 @@ class Steady:
                 p = self._steady(inst, i, axis.periods) if i >= axis.min_steps else None
                 m = math.lcm(p, ring) if p else 0  # the state repeats every m iterations
                 R = (n - i - p - axis.after) // m * m if p else 0  # after it: a period checked, and the end
-                if R >= least and self.repeats is not None and not self.repeats(
-                        self.engine, inst, i, tuple(q for q in axis.periods if R % q == 0)):
-                    # records so far that do not repeat: no jump here, the loop goes on
-                    self.unrepeated = f"loop {k} of {axis.key} looked steady at step {i}, its records not repeating"
-                elif R >= least:
-                    inst.J, inst.R, inst.p = i, R, p
-                    self.first_jump.setdefault(axis.key, len(self.engine.oplog.table))
-                    if self.probe is not None and axis.key not in self._probed and level == self._deepest:
-                        self._probed.add(axis.key)
-                        self._probing.append([inst, k, axis, 0])
+                if R >= least:
+                    self._jump(inst, k, i, R, p, level, axis)
             if i == inst.J:
                 inst.jumped.add(pe)
                 inst.ids[pe] = dict(ids)
@@ -260,6 +252,20 @@ class Steady:
                 self._ask()
             yield i
             i += 1
+
+    def _jump(self, inst: Instance, k: int, i: int, R: int, p: int, level: int, axis: Axis) -> None:
+        """Make the ``k``-th loop ``inst`` of ``axis`` jump from iteration ``i`` by ``R``
+        (it looked steady with period ``p``), unless its records so far do not repeat for
+        any period dividing ``R`` (:attr:`repeats`): then it goes on, to jump later if it can."""
+        if self.repeats is not None and not self.repeats(self.engine, inst, i,
+                                                         tuple(q for q in axis.periods if R % q == 0)):
+            self.unrepeated = f"loop {k} of {axis.key} looked steady at step {i}, its records not repeating"
+            return
+        inst.J, inst.R, inst.p = i, R, p
+        self.first_jump.setdefault(axis.key, len(self.engine.oplog.table))
+        if self.probe is not None and axis.key not in self._probed and level == self._deepest:
+            self._probed.add(axis.key)
+            self._probing.append([inst, k, axis, 0])
 
     def _ask(self) -> None:
         """Ask :attr:`probe` about each first jump waiting for its verdict whose PEs have all
