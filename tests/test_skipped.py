@@ -1,6 +1,7 @@
-"""Fast-forward in one simulation (kbframe.sim.steady, kbframe.run.skipped): loops along the
-periodic axis leave out a steady stretch, and the full run is made by putting it back,
-byte for byte what the full simulation writes (verify mode checks it)."""
+"""Fast-forward in one simulation (kbframe.sim.steady, kbframe.run.jump_checks,
+kbframe.run.skipped): loops along the periodic axis leave out a steady stretch, and the
+full run is made by putting it back, byte for byte what the full simulation writes (verify
+mode checks it)."""
 
 import re
 from types import SimpleNamespace
@@ -10,7 +11,7 @@ import pytest
 
 from conftest import compose_cfg, run
 from kbframe.records import RecordTable
-from kbframe.run import fastforward, skipped
+from kbframe.run import fastforward, jump_checks, moves, skipped
 from kbframe.run.bench import validate
 from kbframe.run.periodic import totals
 from kbframe.run.simulate import simulate
@@ -64,7 +65,7 @@ def test_loops_of_unequal_length_leave_nothing_out():
     sim, steady = _skipping("hardware=cube", "bench.H_q=2", "bench.H_kv=2", "bench.S_kv=[8192,6000]",
                             bench="decode_heads")
     assert steady.broken == "loop 0 of S_kv has 94 iterations on PE7, 128 on another"
-    with pytest.raises(skipped.NotSteady, match="^loop 0 of S_kv has 94 iterations on PE7, 128 on another$"):
+    with pytest.raises(jump_checks.NotSteady, match="^loop 0 of S_kv has 94 iterations on PE7, 128 on another$"):
         skipped.make(sim, steady, totals(sim))
 
 
@@ -78,8 +79,8 @@ def test_a_record_that_does_not_repeat_is_caught():
     rows[x + 1, 4] += 1  # t1 (kbframe.records.FIELDS)
     bad = SimpleNamespace(oplog=SimpleNamespace(table=RecordTable.of_rows(sim.oplog.table.names, rows)),
                           latency_ps=sim.latency_ps, phases=sim.phases)
-    with pytest.raises(skipped.NotSteady, match=rf"^loop 0 of S_kv: record {x + 1} is not record {x + 1 - 18} a period "
-                                                r"of 1 later \(t1\)$"):
+    with pytest.raises(jump_checks.NotSteady, match=rf"^loop 0 of S_kv: record {x + 1} is not record {x + 1 - 18} "
+                                                    r"a period of 1 later \(t1\)$"):
         skipped.make(bad, steady, totals(sim))
 
 
@@ -100,7 +101,7 @@ def test_records_move_by_the_rules():
             [2, 21, -1, 50, 60, -1, 0, -1, WAIT_CODE["cpu"], 2]]
     table = RecordTable.of_rows(t.names, np.array(rows, dtype=np.int64))
     pe_of = np.array(table.name_col(0), dtype=np.int64)
-    mover = skipped._Mover(table.array(), pe_of, {0: 10, 1: 20}, {0: 2, 1: 3}, 100, 4)
+    mover = moves.Mover(table.array(), pe_of, {0: 10, 1: 20}, {0: 2, 1: 3}, 100, 4)
     assert mover.move(table.array(1, 6), 2).tolist() == [
         [1, 14, 0, 210, 220, 212, 0, -1, -1, 0],
         [2, 26, -1, 220, 230, -1, 0, -1, WAIT_CODE["hazard"], 19],
@@ -162,7 +163,7 @@ def test_a_jump_is_a_multiple_of_the_loops_buffer_rings(tmp_path, overrides, not
 def test_a_loop_whose_records_do_not_repeat_yet_jumps_later_in_the_same_simulation(tmp_path):
     """opt2 with a PE_SCHEDULER queue of 5 commands and 7 tiles prefetched looks steady from
     its first tiles, but its records there do not repeat yet: compared as the jump is
-    decided (kbframe.run.skipped.repeats), the loop does not jump until they do, in the
+    decided (kbframe.run.jump_checks.repeats), the loop does not jump until they do, in the
     same simulation (not simulated once more, as a jump refused after it would be)."""
     m = run(tmp_path, "bench.S_kv=65537", "++bench.s_buffers=8", "++bench.k_prefetch=7", "++bench.v_staging=prefetch",
             "++bench.v_buffers=10", "hardware.units.scheduler.max_queued_commands=5", "bench.data=false",
@@ -216,8 +217,8 @@ def test_a_command_from_before_the_loop_in_flight_across_the_jump_is_caught(tmp_
     args = ("bench.H=32", "bench.H_q=8", "bench.H_kv=8", "bench.d=16", "bench.F=64", "bench.S_kv=8192",
             "bench.layers=1", "bench.inner=opt3", "hardware.units.dma_write.setup_latency_ns=200000")
     sim, steady = _skipping(*args, bench="decoder_layer")
-    with pytest.raises(skipped.NotSteady, match=r"^loop 0 of S_kv: record 788, of PE0's command 6 from before the "
-                                                r"loop, started before the jump and ends after the periods checked$"):
+    with pytest.raises(jump_checks.NotSteady, match=r"^loop 0 of S_kv: record 788, of PE0's command 6 from before the "
+                                                    r"loop, started before the jump and ends after the periods checked$"):
         skipped.make(sim, steady, totals(sim))
     m = run(tmp_path, *args, "bench.data=false", "run.fast_forward=verify", "run.trace=false", bench="decoder_layer")
     assert m["fast_forward"]["applied"] is False and "command 6 from before the loop" in m["fast_forward"]["note"]
@@ -246,7 +247,7 @@ WIDE_FFN = ("bench.H=32", "bench.H_q=8", "bench.H_kv=8", "bench.d=16", "bench.F=
 
 def test_a_try_refused_before_any_weight_gemm_left_tiles_out_is_not_made_again_without_them(tmp_path):
     """A decoder layer's first KV loop (79 tiles of 128) looks steady before its records
-    repeat. Compared as the jump is decided (kbframe.run.skipped.repeats), it does not jump;
+    repeat. Compared as the jump is decided (kbframe.run.jump_checks.repeats), it does not jump;
     the layers and the weight GEMMs' tiles do, in the first simulation. Made without that
     comparison (each try here by hand), the jump is refused after reading the first 413
     records, before a weight GEMM first left tiles out (record 5469); simulated without the
@@ -265,7 +266,7 @@ def test_a_try_refused_before_any_weight_gemm_left_tiles_out_is_not_made_again_w
         steady = Steady([Axis("layers", wl.ff_periods, wl.ff_min_steps, wl.ff_after), *inner], skipped.snapshot)
         sim = simulate(cfg, wl, resolve_kernel(cfg.bench.kernel), load_recipes(cfg.recipes), None, None, False, False,
                        steady=steady)
-        with pytest.raises(skipped.NotSteady) as e:
+        with pytest.raises(jump_checks.NotSteady) as e:
             skipped.make(sim, steady, totals(sim), repeated=True)
         refused.append((str(e.value), e.value.upto, steady.first_jump.get(WEIGHT_TILES.key),
                         sim.oplog.table.array()[:e.value.upto]))
@@ -278,7 +279,7 @@ def test_a_try_refused_before_any_weight_gemm_left_tiles_out_is_not_made_again_w
 def test_a_try_that_would_simulate_what_was_refused_is_not_made(monkeypatch):
     """On an H100's one HBM a small model's layer loop looks steady at layer 15, no KV loop
     or weight GEMM having jumped. Its records there do not repeat yet: compared as the jump
-    is decided (kbframe.run.skipped.repeats), it jumps later, in the first simulation.
+    is decided (kbframe.run.jump_checks.repeats), it jumps later, in the first simulation.
     Made without that comparison, the jump is refused, and its layer loop jumping alone,
     even from 12 layers on, is that simulation again: neither try is made, and the one
     refusal is why nothing was left out (checked here: that simulation is refused alike)."""
@@ -289,27 +290,27 @@ def test_a_try_that_would_simulate_what_was_refused_is_not_made(monkeypatch):
     out = fastforward._in_one(cfg, wl, kernel, recipes, False, build_units(cfg.hardware), "layers", 40, 0.0)
     assert out.note == ("fast-forwarded in one simulation: 4 period(s) of 4 step(s) along layers left out of 1 "
                         "loop(s) (126976 of 317515 records by shifting)")
-    monkeypatch.setattr(skipped, "repeats", lambda *a: True)
+    monkeypatch.setattr(jump_checks, "repeats", lambda *a: True)
     why = "loop 0 of layers: record 85460 is not record 53716 a period of 4 later (t0)"
     out = fastforward._in_one(cfg, wl, kernel, recipes, False, build_units(cfg.hardware), "layers", 40, 0.0)
     assert (out.sim, out.note) == (None, f"along layers and S_kv and weight tiles, {why}")
     steady = Steady([Axis("layers", wl.ff_periods, wl.ff_min_steps * fastforward.GROWTH, wl.ff_after)],
                     skipped.snapshot)
     sim = simulate(cfg, wl, kernel, recipes, None, None, False, False, steady=steady)
-    with pytest.raises(skipped.NotSteady, match=f"^{re.escape(why)}$"):
+    with pytest.raises(jump_checks.NotSteady, match=f"^{re.escape(why)}$"):
         skipped.make(sim, steady, totals(sim), repeated=True)
 
 
 def test_a_jump_the_records_so_far_refuse_stops_the_simulation_there():
     """The first KV loop's jump of WIDE_FFN, probed as soon as the period after it is in
-    (kbframe.run.skipped.probe): the simulation stops at record 465 of 254,312 with the
+    (kbframe.run.jump_checks.probe): the simulation stops at record 465 of 254,312 with the
     refusal make gives at its end (the same reason, read from the same first 413 records)."""
     cfg = compose_cfg(*WIDE_FFN, "run.progress=false", bench="decoder_layer")
     wl = validate(cfg)
     steady = Steady([Axis("layers", wl.ff_periods, wl.ff_min_steps, wl.ff_after),
                      Axis("S_kv", fastforward.PERIODS, fastforward.MIN_STEPS), WEIGHT_TILES],
-                    skipped.snapshot, probe=skipped.probe)
-    with pytest.raises(skipped.NotSteady) as e:
+                    skipped.snapshot, probe=jump_checks.probe)
+    with pytest.raises(jump_checks.NotSteady) as e:
         simulate(cfg, wl, resolve_kernel(cfg.bench.kernel), load_recipes(cfg.recipes), None, None, False, False,
                  steady=steady)
     assert (str(e.value), e.value.upto) == ("loop 0 of S_kv: record 303 is not record 285 a period of 1 later (name)",

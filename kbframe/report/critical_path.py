@@ -309,7 +309,7 @@ class Repeat(NamedTuple):
         ``[b - dt, b)`` again ``X`` times a period later each, then the rest ``X`` periods
         later. Every record of the segments before ``b`` must come before ``x``, and those
         over ``[b - dt, b)`` and any before ``x`` after ``b`` within the two periods
-        checked before it (kbframe.run.skipped)."""
+        checked before it (kbframe.run.jump_checks)."""
         x, P, X, dt = self.x, self.P, self.X, self.dt
         if not len(segs) or dt <= 0:
             return None

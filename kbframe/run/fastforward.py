@@ -3,7 +3,7 @@ periodic is not simulated period by period. Its records are the shifted copies o
 period, and they are written as such.
 
 It is first made in one simulation whose loops leave a steady stretch out
-(:func:`_in_one`, kbframe.sim.steady and kbframe.run.skipped); when that cannot be made, from
+(:func:`_in_one`, kbframe.sim.steady, kbframe.run.jump_checks and kbframe.run.skipped); when that cannot be made, from
 short copies, thus:
 
 1. The workload names the axis its work repeats along
@@ -68,7 +68,7 @@ from ..sim import sanitizer
 from ..sim.steady import WEIGHT_TILES, Axis, Steady
 from ..timebase import MAX_PS
 from . import preflight
-from . import skipped
+from . import jump_checks, skipped
 from .periodic import NotPeriodic, Runs, Settling, precheck, records_of, streams_of, totals
 from .simulate import Simulation, simulate
 
@@ -308,7 +308,7 @@ def _in_one(cfg, wl, kernel, recipes, check: bool, units: dict, key: str, q: int
         axes = [Axis(key, tuple(wl.ff_periods or PERIODS), min_steps, wl.ff_after),
                 *(WEIGHT_TILES if k == WEIGHT_TILES.key else Axis(k, PERIODS, MIN_STEPS) for k in inner)]
         steady = Steady(axes, skipped.snapshot, preflight.record_budget(cfg), f"{cfg.bench.name} at {wl.shape_text()}",
-                        skipped.probe, skipped.repeats)
+                        jump_checks.probe, jump_checks.repeats)
         if not inner and axes[0].too_short(q):
             return Outcome(None, why)
         try:
@@ -316,13 +316,13 @@ def _in_one(cfg, wl, kernel, recipes, check: bool, units: dict, key: str, q: int
                            check_later=check, steady=steady)
             if not steady.jumps:  # nothing left out: this is the full simulation
                 none = f"no loop along {' or '.join(a.key for a in axes)} looked steady with a stretch to leave out"
-                if steady.unrepeated:  # one did, but its records did not repeat (kbframe.run.skipped.repeats)
+                if steady.unrepeated:  # one did, but its records did not repeat (kbframe.run.jump_checks.repeats)
                     none = f"no loop along {' or '.join(a.key for a in axes)} jumped ({steady.unrepeated})"
                 preflight.check_simulated_records(cfg, wl, len(sim.oplog.table), none)
                 return Outcome(sim, f"simulated in full: {none}" + (f" (before: {why})" if why else ""), whole=True)
             made = skipped.make(sim, steady, totals(sim), repeated=bool(nested))
             break
-        except skipped.NotSteady as e:  # a nested loop's jump, or one that looked steady too early: once more
+        except jump_checks.NotSteady as e:  # a nested loop's jump, or one that looked steady too early: once more
             late = min((i.J for i in steady.instances if i.level == 0 and i.J is not None), default=None)
             refused = (inner, min_steps, late, dict(steady.first_jump), e.upto)  # not the simulation: it is freed
             how = (f"from {min_steps} steps on" if min_steps != first else

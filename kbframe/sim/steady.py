@@ -15,7 +15,7 @@ buffer rings the loop rotates through (``TL.steps(..., rings)``: the state repea
 both do), leaving at least ``p + after`` iterations and the epilogue to simulate (``after``: the
 axis's, 2 unless the workload says). Command ids go on without a
 gap, so the run is exactly a run of the workload with ``R`` fewer steps: what it leaves out
-is put back, and checked, by :mod:`kbframe.run.skipped`.
+is checked by :mod:`kbframe.run.jump_checks` and put back by :mod:`kbframe.run.skipped`.
 
 A weight-streaming GEMM's output tiles (:data:`WEIGHT_TILES`, among the axes when the
 workload's weight GEMMs repeat, ``Workload.ff_weight_tiles``) are a loop too, inside one
@@ -157,11 +157,11 @@ class Steady:
             GEMM's tiles, whose verdict reads the GEMM's end), once every PE has jumped:
             an exception (raised here: the jump cannot be put back, whatever the run does
             next), False (it may be), or the records to wait for before asking again
-            (kbframe.run.skipped.probe). None: every verdict waits for the run's end.
+            (kbframe.run.jump_checks.probe). None: every verdict waits for the run's end.
         repeats: ``(engine, instance, i, periods) -> bool``: whether, for one of the
             candidate periods that divide a jump at iteration ``i``, the records of the two
             periods before it repeat as far as they are in, asked of a loop before it jumps
-            there (kbframe.run.skipped.repeats); where they do not, it does not jump. None:
+            there (kbframe.run.jump_checks.repeats); where they do not, it does not jump. None:
             not asked.
     """
 
@@ -182,7 +182,7 @@ class Steady:
         self._by_key: dict = {}  # key -> its instances, k-th first
         self._entered: dict = {}
         self.broken: str | None = None  # why this run cannot stand for the full one
-        #: the last loop whose jump :attr:`repeats` held back (kbframe.run.skipped.repeats)
+        #: the last loop whose jump :attr:`repeats` held back (kbframe.run.jump_checks.repeats)
         self.unrepeated: str | None = None
         #: the weight GEMMs' tile axis when the run may leave out their tiles, else None
         self.tile_axis = self.axes[WEIGHT_TILES.key][1] if WEIGHT_TILES.key in self.axes else None

@@ -430,15 +430,15 @@ def test_verify_names_a_metric_the_held_run_reports_unlike_the_full_one(tmp_path
 @pytest.mark.parametrize("compared", [True, False], ids=["compared-as-decided", "refused-after"])
 def test_a_step_whose_kv_jumps_do_not_hold_jumps_along_its_layers_alone(tmp_path, monkeypatch, compared):
     """With 79 KV tiles of 128 a loop looks steady before its records repeat. Its records
-    before the jump are compared as it is decided (kbframe.run.skipped.repeats): no KV
+    before the jump are compared as it is decided (kbframe.run.jump_checks.repeats): no KV
     loop jumps, and the layers do, in the first simulation. Without that comparison the
     KV jump is made and refused after it: the step is simulated once more with its layer
     loop jumping alone, as it would without nested axes (no weight GEMM left out tiles, so
     not first with its KV loops alone, which would be the same simulation), and the note
     says why. Verify finds both exact."""
-    from kbframe.run import skipped
+    from kbframe.run import jump_checks
     if not compared:
-        monkeypatch.setattr(skipped, "repeats", lambda *a: True)
+        monkeypatch.setattr(jump_checks, "repeats", lambda *a: True)
     m = run(tmp_path, *NESTED[:-1], "bench.S_kv=10000", "bench.tile=128", "bench.layers=20", "bench.data=false",
             "run.fast_forward=verify", "run.check=false", "run.trace=false", bench="decoder_layer")
     again = ("" if compared else " (simulated once more: along layers and S_kv and weight tiles, loop 0 of S_kv: record "
