@@ -1,5 +1,5 @@
 """``python -m kbframe``: Ctrl-C and SIGTERM are handled from before the imports
-(kbframe.cli.stop)."""
-from .cli.stop import entry
+(kbframe.cli.entry, kbframe.cli.stop)."""
+from .cli.entry import entry
 
 entry()

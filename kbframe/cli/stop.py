@@ -20,7 +20,7 @@ handlers do the rest:
   ``__del__`` (the garbage collector's), where Python prints the exception as "ignored"
   and goes on, and the run would end ``ok`` as if no signal had come.
 
-This module imports nothing heavy: the command's entry (:func:`entry`) installs the
+This module imports nothing heavy: the command's entry (kbframe.cli.entry) installs the
 handlers before Python imports Hydra, numpy or kbframe's layers.
 """
 from __future__ import annotations
@@ -241,21 +241,11 @@ def _record(job_dir: str, started: str | None) -> None:
         mark_interrupted(job_dir, st, "terminated (SIGTERM)" if _stopped == signal.SIGTERM else "interrupted")
 
 
-def entry() -> None:
-    """The command (``python -m kbframe``, the ``kbframe`` script): the handlers first, then
-    kbframe's imports and main (kbframe.cli.main), and a fast exit (kbframe.cli.speed)."""
-    install()
-    try:
-        from .main import main
-        from .speed import main_then_exit
-        main_then_exit(main)
-    except KeyboardInterrupt as e:  # the imports, or the command's very start or end
-        interrupted(e)
-        if _sweep is not None:  # a sweep's end, or its cleanup after a stop
-            status = finish(_sweep, None, None)
-        else:
-            print(f"kbframe: {'terminated (SIGTERM)' if _stopped == signal.SIGTERM else 'interrupted'}",
-                  file=sys.stderr)
-            status = code()
-        sys.stderr.flush()
-        os._exit(status)
+def outside_main(e: BaseException) -> int:
+    """The exit status of a command stopped by ``e`` outside kbframe.cli.main's own handling
+    (the imports, the command's very start or end: kbframe.cli.entry), after its line."""
+    interrupted(e)
+    if _sweep is not None:  # a sweep's end, or its cleanup after a stop
+        return finish(_sweep, None, None)
+    print(f"kbframe: {'terminated (SIGTERM)' if _stopped == signal.SIGTERM else 'interrupted'}", file=sys.stderr)
+    return code()
