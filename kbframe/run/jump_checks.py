@@ -66,7 +66,7 @@ def _check(rows: np.ndarray, pe_of: np.ndarray, k: str, inst, p: int, per_pe: "P
     if inst.tiles and any(per_period.values()):
         q = min(pe for pe, n in per_period.items() if n)
         raise NotSteady(f"loop {k}: PE{q} dispatched {per_period[q]} command(s) in a period of {p} of its tiles")
-    x = first_after(rows, pe_of, inst, n2)
+    x = _first_after(rows, pe_of, inst, n2)
     if x is None:
         raise NotSteady(f"loop {k}: no record after its jump")
     lo, hi = min(n1, x - P), x + P
@@ -160,7 +160,7 @@ def _gemm_done(rows: np.ndarray, pe_of: np.ndarray, first: np.ndarray, inst, x: 
         w *= 2
 
 
-def first_after(rows: np.ndarray, pe_of: np.ndarray, inst, start: int, chunk: int = 4096) -> int | None:
+def _first_after(rows: np.ndarray, pe_of: np.ndarray, inst, start: int, chunk: int = 4096) -> int | None:
     """The first record from ``start`` on (the records when the first PE reached the jump)
     of a command a PE issued after its jump (a weight GEMM's tile loop: of a tile after
     it); None: none."""
@@ -325,7 +325,7 @@ def probe(engine, inst: Instance, k: int, periods: tuple):
         return n2 + P
     rows = table.array()
     pe_of = np.array(table.name_col(0), dtype=np.int64)
-    x = first_after(rows, pe_of, inst, n2)
+    x = _first_after(rows, pe_of, inst, n2)
     if x is None or x + P > len(rows):  # the period after the jump is not in yet
         return (x if x is not None else len(rows)) + P + 1
     try:
