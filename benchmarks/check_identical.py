@@ -158,6 +158,11 @@ def main() -> int:
     if args.capture and BASE.exists() and any(BASE.iterdir()):
         print(f"{BASE} already holds baselines; remove it first to recapture", file=sys.stderr)
         return 2
+    missing = [n for n in todo if not (BASE / n / "metrics.json").is_file()]
+    if not args.capture and missing:
+        print(f"{BASE} holds no baseline for {len(missing)} of the {len(todo)} cases (first: {missing[0]}); capture "
+              f"them first from the tree to compare against: --capture [--tree DIR] [--base {BASE}]", file=sys.stderr)
+        return 2
     with ThreadPoolExecutor(args.jobs) as pool:
         results = list(pool.map(lambda kv: run_case(kv[0], kv[1], root, args.tree.resolve()), todo.items()))
     failed = [(n, err) for n, rc, err in results if rc != 0]

@@ -4,6 +4,7 @@ metrics.json is never half-written (README "Failure isolation")."""
 import csv
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
@@ -138,6 +139,42 @@ def test_report_refuses_a_directory_that_is_no_sweep(tmp_path, capsys):
     assert report.main([str(tmp_path)]) == 2
     assert report.main([str(tmp_path / "nope")]) == 2
     assert "not a sweep directory" in capsys.readouterr().err
+
+
+def test_report_refuses_a_folder_of_single_runs_or_of_sweeps_and_writes_nothing_there(sweep, tmp_path, capsys):
+    """A folder of single runs (``outputs/runs``: job folders Hydra made in RUN mode) or one
+    that holds a sweep (``outputs``) is no sweep directory: exit 2, one line, and no report
+    is written into it; a sweep's own directory still is one."""
+    runs = tmp_path / "runs"
+    for name in ("a", "b"):
+        (runs / name / ".hydra").mkdir(parents=True)
+        (runs / name / ".hydra" / "overrides.yaml").write_text("- +bench=decode_opt2\n")
+        (runs / name / ".hydra" / "hydra.yaml").write_text("hydra:\n  mode: RUN\n")
+    outputs = tmp_path / "outputs"
+    shutil.copytree(sweep, outputs / "sweeps" / "s1")
+    for d in (runs, outputs):
+        assert report.main([str(d)]) == 2
+        assert capsys.readouterr().err == (
+            f"kbframe: error: '{d}' is not a sweep directory (no multirun.yaml, and no job folders a sweep made in it: "
+            f".hydra/hydra.yaml with mode MULTIRUN); give one sweep's directory\n")
+        assert not any((d / name).exists() for name in ("sweep.csv", "summary.md", "sweep.png"))
+    assert sweep_jobs.is_sweep_dir(outputs / "sweeps" / "s1")
+    for name in ("a", "b"):  # a search's trials (Hydra's Optuna sweeper writes no multirun.yaml)
+        (runs / name / ".hydra" / "hydra.yaml").write_text("hydra:\n  mode: MULTIRUN\n")
+    assert sweep_jobs.is_sweep_dir(runs)
+
+
+def test_report_without_a_directory_takes_the_sweep_that_started_last(sweep, tmp_path, monkeypatch):
+    """``python -m kbframe.report`` alone reports the sweep under outputs/sweeps/ that started
+    last (its multirun.yaml), not the one whose report was rewritten last."""
+    import os
+    monkeypatch.chdir(tmp_path)
+    old, new = tmp_path / "outputs" / "sweeps" / "old", tmp_path / "outputs" / "sweeps" / "new"
+    for d, t in ((old, 1_000_000), (new, 2_000_000)):
+        shutil.copytree(sweep, d)
+        os.utime(d / "multirun.yaml", (t, t))
+    os.utime(old, (3_000_000, 3_000_000))  # a report written into the older sweep later
+    assert report._newest_sweep() == Path("outputs/sweeps/new")
 
 
 def test_report_that_cannot_be_written_exits_2(sweep, tmp_path, capsys):

@@ -88,6 +88,20 @@ def _check_twice_set(config: DictConfig) -> None:
           f"group the sweep adds needs that group on the command line too, e.g. +bench=NAME)")
 
 
+def _check_empty(config: DictConfig) -> None:
+    """Refuse a grid sweep one of whose swept keys has no value (``range(64,0)``): it would
+    run no job and report an empty sweep as a success."""
+    from ..report.sweep_jobs import sweep_overrides
+    try:
+        empty = [o for o in sweep_overrides(config.hydra) or []
+                 if o.is_discrete_sweep() and not list(o.sweep_string_iterator())]
+    except Exception:  # noqa: BLE001 (an override Hydra cannot parse: its sweeper says why)
+        return
+    if empty:
+        _fail(f"{empty[0].input_line or empty[0].get_key_element()} sweeps no value: the sweep would run no job; "
+              f"give it at least one")
+
+
 class SweepReport(Callback):
     """Aggregate the sweep at its end; exit 1 if any job is not ok.
 
@@ -121,6 +135,7 @@ class SweepReport(Callback):
         except KbframeError as e:
             _fail(str(e))
         _check_twice_set(config)
+        _check_empty(config)
         if self.reuse_dir and "optuna" in str(config.hydra.sweeper.get("_target_", "")).lower():
             _fail("hydra.callbacks.sweep_report.reuse_dir=true is for grid sweeps: a search writes no job plan, "
                   "so its report could not tell its trials from an earlier sweep's; choose a new hydra.sweep.dir")

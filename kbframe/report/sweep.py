@@ -44,7 +44,7 @@ import sys
 from pathlib import Path
 
 from ..files import atomic_write
-from .sweep_jobs import (CONFIG_FALLBACK, HEAD_COLUMNS, RESULT_COLUMNS, Job, Report, _job_dirs, collect, dig,
+from .sweep_jobs import (CONFIG_FALLBACK, HEAD_COLUMNS, RESULT_COLUMNS, Job, Report, collect, dig, is_sweep_dir,
                          setting_of, shape_columns, sort_key, swept_keys)
 from . import search_report
 from .markdown import fmt as _fmt, table as _md_table
@@ -322,8 +322,14 @@ REPORT_FILES = ("sweep.csv", "summary.md", "sweep.png", "pareto.png")
 
 
 def _newest_sweep(root: Path = Path("outputs/sweeps")) -> Path | None:
+    """The sweep under ``root`` that started last: by its ``multirun.yaml``, written as it
+    starts (a report written into an older sweep leaves that alone), else by the folder."""
     dirs = [d for d in root.glob("*") if d.is_dir()] if root.is_dir() else []
-    return max(dirs, key=lambda d: d.stat().st_mtime) if dirs else None
+
+    def started(d: Path) -> float:
+        plan = d / "multirun.yaml"
+        return (plan if plan.is_file() else d).stat().st_mtime
+    return max(dirs, key=started) if dirs else None
 
 
 def main(argv=None) -> int:
@@ -362,9 +368,9 @@ def main(argv=None) -> int:
         if not d.is_dir():
             print(f"kbframe: error: no such sweep directory '{d}'", file=sys.stderr)
             return 2
-        if not (d / "multirun.yaml").is_file() and not _job_dirs(d):
-            print(f"kbframe: error: '{d}' is not a sweep directory (no multirun.yaml, no job "
-                  f"directories with .hydra/)", file=sys.stderr)
+        if not is_sweep_dir(d):
+            print(f"kbframe: error: '{d}' is not a sweep directory (no multirun.yaml, and no job folders a sweep "
+                  f"made in it: .hydra/hydra.yaml with mode MULTIRUN); give one sweep's directory", file=sys.stderr)
             return 2
     rc = 0
     for a in args:

@@ -149,6 +149,29 @@ def _job_dirs(sweep_dir: Path) -> list[Path]:
     return sorted(dirs)
 
 
+def is_sweep_dir(d: Path) -> bool:
+    """Whether ``d`` is a sweep's directory: it holds the sweep's ``multirun.yaml`` (a grid
+    sweep), or job folders a sweep made (``.hydra/hydra.yaml`` with ``mode: MULTIRUN``: a
+    search's trials) none of which lies in a sweep of its own below ``d``. A folder of
+    single runs (``outputs/runs``) or of several sweeps (``outputs``) is not one."""
+    if (d / "multirun.yaml").is_file():
+        return True
+    jobs = _job_dirs(d)
+    return bool(jobs) and all(_made_by_sweep(j) and not _in_sweep_below(d, j) for j in jobs)
+
+
+def _made_by_sweep(job: Path) -> bool:
+    try:
+        text = read_small(job / ".hydra" / "hydra.yaml", 1 << 20)
+    except (OSError, ValueError):
+        return False
+    return any(line.strip() == "mode: MULTIRUN" for line in text.splitlines())
+
+
+def _in_sweep_below(d: Path, job: Path) -> bool:
+    return any((p / "multirun.yaml").is_file() for p in job.parents if p != d and d in p.parents)
+
+
 def _through_link(sweep_dir: Path, path: Path) -> bool:
     """Whether ``path`` below ``sweep_dir`` is reached through a symbolic link (a job folder
     or ``.hydra/`` no kbframe run made: not read; kbframe.run.rundir.check_links)."""
