@@ -65,8 +65,9 @@ def crossover_table(rows: list[dict], merge: str = "tree") -> str:
             continue
         wins = [s for s in s_kvs if (s, p) in lat and (s, 1) in lat and lat[(s, p)] < lat[(s, 1)]]
         cross = next((s for s in s_kvs if all(t in wins for t in s_kvs if t >= s)), None)
-        at = "never" if cross is None else (f"≤ {cross} (every S_kv measured)" if cross == s_kvs[0] else cross)
-        lines.append(f"- {p} splits ({merge} merge) beat 1 PE from S_kv = {at}")
+        at = ("never" if cross is None else
+              f"at every S_kv measured (from {cross} on)" if cross == s_kvs[0] else f"from S_kv = {cross} on")
+        lines.append(f"- {p} splits ({merge} merge) beat 1 PE {at}")
     return "\n".join(lines)
 
 

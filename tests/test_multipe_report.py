@@ -69,6 +69,8 @@ def test_console_names_the_slowest_pe_and_the_busiest_link(splitk):
             f"PE{sp['fastest_pe']} {sp['fastest_ns']:.1f} ns (spread {sp['spread']:.1%}); HBM ") in text
     assert f"; busiest PE{ln['src']}→PE{ln['dst']} {ln['busy_ns']:.1f} ns" in text
     assert "    PE0 unit       busy ns" in text
+    even = {**m, "pe_spread": {**sp, "fastest_pe": 3, "fastest_ns": sp["slowest_ns"], "spread": 0.0}}
+    assert f"  PEs         8 used; all end at {sp['slowest_ns']:.1f} ns; HBM " in summary(even, d)  # not one PE twice
 
 
 def test_trace_has_a_track_per_link_and_a_flow_per_send(splitk):

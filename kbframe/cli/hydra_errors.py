@@ -79,6 +79,20 @@ def unknown_key_error(msg: str) -> str:
             + (" (python -m kbframe --help lists the keys)" if listed else ""))
 
 
+_TWICE = re.compile(r"^Multiple values for (?P<group>[\w/.]+)\. To override a value use 'override [^']*'$")
+
+
+def group_twice_error(msg: str) -> str:
+    """Hydra's refusal of a config group chosen twice, whose advice (a defaults-list
+    ``override``) cannot be typed on the command line: which group, and what to give; any
+    other message as it is."""
+    m = _TWICE.match(msg)
+    if m is None:
+        return msg
+    g = m["group"]
+    return f"{g} is chosen twice (+{g}=… given more than once): give one +{g}=NAME"
+
+
 def one_line(text: str) -> str:
     """Fold Hydra's multi-line error text into one line (key first, options listed; a
     refused choice as its declared message, :func:`choice_error`)."""
@@ -105,7 +119,7 @@ def one_line(text: str) -> str:
         msg = f"{key}: {msg}"
     if options:
         msg += f" (available: {', '.join(options)})"
-    return unknown_key_error(group_key_error(choice_error(msg)))
+    return group_twice_error(unknown_key_error(group_key_error(choice_error(msg))))
 
 
 _YAML_EXC = re.compile(r"^(yaml(?:\.\w+)*\.\w*Error): (.*)$")

@@ -150,8 +150,10 @@ def summary(metrics: dict, out_dir: Path) -> str:
     ]
     sp = metrics.get("pe_spread")
     if sp and sp["n_pes"] > 1:
-        lines.append(f"  PEs         {sp['n_pes']} used; slowest PE{sp['slowest_pe']} {sp['slowest_ns']:.1f} ns, "
-                     f"fastest PE{sp['fastest_pe']} {sp['fastest_ns']:.1f} ns (spread {sp['spread']:.1%}); "
+        ends = (f"all end at {sp['slowest_ns']:.1f} ns" if sp["slowest_ns"] == sp["fastest_ns"] else
+                f"slowest PE{sp['slowest_pe']} {sp['slowest_ns']:.1f} ns, fastest PE{sp['fastest_pe']} "
+                f"{sp['fastest_ns']:.1f} ns (spread {sp['spread']:.1%})")
+        lines.append(f"  PEs         {sp['n_pes']} used; {ends}; "
                      f"HBM {metrics['hbm']['bytes']:,} B at {metrics['hbm']['achieved_gbps']:.1f} of "
                      f"{metrics['hbm']['gbps_used']:.1f} GB/s ({metrics['hbm']['mode']})")
     q = metrics.get("ipcq")
