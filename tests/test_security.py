@@ -61,6 +61,15 @@ def _files(tmp):
         f"version: 1\nhandlers:\n  f:\n    class: logging.FileHandler\n    filename: {victim}\n    mode: w\n"
         f"root:\n  handlers: [f]\n")
     (more / "hydra" / "callbacks" / "evil.yaml").write_text(f"x:\n  {cb.replace('      ', '  ')}")
+    # a node Hydra builds from, set by interpolating a node the guard would refuse in place
+    (more / "bench" / "evil_interp.yaml").write_text(
+        f"{bench}evil:\n  {cb.replace('      ', '  ')}hydra:\n  callbacks:\n    sweep_report:\n      x: ${{evil}}\n")
+    (more / "bench" / "evil_interp_log.yaml").write_text(
+        f"{bench}evil:\n  version: 1\n  handlers:\n    f:\n      {fh.replace('        ', '      ')}"
+        f"  root:\n    handlers: [f]\nhydra:\n  hydra_logging: ${{evil}}\n")
+    (more / "bench" / "evil_interp_create.yaml").write_text(
+        f"{bench}hydra:\n  callbacks:\n    sweep_report:\n      x: \"${{oc.create:'{{_target_: numpy.save, "
+        f"file: {tmp}/elsewhere/x.npy, arr: [1]}}'}}\"\n")
     return victim
 
 
@@ -76,6 +85,9 @@ CASES = [
     ("handler_group", ["+bench=decode_opt2", "hydra/hydra_logging=evil", SP], "hydra.hydra_logging.handlers.f.filename: '<tmp>/elsewhere/victim': a log file is a NAME.log in the run directory, ${hydra.runtime.output_dir}/NAME.log (set in <tmp>/more/hydra/hydra_logging/evil.yaml)"),
     ("factory_file", ["+bench=evil_factory", SP], "hydra.job_logging.handlers.f.(): 'builtins.open' is a logging factory, which runs any callable; kbframe takes none (set in <tmp>/more/bench/evil_factory.yaml)"),
     ("target_file", ["+bench=evil_target", SP], "hydra.job.env_set.X._target_: 'os.system' is an object Hydra would build before any check; in hydra a config may set _target_ only for hydra.callbacks, the launcher, the sweeper and its sampler (set in <tmp>/more/bench/evil_target.yaml)"),
+    ("interp_callback", ["+bench=evil_interp", SP], "hydra.callbacks.sweep_report.x._target_: 'numpy.save' is an object Hydra would build before any check; in hydra a config may set _target_ only for hydra.callbacks, the launcher, the sweeper and its sampler (set in <tmp>/more/bench/evil_interp.yaml)"),
+    ("interp_logging", ["+bench=evil_interp_log", SP], "hydra.hydra_logging.handlers.f.filename: '<tmp>/elsewhere/victim': a log file is a NAME.log in the run directory, ${hydra.runtime.output_dir}/NAME.log (set in <tmp>/more/bench/evil_interp_log.yaml)"),
+    ("interp_resolver", ["+bench=evil_interp_create", SP], "hydra.callbacks.sweep_report.x: '${oc.create:'{_target_: numpy.save, file: <tmp>/elsewhere/x.npy, arr: [1]}'}': in hydra.callbacks, hydra.launcher, hydra.sweeper, hydra.hydra_logging, hydra.job_logging a value that is an interpolation must name a key by its full path (or be ${hydra:...} or ${now:...}): Hydra builds objects from these sections (set in <tmp>/more/bench/evil_interp_create.yaml)"),
     ("cb_group_callbacks", ["+bench=decode_opt2", "hydra/callbacks=evil", SP], "hydra/callbacks: kbframe does not take this override"),
     # 2. config group choices are names, never paths
     ("choice_override", ["+bench=../../../../<tmp>/more/bench/evil_callback"], "bench '../../../../<tmp>/more/bench/evil_callback': a config group choice is a name (of a file in bench/ on the config search path), never a path"),

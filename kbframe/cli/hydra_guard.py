@@ -109,6 +109,8 @@ def _class_of(text, key: str, prefixes: tuple, base, kind: str):
 
 def _check_callbacks(callbacks) -> None:
     from hydra.experimental.callback import Callback
+    if callbacks is not None and not isinstance(callbacks, dict):
+        raise Refusal("hydra.callbacks", f"{callbacks!r} is not a mapping of callbacks")
     for name, cb in (callbacks or {}).items():
         key = f"hydra.callbacks.{name}"
         if not isinstance(cb, dict) or "_target_" not in cb:
@@ -219,6 +221,52 @@ def _check_logging(log, section: str) -> None:
 
 
 _CHECKED = ("callbacks", "launcher", "sweeper", "hydra_logging", "job_logging")
+#: a value that is one interpolation as a whole: it becomes what it names, a node too
+_WHOLE = re.compile(r"\$\{(?P<body>[^${}]*)\}")
+#: ... of a config key, by its absolute path (checked as the node it names)
+_KEY_REF = re.compile(r"[A-Za-z_][\w\-]*(?:\.[\w\-]+|\[\d+\])*")
+#: ... of a resolver that makes a string
+_TEXT_RESOLVERS = ("hydra:", "now:")
+
+
+def expand(hydra: dict, cfg, depth: int = 0) -> dict:
+    """``hydra`` (the unresolved ``hydra`` node of the composed config ``cfg``) with every
+    value of the sections Hydra builds objects from (:data:`_CHECKED`) that is one
+    interpolation as a whole replaced by the node it names: what Hydra would build from
+    is checked, not the ``${...}`` that stands for it (a callback's parameter naming a
+    top-level node with a ``_target_``). Raises Refusal for such a value that a resolver
+    other than ``hydra:`` or ``now:`` makes (``oc.create`` builds a node from text), or
+    that names a key relatively."""
+    from omegaconf import OmegaConf
+
+    def sub(v, key: str, level: int):
+        if isinstance(v, dict):
+            return {k: sub(x, f"{key}.{k}", level) for k, x in v.items()}
+        if isinstance(v, list):
+            return [sub(x, f"{key}[{i}]", level) for i, x in enumerate(v)]
+        text = v.strip() if isinstance(v, str) else ""
+        if not (text.startswith("${") and text.endswith("}")):  # text around an interpolation: a string
+            return v
+        m = _WHOLE.fullmatch(text)
+        if m is not None and m["body"].startswith(_TEXT_RESOLVERS):
+            return v
+        body = m["body"].strip() if m is not None else ""
+        if not _KEY_REF.fullmatch(body) or level > 8:
+            raise Refusal(key, f"'{v}': in {', '.join('hydra.' + c for c in _CHECKED)} a value that is an "
+                               f"interpolation must name a key by its full path (or be ${{hydra:...}} or "
+                               f"${{now:...}}): Hydra builds objects from these sections")
+        try:
+            node = OmegaConf.select(cfg, body, throw_on_missing=False)
+        except Exception:  # noqa: BLE001 (it does not resolve: Hydra refuses it too, nothing is built)
+            return v
+        if OmegaConf.is_config(node):
+            return sub(OmegaConf.to_container(node, resolve=False), key, level + 1)
+        return sub(node, key, level + 1) if isinstance(node, str) else v
+    out = dict(hydra)
+    for section in _CHECKED:
+        if section in out:
+            out[section] = sub(out[section], f"hydra.{section}", depth)
+    return out
 
 
 def _check_paths(hydra: dict) -> None:
@@ -242,7 +290,8 @@ def _check_paths(hydra: dict) -> None:
 
 
 def check_hydra(hydra: dict) -> None:
-    """The rules of the module doc on the unresolved ``hydra`` node of a composed config.
+    """The rules of the module doc on the unresolved ``hydra`` node of a composed config
+    (its interpolated nodes in place, :func:`expand`).
 
     Raises:
         Refusal: the first key that breaks them.
@@ -311,10 +360,14 @@ def source_of(loader, config_name, overrides, run_mode, key: str, choice=None) -
             if parts[:len(pkg)] != pkg:
                 continue
             for p in parts[len(pkg):]:
+                if isinstance(node, str) and node.strip().startswith("${"):
+                    break  # an interpolation this file sets stands for the rest of the key
                 node = node.get(p) if isinstance(node, dict) else None
                 if node is None:
                     break
             else:
+                return _file(res, d.config_path)
+            if isinstance(node, str) and node.strip().startswith("${"):
                 return _file(res, d.config_path)
     except (HydraException, OmegaConfBaseException):  # a config Hydra cannot read again: the refusal stands
         pass
@@ -386,7 +439,7 @@ def install() -> None:
         cfg = original(self, config_name, overrides, run_mode, *args, **kwargs)
         if "hydra" in cfg:
             try:
-                check_hydra(OmegaConf.to_container(cfg.hydra, resolve=False))
+                check_hydra(expand(OmegaConf.to_container(cfg.hydra, resolve=False), cfg))
             except Refusal as r:
                 where = source_of(self, config_name, overrides, run_mode, r.key, r.choice)
                 what = r.what if r.key.startswith(_CHOICES) else f"{r.key}: {r.what}"
