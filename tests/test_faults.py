@@ -305,6 +305,54 @@ def test_commit_rolls_back_when_a_new_file_cannot_move_in(tmp_path, monkeypatch)
     assert sorted(os.listdir(tmp_path)) == ["metrics.json", "op_log.jsonl"]
 
 
+@pytest.mark.parametrize("at", ["aside", "in", "removed"])
+def test_sigterm_during_the_commit_comes_once_every_file_moved(tmp_path, monkeypatch, at):
+    """SIGTERM while the commit moves the earlier files aside, the new ones in, or removes
+    the earlier ones: it is held until the commit is done, so the run's files are the new
+    run's, all of them, and no earlier file is left behind (no ``-old`` temporary)."""
+    import signal
+    from kbframe.errors import Terminated
+    rd = RunDir(tmp_path).open()
+    for n in ("metrics.json", "op_log.jsonl"):
+        (tmp_path / n).write_text(f"old {n}")
+    staged = {n: rd.temp(n) for n in ("metrics.json", "op_log.jsonl")}
+    for n, p in staged.items():
+        p.write_text(f"new {n}")
+    real_rename, real_unlink, sent = os.rename, os.unlink, []
+
+    def kill_once():
+        if not sent:
+            sent.append(1)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    def rename(src, dst):
+        if (at == "aside") == ("-old" in str(dst)) and at != "removed":
+            kill_once()
+        return real_rename(src, dst)
+
+    def unlink(path, *a, **k):
+        if at == "removed" and "-old" in str(path):
+            kill_once()
+        return real_unlink(path, *a, **k)
+
+    def stop(signum, frame):
+        raise Terminated("terminated (SIGTERM)")
+    before = signal.signal(signal.SIGTERM, stop)
+    monkeypatch.setattr(os, "rename", rename)
+    monkeypatch.setattr(os, "unlink", unlink)
+    try:
+        with pytest.raises(Terminated):
+            rd.commit({**staged, "trace.json": None})
+    finally:
+        signal.signal(signal.SIGTERM, before)
+        monkeypatch.undo()
+    assert sent
+    assert {n: (tmp_path / n).read_text() for n in ("metrics.json", "op_log.jsonl")} == {
+        "metrics.json": "new metrics.json", "op_log.jsonl": "new op_log.jsonl"}
+    rd.__exit__(Terminated, None, None)
+    assert sorted(os.listdir(tmp_path)) == ["metrics.json", "op_log.jsonl"]
+
+
 @pytest.mark.parametrize("entry", ["q", "out"])
 def test_ctrl_c_while_tensors_are_written_leaves_no_temporary(tmp_path, monkeypatch, entry):
     """Class 13: Ctrl-C while tensors.npz is written, in its first entry (the input q) or

@@ -192,6 +192,13 @@ class RunDir:
             p = self.path / name
             if p.exists() and not p.is_file() and not p.is_symlink():
                 raise OutputError(f"cannot write '{p}': something that is not a file is in its place")
+        with _signals_held():  # Ctrl-C or SIGTERM comes before the files move, or once all did
+            self._swap(targets, files)
+        self._debug.clear()
+
+    def _swap(self, targets: list, files: dict) -> None:
+        """:meth:`commit`'s moves: the earlier files aside, the new ones in, the earlier ones
+        removed; undone if a move fails."""
         aside: list[tuple[Path, Path]] = []  # (target, where it was moved)
         placed: list[tuple[Path, Path]] = []  # (temp, target)
         try:
@@ -216,7 +223,6 @@ class RunDir:
             raise
         for _, old in aside:
             _try(os.unlink, old)
-        self._debug.clear()
 
     def _debug_names(self, files: dict) -> list[str]:
         return [n for n in files if n in ("op_log.jsonl", "trace.json")]
@@ -248,6 +254,36 @@ class RunDir:
         for name in names:
             if mark in name and "-old" not in name.split(mark, 1)[1]:
                 _try(os.unlink, self.path / name)
+
+
+@contextmanager
+def _signals_held():
+    """Ctrl-C and SIGTERM held back while the block runs, then handled as they would have
+    been (the handlers in place before, kbframe.cli.stop's or a run's), once it is done.
+    Only the main thread handles signals; elsewhere (a launcher's worker thread) nothing
+    is held."""
+    import signal
+    import threading
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    came: list = []
+
+    def note(signum, frame):
+        came.append((signum, frame))
+    before = {s: signal.signal(s, note) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
+        if came:
+            signum, frame = came[0]
+            handler = before[signum]
+            if callable(handler):
+                handler(signum, frame)
+            elif handler == signal.SIG_DFL:
+                signal.raise_signal(signum)
 
 
 def _try(fn, *args) -> None:
