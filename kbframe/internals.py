@@ -29,6 +29,10 @@ KEPT = {
         "kbframe.cli.hydra_guard.install: every composed config (the run's, a sweep's, each job's) is "
         "checked after composition and before Hydra builds anything from it; Hydra has no public "
         "hook between the two (a callback runs after the logging and the callbacks are built)",
+    "hydra._internal.config_repository.ConfigRepository.initialize_sources":
+        "kbframe.cli.hydra_guard.install: each entry of the config search path is checked before "
+        "Hydra makes a config source of it (a pkg:// or structured:// source imports its module); "
+        "the search path is built and read within Hydra, with no public hook between",
     "hydra._internal.config_repository.ConfigRepository.load_config":
         "kbframe.cli.hydra_guard.install: each config file's defaults list is checked as Hydra reads "
         "the file (every group and choice a name in the config tree), before any entry is loaded; "

@@ -13,7 +13,7 @@ from kbframe import internals
 
 
 def test_every_kept_name_has_a_test_here():
-    assert len(internals.KEPT) == 9
+    assert len(internals.KEPT) == 10
 
 
 def test_hydra_get_mode_takes_the_config_name_and_overrides():
@@ -117,6 +117,29 @@ def test_hydra_composes_through_load_configuration_and_reads_every_file_through_
     group, config = res.defaults_list[0], res.defaults_list[1]
     assert isinstance(group, GroupDefault) and (group.group, group.package, group.value) == ("/g", "p", "x")
     assert isinstance(config, ConfigDefault) and (config.path, config.package) == ("g/x", "q")
+
+
+def test_hydra_makes_its_config_sources_through_initialize_sources(tmp_path):
+    """kbframe.cli.hydra_guard.install wraps it: every search path entry passes through it,
+    a ConfigSearchPath whose get_path() holds them, before any source is made of them
+    (hydra.searchpath's entries too: tests/test_security.py)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    repo_cls = internals.config_repository_class()
+    seen = []
+    original = repo_cls.initialize_sources
+
+    def spy(self, config_search_path):
+        seen.append([str(sp.path) for sp in config_search_path.get_path()])
+        return original(self, config_search_path)
+    repo_cls.initialize_sources = spy
+    try:
+        GlobalHydra.instance().clear()
+        with initialize_config_dir(config_dir=str(_tree(tmp_path)), version_base="1.3"):
+            compose(config_name="config")
+    finally:
+        repo_cls.initialize_sources = original
+    assert sorted(seen[-1]) == sorted([str(tmp_path), "pkg://hydra.conf", "structured://"])
 
 
 def test_defaults_list_gives_the_configs_and_the_repository_that_read_them(tmp_path):

@@ -32,6 +32,12 @@ By kind:
   ``hydra.sweep.dir`` are where the user chose to write: checked for being writable
   (:mod:`kbframe.cli.checks`), not for where they are.
 
+What Hydra builds from is checked as it will build it: a value of those sections that is an
+interpolation of another node stands for that node (:func:`expand`), and one a resolver
+would make into a node (``oc.create``) is refused. Every entry of the config search path is
+checked before Hydra makes a source of it (:func:`check_search_path`): a folder or kbframe's
+and Hydra's own packages, never another module, which Hydra would import.
+
 Every defaults list of every config file Hydra reads is checked as the file is read, before
 any of its entries is loaded (:func:`install` wraps ``ConfigRepository.load_config``): each
 group path and each choice is a name in the config tree (``/bench/decode_opt2@bench``,
@@ -415,6 +421,30 @@ def check_defaults(defaults, where: str) -> None:
                     raise ConfigCompositionException(f"{e} (set in {where})") from None
 
 
+#: the packages a ``pkg://`` search path entry may name: kbframe's and Hydra's own, and its
+#: plugins' (imported by Hydra's plugin discovery in any case)
+_OWN_PACKAGES = re.compile(r"(?:kbframe|hydra|hydra_plugins)(?:\.[A-Za-z_]\w*)*")
+
+
+def check_search_path(entry: str) -> None:
+    """A config search path entry Hydra would make a source of (``hydra.searchpath``, a
+    ``--config-dir``): a folder (``file://DIR``), a package of kbframe's or Hydra's own
+    (``pkg://kbframe``), or Hydra's config store (``structured://``). Any other package would
+    be imported, its code run, to read configs from it.
+
+    Raises:
+        ConfigCompositionException: one line naming the entry."""
+    from hydra.errors import ConfigCompositionException
+    scheme, sep, rest = entry.partition("://")
+    if not sep or scheme == "file":
+        return
+    if (scheme == "pkg" and _OWN_PACKAGES.fullmatch(rest)) or (scheme == "structured" and rest == ""):
+        return
+    raise ConfigCompositionException(
+        f"hydra.searchpath entry '{entry}': Hydra would import that module to read configs from it, running its "
+        f"code; a search path entry names a folder (file://DIR) or kbframe's own configs (pkg://kbframe)")
+
+
 def install() -> None:
     """Wrap Hydra's config loader so that every composed config is checked, and its config
     repository so that every file's defaults list is checked as it is read (idempotent)."""
@@ -434,6 +464,13 @@ def install() -> None:
             check_defaults(res.defaults_list, _file(res, config_path))
         return res
     ConfigRepository.load_config = checked_load_config
+    initialize_sources = ConfigRepository.initialize_sources
+
+    def checked_initialize_sources(self, config_search_path, *args, **kwargs):
+        for sp in config_search_path.get_path():
+            check_search_path(str(sp.path))
+        return initialize_sources(self, config_search_path, *args, **kwargs)
+    ConfigRepository.initialize_sources = checked_initialize_sources
 
     def load_configuration(self, config_name, overrides, run_mode, *args, **kwargs):
         cfg = original(self, config_name, overrides, run_mode, *args, **kwargs)
