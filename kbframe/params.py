@@ -11,7 +11,8 @@ Message shapes (docs/errors.md states them):
   for a float (NaN and inf are refused the same way), ``<key> must be a, b or c, got 'x'``
   for a choice;
 * untyped values (a unit's parameters, ``hardware.units.<unit>.<key>``, which Hydra passes
-  as written): ``<key> must be a finite number, got 'abc'`` for a value that is not one,
+  as written): ``<key> must be a finite number, got 'abc'`` for a value that is not one
+  (``got null`` for a null where a number is needed),
   then ``<key> must be > 0, got 0``, ``<key> must be a whole number, got 2.5`` and
   ``<key> must be one of a, b, got 'x'``;
 * a fixed latency (``time_base``): ``<key> must be below 1e+12 ns (the time base ends at
@@ -167,11 +168,15 @@ def check(values, cls, prefix: str, *, typed: bool = True, error: type = ParamEr
     for f in dataclasses.fields(cls):  # nested configs (bench.inputs): their own declarations
         if f.name in values and dataclasses.is_dataclass(f.default_factory) and values[f.name] is not None:
             check(values[f.name], f.default_factory, f"{prefix}{f.name}.", typed=typed, error=error)
+    needed = {f.name for f in dataclasses.fields(cls)
+              if f.default is not None and f.default_factory is dataclasses.MISSING}  # None not allowed
     for name, kind, spec, _ in declared(cls):
         if name not in values:
             continue
         value = values[name]
         bad = problem(kind, spec, value, typed)
+        if value is None and name in needed and not typed:  # null where a value is needed
+            bad = f"must be {'a finite number' if kind in (int, float) else 'set'}, got null"
         if bad:
             raise error(f"{prefix}{name} {bad}".replace("the key=", f"{prefix}{name}="))
         if isinstance(value, Enum):

@@ -226,7 +226,7 @@ class RecordTable:
             return cls.of_dicts(json.loads("[" + ",".join(body) + "]") if body else [])
         except TooLarge as e:
             raise ValueError(f"{name or 'op_log'}: {e}") from None
-        except (ValueError, KeyError, TypeError, OverflowError, AttributeError):
+        except (ValueError, KeyError, TypeError, OverflowError, AttributeError, RecursionError):
             pass
         t = cls()  # a malformed line: found line by line, for its number
         for lineno, line in enumerate(lines, 1):
@@ -238,6 +238,8 @@ class RecordTable:
                 raise ValueError(f"{name or 'op_log'}: {e}") from None
             except (ValueError, KeyError, TypeError, OverflowError, AttributeError) as e:
                 raise ValueError(f"{name or 'op_log'}:{lineno}: malformed op_log record ({e!r})") from None
+            except RecursionError:  # a value nested deeper than any record
+                raise ValueError(f"{name or 'op_log'}:{lineno}: malformed op_log record (nested too deep)") from None
         try:
             t._finish()
         except ValueError as e:

@@ -311,3 +311,21 @@ def test_tcm_preflight_is_exact(tmp_path):
     with pytest.raises(TcmOverflowError, match=f"needs {need} B of TCM in all"):
         run_bench(compose_cfg("bench.S_kv=200", f"hardware.tcm_bytes={need - 64}", "run.progress=false",
                               bench="decode_opt3"), tmp_path / "c")
+
+
+def test_a_name_too_long_for_the_file_system_is_one_line(tmp_path):
+    """A path whose component is longer than the file system allows (255 bytes) is refused
+    in one line naming it, as a run directory, an inputs file and a sweep directory to
+    report, never an OSError traceback."""
+    long = tmp_path / ("a" * 300)
+    reqs = [{"id": "run_dir", "argv": ["+bench=decode_opt2", f"hydra.run.dir={long}"], "cwd": str(REPO)},
+            {"id": "inputs", "argv": ["+bench=decode_opt2", f"bench.inputs.path={long}.npz",
+                                      f"hydra.run.dir={tmp_path / 'run'}"], "cwd": str(REPO)}]
+    out = run_many(reqs)
+    assert (out["run_dir"]["rc"], out["run_dir"]["stderr"]) == (
+        1, f"kbframe: error: cannot write the run directory '{long}' (hydra.run.dir): File name too long\n")
+    assert (out["inputs"]["rc"], out["inputs"]["stderr"]) == (
+        1, f"kbframe: error: bench.inputs.path: cannot read '{long}.npz': File name too long\n")
+    p = subprocess.run([sys.executable, "-m", "kbframe.report", f"{long}"], cwd=REPO, capture_output=True, text=True,
+                       timeout=120)
+    assert (p.returncode, p.stderr) == (2, f"kbframe: error: cannot read '{long}': File name too long\n")

@@ -204,6 +204,16 @@ def test_a_malformed_line_in_kbframes_layout_is_named(tmp_path, line, error):
     assert not (tmp_path / "trace.json").exists() and not list(tmp_path.glob("*.tmp"))
 
 
+def test_a_line_nested_deeper_than_any_record_is_named_not_a_traceback(tmp_path):
+    """A line of 200,000 nested lists (deeper than Python's parser recurses) is a malformed
+    record like any other: named by its line, never a RecursionError."""
+    good = '{"pe": 0, "unit": "math", "op_kind": "add", "cmd": 1, "tile": -1, "t_start_ns": 0.0, "t_end_ns": 1.0, ' \
+           '"bytes": 8}\n'
+    (tmp_path / "op_log.jsonl").write_text(good + "[" * 200_000 + "]" * 200_000 + "\n")
+    with pytest.raises(ValueError, match=r"op_log.jsonl:2: malformed op_log record \(nested too deep\)$"):
+        write_trace(tmp_path / "op_log.jsonl", tmp_path / "trace.json")
+
+
 # ---------------------------------------------------------------- run.trace
 
 SMALL = ("bench.S_kv=130", "bench.G=2", "bench.d=32")

@@ -44,13 +44,13 @@ def _writable_dir(path: str, keep: bool = True) -> str | None:
     sweep refused later (a search's objectives) leaves no empty directory."""
     p = Path(path)
     made = []
-    for q in (p, *p.parents):
-        if q.exists() or q.is_symlink():
-            if not q.is_dir():
-                return f"'{q}' is not a directory"
-            break
-        made.append(q)
     try:
+        for q in (p, *p.parents):
+            if q.exists() or q.is_symlink():  # raise for a name the file system refuses (too long)
+                if not q.is_dir():
+                    return f"'{q}' is not a directory"
+                break
+            made.append(q)
         p.mkdir(parents=True, exist_ok=True)
         probe = p / f".kbframe-write-test-{os.getpid()}"
         with open(probe, "xb"):  # a new file, never through a link in its place

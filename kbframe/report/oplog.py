@@ -134,8 +134,9 @@ def _parsed(line: str, p: Path, lineno: int, take):
     """``take(the line's JSON object)``, its errors as one ValueError naming the line."""
     try:
         return take(json.loads(line))
-    except (ValueError, KeyError, TypeError, OverflowError, AttributeError) as e:
-        why = f"no {e.args[0]!r}" if isinstance(e, KeyError) else str(e)
+    except (ValueError, KeyError, TypeError, OverflowError, AttributeError, RecursionError) as e:
+        why = (f"no {e.args[0]!r}" if isinstance(e, KeyError) else
+               "nested too deep" if isinstance(e, RecursionError) else str(e))
         raise ValueError(f"{p}:{lineno}: malformed periodic op_log line ({why})") from None
 
 

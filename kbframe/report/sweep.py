@@ -365,7 +365,12 @@ def main(argv=None) -> int:
         args = [str(newest)]
     for a in args:  # every directory checked before any report is rewritten
         d = Path(a)
-        if not d.is_dir():
+        try:
+            found = d.is_dir()
+        except OSError as e:  # a name the file system refuses (one too long)
+            print(f"kbframe: error: cannot read '{d}': {e.strerror or e}", file=sys.stderr)
+            return 2
+        if not found:
             print(f"kbframe: error: no such sweep directory '{d}'", file=sys.stderr)
             return 2
         if not is_sweep_dir(d):

@@ -104,11 +104,15 @@ def read_inputs_file(path: str, wl: Workload) -> dict:
         InputsError: missing/unreadable file, a missing or unknown array, non-finite numbers.
     """
     p = Path(path)
-    if p.is_dir():
+    try:
+        is_dir, exists, is_file = p.is_dir(), p.exists(), p.is_file()
+    except OSError as e:  # a name the file system refuses (one too long)
+        raise InputsError(f"bench.inputs.path: cannot read '{path}': {e.strerror or e}") from None
+    if is_dir:
         raise InputsError(f"bench.inputs.path: '{path}' is a directory, not an .npz file")
-    if not p.exists():
+    if not exists:
         raise InputsError(f"bench.inputs.path: no such file '{path}'")
-    if not p.is_file():  # checked before opening: reading a FIFO blocks, /dev/zero never ends
+    if not is_file:  # checked before opening: reading a FIFO blocks, /dev/zero never ends
         raise InputsError(f"bench.inputs.path: '{path}' is not a regular file (a FIFO, device or socket?)")
     if not zipfile.is_zipfile(p):
         raise InputsError(f"bench.inputs.path: '{path}' is not an .npz file (not a zip archive; "
