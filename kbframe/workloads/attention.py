@@ -127,7 +127,7 @@ class HeadsConfig(ModelConfig):
 
     S_kv: Any = param(4096, unit="keys", doc="keys per sequence: an int (every sequence), or a list (one per "
                                              "sequence: the batch)")
-    batch: int = param(1, lo=1, doc="sequences, when S_kv is an int")
+    batch: int = param(1, lo=1, hi=65536, doc="sequences, when S_kv is an int")
     tile: int = param(64, unit="keys", lo=1, doc="keys per KV tile (TILE)")
     inner: str = param("opt2", doc="the inner loop: opt2 (2 composites per tile) or opt3 (~13 primitives per tile)")
     scale: Optional[float] = param(None, lo=0, lo_open=True, doc="softmax scale; None → 1/sqrt(d)")

@@ -27,8 +27,8 @@ from .base import Workload
 class DecodeSplitkConfig(HeadsConfig):
     """The batch (one KV head of G = 8 by default), split over PEs by key ranges."""
 
-    H_q: int = param(8, lo=1, doc="query heads")
-    H_kv: int = param(1, lo=1, doc="KV heads")
+    H_q: int = param(8, lo=1, hi=65536, doc="query heads")
+    H_kv: int = param(1, lo=1, hi=65536, doc="KV heads")
     splits: Optional[int] = param(None, doc="PEs per (sequence, KV head); None → hardware.n_pes // items")
     chunk: Optional[int] = param(None, doc="keys per split; None → an even split")
     merge: str = param("tree", doc="tree | chain | gather")

@@ -56,14 +56,14 @@ class DecoderLayerConfig(ModelConfig):
     conf/bench/decoder_layer.yaml), the batch, the parallelism and the kernel's choices."""
 
     H: int = param(4096, lo=1, doc="hidden size")
-    H_q: int = param(32, lo=1, doc="query heads")
+    H_q: int = param(32, lo=1, hi=65536, doc="query heads")
     F: int = param(14336, lo=1, doc="FFN width (intermediate_size)")
     layers: int = param(1, lo=1, doc="decoder layers of the step (a model preset sets its model's count)")
     data: bool = param(False, doc="compute and check the numbers (a real layer's weights are large: timing only "
                                   "unless asked)")
 
     S_kv: int = param(4096, unit="keys", lo=0, doc="tokens already in each sequence's KV cache")
-    batch: int = param(1, lo=1, doc="sequences B")
+    batch: int = param(1, lo=1, hi=65536, doc="sequences B")
     tp: int = param(1, lo=1, doc="tensor-parallel PEs (divides H_kv, or a multiple of it dividing H_q; divides F)")
     placement: str = param("packed", doc="packed: rank r on PE r; spread: the ranks dealt over the cubes, rank r on "
                                          "cube r mod cubes")

@@ -40,9 +40,9 @@ class GqaDecodeConfig(BenchConfig):
     inputs: DecodeInputsConfig = field(default_factory=DecodeInputsConfig)
     # opt2's design space (kbframe.kernels.gqa_decode.gqa_decode_opt2 documents
     # the ADR rule each keeps or relaxes); null: the kernel takes no such parameter
-    s_buffers: Optional[int] = param(None, doc="S buffers (≥ 2; the ADR's opt2: 2)")
-    k_prefetch: Optional[int] = param(None, doc="tiles #1 (Q·Kᵀ) is issued ahead of #2 (< s_buffers; ADR: 1)")
-    v_buffers: Optional[int] = param(None, doc="V buffers when V is prefetched (≥ 2, > k_prefetch)")
+    s_buffers: Optional[int] = param(None, hi=1024, doc="S buffers (≥ 2; the ADR's opt2: 2)")
+    k_prefetch: Optional[int] = param(None, hi=1024, doc="tiles #1 (Q·Kᵀ) is issued ahead of #2 (< s_buffers; ADR: 1)")
+    v_buffers: Optional[int] = param(None, hi=1024, doc="V buffers when V is prefetched (≥ 2, > k_prefetch)")
     v_staging: Optional[VStaging] = param(None, choices=VStaging, doc="composite (ADR D4/D6.2: V streamed inside #2) or "
                                                                  "prefetch (tl.load ahead)")
 

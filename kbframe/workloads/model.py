@@ -22,8 +22,8 @@ class ModelConfig(BenchConfig):
     arch: str = param("llama", doc="the layer's family: llama (RMSNorm, RoPE, GQA, SwiGLU) or another the preset "
                                    "names (decoder_layer only)")
     H: int = param(8192, lo=1, doc="hidden size (decoder_layer only)")
-    H_q: int = param(64, lo=1, doc="query heads")
-    H_kv: int = param(8, lo=1, doc="KV heads; each serves G = H_q / H_kv query heads")
+    H_q: int = param(64, lo=1, hi=65536, doc="query heads")
+    H_kv: int = param(8, lo=1, hi=65536, doc="KV heads; each serves G = H_q / H_kv query heads")
     d: int = param(128, lo=1, doc="head dim")
     F: int = param(28672, lo=1, doc="FFN width, intermediate_size (decoder_layer only)")
     layers: int = param(80, lo=1, doc="decoder layers of the model (decoder_layer only)")
