@@ -235,7 +235,7 @@ _KEY_REF = re.compile(r"[A-Za-z_][\w\-]*(?:\.[\w\-]+|\[\d+\])*")
 _TEXT_RESOLVERS = ("hydra:", "now:")
 
 
-def expand(hydra: dict, cfg, depth: int = 0) -> dict:
+def expand(hydra: dict, cfg) -> dict:
     """``hydra`` (the unresolved ``hydra`` node of the composed config ``cfg``) with every
     value of the sections Hydra builds objects from (:data:`_CHECKED`) that is one
     interpolation as a whole replaced by the node it names: what Hydra would build from
@@ -271,7 +271,7 @@ def expand(hydra: dict, cfg, depth: int = 0) -> dict:
     out = dict(hydra)
     for section in _CHECKED:
         if section in out:
-            out[section] = sub(out[section], f"hydra.{section}", depth)
+            out[section] = sub(out[section], f"hydra.{section}", 0)
     return out
 
 

@@ -275,8 +275,8 @@ def _signals_held():
     try:
         yield
     finally:
-        for s, handler in before.items():
-            signal.signal(s, handler)
+        for s, handler in before.items():  # None: one not set from Python, the default's
+            signal.signal(s, handler if handler is not None else signal.SIG_DFL)
         if came:
             signum, frame = came[0]
             handler = before[signum]
