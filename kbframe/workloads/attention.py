@@ -84,6 +84,9 @@ def check_scores(data_dtype: str, q, k, scale: float) -> None:
     """
     dt = np.dtype(data_dtype)
     acc_top = float(np.finfo(np.promote_types(dt, np.float32)).max)
+    if not abs(scale) <= acc_top:  # the kernel multiplies by it in the accumulator's type
+        raise NumericsError(f"the softmax scale {scale:.6g} is beyond the accumulator's largest value {acc_top:.6g}; "
+                            f"use a smaller bench.scale")
     big_k = max(float(k.max()), -float(k.min())) if k.size else 0.0
     q64 = np.asarray(q, dtype=np.float64)
     # |s| ≤ max_i Σ_d |q_id| · max |k| · |scale|: when that bound fits, so does every
