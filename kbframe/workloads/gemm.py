@@ -91,6 +91,12 @@ class Gemm(Workload):
             if have != need:
                 raise ConfigError(f"bench.epilogue[{i}] ({kind}): needs scalar(s) {sorted(need) or 'none'}, "
                                   f"got {sorted(have) or 'none'}")
+            for name in sorted(need):  # a NaN or inf would only show as the outputs' after the simulation
+                v = e[name]
+                bound = kind == "clamp" and isinstance(v, float) and math.isinf(v)  # a side left open
+                if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) or bound):
+                    what = "a number (±inf leaves a side open)" if kind == "clamp" else "a finite number"
+                    raise ConfigError(f"bench.epilogue[{i}] ({kind}): {name} must be {what}, got {v!r}")
         self._validate_spread()
 
     def cube_pes(self) -> int:
