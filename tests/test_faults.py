@@ -280,15 +280,22 @@ def test_commit_is_all_or_nothing(tmp_path):
     assert sorted(os.listdir(tmp_path)) == sorted(before)
 
 
-def test_commit_rolls_back_when_a_new_file_cannot_move_in(tmp_path, monkeypatch):
-    """The second phase fails (the new metrics.json cannot move in): the new files go back
-    and the earlier ones return; nothing of either run is lost or mixed."""
+def _old_and_staged(tmp_path):
+    """A run directory holding an earlier run's metrics.json and op_log.jsonl ("old NAME")
+    and, staged, the new run's ("new NAME"): ``(the RunDir, {name: staged temporary})``."""
     rd = RunDir(tmp_path).open()
     for n in ("metrics.json", "op_log.jsonl"):
         (tmp_path / n).write_text(f"old {n}")
     staged = {n: rd.temp(n) for n in ("metrics.json", "op_log.jsonl")}
     for n, p in staged.items():
         p.write_text(f"new {n}")
+    return rd, staged
+
+
+def test_commit_rolls_back_when_a_new_file_cannot_move_in(tmp_path, monkeypatch):
+    """The second phase fails (the new metrics.json cannot move in): the new files go back
+    and the earlier ones return; nothing of either run is lost or mixed."""
+    rd, staged = _old_and_staged(tmp_path)
     real = os.rename
 
     def rename(src, dst):
@@ -312,12 +319,7 @@ def test_sigterm_during_the_commit_comes_once_every_file_moved(tmp_path, monkeyp
     run's, all of them, and no earlier file is left behind (no ``-old`` temporary)."""
     import signal
     from kbframe.errors import Terminated
-    rd = RunDir(tmp_path).open()
-    for n in ("metrics.json", "op_log.jsonl"):
-        (tmp_path / n).write_text(f"old {n}")
-    staged = {n: rd.temp(n) for n in ("metrics.json", "op_log.jsonl")}
-    for n, p in staged.items():
-        p.write_text(f"new {n}")
+    rd, staged = _old_and_staged(tmp_path)
     real_rename, real_unlink, sent = os.rename, os.unlink, []
 
     def kill_once():
