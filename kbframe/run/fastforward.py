@@ -3,8 +3,8 @@ periodic is not simulated period by period. Its records are the shifted copies o
 period, and they are written as such.
 
 It is first made in one simulation whose loops leave a steady stretch out
-(:func:`_in_one`, kbframe.sim.steady, kbframe.run.jump_checks and kbframe.run.skipped); when that cannot be made, from
-short copies, thus:
+(:func:`_in_one`, kbframe.sim.steady, kbframe.run.jump_checks and kbframe.run.skipped); when
+that cannot be made, from short copies, thus:
 
 1. The workload names the axis its work repeats along
    (:meth:`~kbframe.workloads.base.Workload.periodic_axis`): decode's context length in steps of one
