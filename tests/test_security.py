@@ -70,6 +70,10 @@ def _files(tmp):
     (more / "bench" / "evil_interp_create.yaml").write_text(
         f"{bench}hydra:\n  callbacks:\n    sweep_report:\n      x: \"${{oc.create:'{{_target_: numpy.save, "
         f"file: {tmp}/elsewhere/x.npy, arr: [1]}}'}}\"\n")
+    # "billion laughs": ten aliases of ten aliases of ..., a million values from six lines
+    laughs = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"] + [
+        f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 6)]
+    (more / "bench" / "evil_laughs.yaml").write_text("# @package bench\n" + "\n".join(laughs) + "\n")
     return victim
 
 
@@ -114,6 +118,8 @@ CASES = [
     ("dl_group_file", ["+bench=evil_dl_group", SP], "defaults entry '<up>/elsewhere@hardware: hw': a defaults list names a config group and a config in the config tree (names joined by '/', as /bench/decode_opt2), never a path out of it ('..') (set in <tmp>/more/bench/evil_dl_group.yaml)"),
     ("dl_group_choice", ["+bench=decode_opt2", "+sweep=evil_dl", SP], "defaults entry '<up>/elsewhere@/hardware: hw': a defaults list names a config group and a config in the config tree (names joined by '/', as /bench/decode_opt2), never a path out of it ('..') (set in <tmp>/more/sweep/evil_dl.yaml)"),
     ("choice_in_file", ["+bench=evil_choice", SP], "hardware '../../../../../../../<tmpnoslash>/elsewhere/hw': a config group choice is a name (of a file in hardware/ on the config search path), never a path (set in <tmp>/more/bench/evil_choice.yaml)"),
+    # 6. a config file stands for at most 100,000 values, its YAML aliases expanded
+    ("yaml_aliases", ["+bench=evil_laughs", SP], "config file '<tmp>/more/bench/evil_laughs.yaml': its YAML stands for more than 100,000 values with its aliases (*name) expanded; a config file holds at most 100,000"),
 ]
 
 
@@ -153,6 +159,19 @@ def test_kbframes_own_hydra_configs_pass_the_guard():
     for ov in ([], ["+sweep=r_sweep"], ["+search=decode_tile"], ["hydra/launcher=joblib"],
                ["hydra/launcher=submitit_local"], ["hydra/job_logging=default"]):
         compose_cfg(*ov)
+
+
+def test_a_yaml_files_values_are_counted_with_its_aliases_expanded():
+    """Each value once per place it stands: a mapping, its keys, a sequence, its scalars;
+    an alias counts its anchor's whole node again; a recursive alias is more than any
+    limit; text PyYAML cannot compose is left to Hydra's own error (None)."""
+    from kbframe.cli.yaml_values import MAX_YAML_VALUES, yaml_values
+    assert yaml_values("") == 0
+    assert yaml_values("a: [1, 2]\n") == 5
+    assert yaml_values("a: &x [1, 2]\nb: *x\n") == 9
+    assert yaml_values("a: &x [1, 2]\nb: [*x, *x]\n") == 1 + 4 + 1 + 1 + 3 + 3
+    assert yaml_values("a: &x [*x]\n") == MAX_YAML_VALUES + 1
+    assert yaml_values("a: [1, 2\n") is None
 
 
 # ---------------------------------------------------------------- 3. symbolic links inside a run or sweep directory

@@ -36,7 +36,9 @@ What Hydra builds from is checked as it will build it: a value of those sections
 interpolation of another node stands for that node (:func:`expand`), and one a resolver
 would make into a node (``oc.create``) is refused. Every entry of the config search path is
 checked before Hydra makes a source of it (:func:`check_search_path`): a folder or kbframe's
-and Hydra's own packages, never another module, which Hydra would import.
+and Hydra's own packages, never another module, which Hydra would import. A config file in
+a folder is checked before it is read for the values its YAML aliases would expand it to
+(kbframe.cli.yaml_values).
 
 Every defaults list of every config file Hydra reads is checked as the file is read, before
 any of its entries is loaded (:func:`install` wraps ``ConfigRepository.load_config``): each
@@ -51,10 +53,12 @@ names used here are reached through :mod:`kbframe.internals` (``KEPT``).
 from __future__ import annotations
 
 import inspect
+import os
 import re
 from pathlib import PurePosixPath
 
 from ..errors import ConfigError
+from .yaml_values import check_yaml_values
 
 #: a config group choice: a plain name (no path separator, no '..')
 _CHOICE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")
@@ -389,6 +393,19 @@ def _entry_text(d) -> str:
     return f"{d.path}{pkg}"
 
 
+def _file_to_read(repo, config_path: str) -> str | None:
+    """The file Hydra's config repository ``repo`` would read for ``config_path``, if a
+    folder on the search path holds it (the first source that has it, as Hydra picks);
+    None for a package's or a structured config."""
+    for source in repo.get_sources():
+        if source.is_config(config_path):
+            if source.scheme() != "file":
+                return None
+            name = config_path if config_path.endswith((".yaml", ".yml")) else f"{config_path}.yaml"
+            return os.path.join(source.path, name)
+    return None
+
+
 def check_defaults(defaults, where: str) -> None:
     """Every entry of one config file's parsed defaults list names a config in the config
     tree: its group path (``/hydra/launcher``) and choice, or its config path
@@ -459,6 +476,9 @@ def install() -> None:
     load_config = ConfigRepository.load_config
 
     def checked_load_config(self, config_path, *args, **kwargs):
+        path = _file_to_read(self, config_path)
+        if path is not None:
+            check_yaml_values(path)
         res = load_config(self, config_path, *args, **kwargs)
         if res is not None:
             check_defaults(res.defaults_list, _file(res, config_path))
