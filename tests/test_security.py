@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -165,13 +164,28 @@ def test_a_yaml_files_values_are_counted_with_its_aliases_expanded():
     """Each value once per place it stands: a mapping, its keys, a sequence, its scalars;
     an alias counts its anchor's whole node again; a recursive alias is more than any
     limit; text PyYAML cannot compose is left to Hydra's own error (None)."""
-    from kbframe.cli.yaml_values import MAX_YAML_VALUES, yaml_values
+    from kbframe.yaml_values import MAX_YAML_VALUES, yaml_values
     assert yaml_values("") == 0
     assert yaml_values("a: [1, 2]\n") == 5
     assert yaml_values("a: &x [1, 2]\nb: *x\n") == 9
     assert yaml_values("a: &x [1, 2]\nb: [*x, *x]\n") == 1 + 4 + 1 + 1 + 3 + 3
     assert yaml_values("a: &x [*x]\n") == MAX_YAML_VALUES + 1
     assert yaml_values("a: [1, 2\n") is None
+
+
+def test_a_report_does_not_expand_a_sweep_files_aliases(tmp_path):
+    """A sweep directory handed to the report tools may be anyone's: its multirun.yaml
+    is read only within the limit (else the sweep's jobs are found from its folders)."""
+    from kbframe.report.sweep_jobs import sweep_plan
+    from kbframe.yaml_values import TooManyValues, load_yaml
+    laughs = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"] + [
+        f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 9)]
+    (tmp_path / "multirun.yaml").write_text("hydra:\n  " + "\n  ".join(laughs) + "\n")
+    with pytest.raises(TooManyValues) as e:
+        load_yaml(tmp_path / "multirun.yaml")
+    assert str(e.value) == (f"config file '{tmp_path}/multirun.yaml': its YAML stands for more than 100,000 values "
+                            f"with its aliases (*name) expanded; a config file holds at most 100,000")
+    assert sweep_plan(tmp_path) is None
 
 
 # ---------------------------------------------------------------- 3. symbolic links inside a run or sweep directory

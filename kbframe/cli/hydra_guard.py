@@ -38,7 +38,7 @@ would make into a node (``oc.create``) is refused. Every entry of the config sea
 checked before Hydra makes a source of it (:func:`check_search_path`): a folder or kbframe's
 and Hydra's own packages, never another module, which Hydra would import. A config file in
 a folder is checked before it is read for the values its YAML aliases would expand it to
-(kbframe.cli.yaml_values).
+(kbframe.yaml_values).
 
 Every defaults list of every config file Hydra reads is checked as the file is read, before
 any of its entries is loaded (:func:`install` wraps ``ConfigRepository.load_config``): each
@@ -58,7 +58,7 @@ import re
 from pathlib import PurePosixPath
 
 from ..errors import ConfigError
-from .yaml_values import check_yaml_values
+from ..yaml_values import TooManyValues, check_yaml_values
 
 #: a config group choice: a plain name (no path separator, no '..')
 _CHOICE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")
@@ -478,7 +478,10 @@ def install() -> None:
     def checked_load_config(self, config_path, *args, **kwargs):
         path = _file_to_read(self, config_path)
         if path is not None:
-            check_yaml_values(path)
+            try:
+                check_yaml_values(path)
+            except TooManyValues as e:
+                raise ConfigCompositionException(str(e)) from None
         res = load_config(self, config_path, *args, **kwargs)
         if res is not None:
             check_defaults(res.defaults_list, _file(res, config_path))

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import KbframeError
+from ..yaml_values import load_yaml
 from .markdown import fmt as _fmt, table as _md_table
 from .search import Search
 from .sweep_jobs import Job
@@ -37,7 +38,7 @@ def search_of(jobs: list[Job]) -> Search | None:
         if j.dir is None or not (j.dir / ".hydra" / "config.yaml").is_file():
             continue
         try:
-            node = OmegaConf.select(OmegaConf.load(j.dir / ".hydra" / "config.yaml"), "search", default=None)
+            node = OmegaConf.select(load_yaml(j.dir / ".hydra" / "config.yaml"), "search", default=None)
             return Search.from_config(OmegaConf.to_container(node, resolve=True) if node is not None else None)
         except (KbframeError, Exception):  # noqa: BLE001 (an unreadable config is no search)
             return None

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..files import dir_locked, read_small, read_status
+from ..yaml_values import load_yaml
 
 #: columns every job has, as metrics.json paths; the workload's own ``shape.<key>`` columns
 #: (whatever its metrics.json ``shape`` holds) come between HEAD_COLUMNS and RESULT_COLUMNS
@@ -94,8 +95,7 @@ def sweep_plan(sweep_dir: Path) -> list[list[str]] | None:
         return None
     try:
         from ..internals import basic_sweeper
-        from omegaconf import OmegaConf
-        overrides = sweep_overrides(OmegaConf.load(path).hydra)
+        overrides = sweep_overrides(load_yaml(path).hydra)
         if overrides is None:
             return None
         return [list(job) for batch in basic_sweeper().split_arguments(overrides, None) for job in batch]

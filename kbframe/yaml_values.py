@@ -1,5 +1,6 @@
-"""How many values a config file's YAML stands for, its aliases expanded: checked before
-OmegaConf builds a node for each of them.
+"""How many values a YAML file stands for, its aliases expanded: checked before OmegaConf
+builds a node for each of them (a config file Hydra reads from a folder on its search path,
+kbframe.cli.hydra_guard; a sweep's files a report tool reads).
 
 A YAML alias (``*a``) repeats the node its anchor (``&a``) names, so a few lines of aliases
 of aliases stand for billions of values ("billion laughs"). PyYAML composes the file as a
@@ -57,21 +58,36 @@ def _children(node) -> list:
     return []
 
 
-def check_yaml_values(path: str) -> None:
-    """Refuse the config file at ``path`` if its YAML stands for more than
-    :data:`MAX_YAML_VALUES` values, its aliases expanded.
+class TooManyValues(ValueError):
+    """A YAML file that stands for more than :data:`MAX_YAML_VALUES` values."""
+
+
+def check_yaml_values(path) -> None:
+    """Refuse the YAML file at ``path`` if it stands for more than :data:`MAX_YAML_VALUES`
+    values, its aliases expanded; a file that cannot be read or composed is left to its
+    reader's own error.
 
     Raises:
-        hydra.errors.ConfigCompositionException: one line naming the file and the limit.
+        TooManyValues: one line naming the file and the limit.
     """
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read()
     except (OSError, UnicodeDecodeError):
-        return  # Hydra's own loading names what is wrong with the file
+        return
     n = yaml_values(text)
     if n is not None and n > MAX_YAML_VALUES:
-        from hydra.errors import ConfigCompositionException
-        raise ConfigCompositionException(
-            f"config file '{path}': its YAML stands for more than {MAX_YAML_VALUES:,} values with its aliases "
-            f"(*name) expanded; a config file holds at most {MAX_YAML_VALUES:,}")
+        raise TooManyValues(f"config file '{path}': its YAML stands for more than {MAX_YAML_VALUES:,} values with "
+                            f"its aliases (*name) expanded; a config file holds at most {MAX_YAML_VALUES:,}")
+
+
+def load_yaml(path):
+    """``OmegaConf.load(path)`` after :func:`check_yaml_values` (a file in a directory
+    handed to a report tool may be anyone's).
+
+    Raises:
+        TooManyValues: as :func:`check_yaml_values`; and what OmegaConf.load raises.
+    """
+    from omegaconf import OmegaConf
+    check_yaml_values(path)
+    return OmegaConf.load(path)
