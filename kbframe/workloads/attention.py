@@ -48,9 +48,10 @@ def draw_qkv(rng: np.random.Generator, n_q: int, n_kv: int, d: int, peak: float,
     top = float(np.finfo(np.float32).max)
     big = float(np.max(np.abs(q64))) if q64.size else 0.0
     if not big <= top:
-        raise NumericsError(f"bench.inputs.peak={peak:g}: the drawn q reaches |x| ≈ {big:.6g}, beyond float32's "
-                            f"largest value {top:.6g} (refused rather than stored as inf); use a smaller "
-                            f"bench.inputs.peak")
+        raise NumericsError(f"bench.inputs.peak={peak:g} at softmax scale {scale:g}: the drawn q (peak / "
+                            f"(scale·√d) times a standard normal) reaches |x| ≈ {big:.6g}, beyond float32's largest "
+                            f"value {top:.6g} (refused rather than stored as inf); use a smaller bench.inputs.peak "
+                            f"or a larger bench.scale")
     q = q64.astype(np.float32)
     chunk = np.empty((min(n_kv, CHUNK_ROWS), d))  # each chunk is drawn into this
 
