@@ -94,12 +94,17 @@ def atomic_write(path: Path, write) -> None:
     """Call ``write(tmp_path)`` then rename the temporary file to ``path``.
 
     Raises:
-        whatever ``write`` or the rename raises (OSError ...); the temporary file is removed.
+        whatever ``write`` or the rename raises (OSError ...; one that names no file, as a
+        full disk's, then names ``path``); the temporary file is removed.
     """
     tmp = temp_path(path)
     try:
         write(tmp)
         os.replace(tmp, path)
+    except OSError as e:
+        if e.filename is None:  # a write's error (a full disk) names no file: the line names the target
+            e.filename = str(path)
+        raise
     finally:
         tmp.unlink(missing_ok=True)
 

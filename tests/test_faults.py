@@ -221,6 +221,19 @@ def test_a_full_disk_never_leaves_running(tmpfs_300k, case):
     _describes_one_run(out)
 
 
+def test_the_trace_tool_on_a_full_disk_names_the_trace_and_leaves_none(tmpfs_300k, tmp_path, capsys):
+    """``python -m kbframe.report.trace`` writing onto a full disk: one line naming the
+    trace it could not write (a write's own error names no file), exit 1, no temporary."""
+    from kbframe.report import trace
+    run(tmp_path / "run", "bench.S_kv=4096", "bench.data=false", "run.trace=false")
+    (tmpfs_300k / "filler").write_bytes(b"x" * 250_000)
+    capsys.readouterr()
+    assert trace.main([str(tmp_path / "run" / "op_log.jsonl"), str(tmpfs_300k / "trace.json")]) == 1
+    assert capsys.readouterr().err == (f"kbframe: error: [Errno 28] No space left on device: "
+                                       f"'{tmpfs_300k / 'trace.json'}'\n")
+    assert os.listdir(tmpfs_300k) == ["filler"]
+
+
 def test_a_run_on_a_disk_already_full_records_itself_not_the_earlier_run(tmpfs_300k):
     """The disk is full before the run starts (something else filled it): Hydra rewrites
     .hydra/ in place; the status is written into the room status.json already takes, so it

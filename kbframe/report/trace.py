@@ -532,8 +532,10 @@ def write_trace(records, out: Path | str, tracks: dict | None = None, critical=N
                      "time_unit": "us"}
             write("\n ],\n \"otherData\": " + dumps(other) + "}\n")
         os.replace(tmp, out)
-    except BaseException:
+    except BaseException as e:
         tmp.unlink(missing_ok=True)
+        if isinstance(e, OSError) and e.filename is None:  # a full disk's error names no file
+            e.filename = str(out)
         raise
     slices: dict = {}
     for k in kinds.values():  # in order of each unit's first slice
