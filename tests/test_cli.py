@@ -166,6 +166,16 @@ def test_cli_bad_input_is_one_line(results, name):
     assert se.strip().splitlines() == [want]
     assert "latency" not in so
     assert not (run_dir / "metrics.json").exists()
+    # refused as Hydra composed the config: the run directory made for it is removed again;
+    # refused later: the run recorded its end there
+    if name in COMPOSE_ERRORS:
+        assert not run_dir.exists()
+    else:
+        assert json.loads((run_dir / "status.json").read_text())["status"] == "failed"
+
+
+#: the bad inputs refused while Hydra composes the config, before the run begins
+COMPOSE_ERRORS = ("R_abc", "bench_nope")
 
 
 

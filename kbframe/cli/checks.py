@@ -37,13 +37,19 @@ def available(group: str) -> list[str]:
     return sorted(p.stem for p in (_CONF / group).glob("*.yaml"))
 
 
+#: the folders :func:`_writable_dir` made for a single run, deepest first
+_made_for_run: list[Path] = []
+
+
 def _writable_dir(path: str, keep: bool = True) -> str | None:
     """None if ``path`` can be created and written, else the reason. It is made (a single
-    run locks it before Hydra writes there); with ``keep=False`` (a sweep's, which the
-    sweep makes when it locks it) the folders made to find out are removed again, so a
-    sweep refused later (a search's objectives) leaves no empty directory."""
+    run locks it before Hydra writes there; :func:`remove_unused_run_dir` removes it again
+    if the command ends before anything was written in it); with ``keep=False`` (a sweep's,
+    which the sweep makes when it locks it) the folders made to find out are removed again,
+    so a sweep refused later (a search's objectives) leaves no empty directory."""
     p = Path(path)
-    made = []
+    made = _made_for_run if keep else []
+    made.clear()
     try:
         for q in (p, *p.parents):
             if q.exists() or q.is_symlink():  # raise for a name the file system refuses (too long)
@@ -65,6 +71,17 @@ def _writable_dir(path: str, keep: bool = True) -> str | None:
             except OSError:
                 break
     return None
+
+
+def remove_unused_run_dir() -> None:
+    """Remove the folders made for this command's single run that are still empty (a run
+    refused while Hydra composed its config wrote nothing there)."""
+    for q in _made_for_run:  # deepest first; a folder with anything in it stays, and so do its parents
+        try:
+            q.rmdir()
+        except OSError:
+            break
+    _made_for_run.clear()
 
 
 _SWEEP_FUNCS = {"choice", "range", "interval", "glob", "sort", "shuffle", "tag"}

@@ -143,6 +143,8 @@ def main() -> None:
         if not stop.stopped():
             raise
         raise SystemExit(_stopped()) from None
+    finally:
+        checks.remove_unused_run_dir()
     if stop.stopped():  # the signal came as the command ended
         raise SystemExit(_stopped())
 

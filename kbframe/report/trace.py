@@ -44,6 +44,7 @@ with its repetitions.
 """
 from __future__ import annotations
 
+import errno
 import itertools
 import json
 import os
@@ -532,10 +533,8 @@ def write_trace(records, out: Path | str, tracks: dict | None = None, critical=N
                      "time_unit": "us"}
             write("\n ],\n \"otherData\": " + dumps(other) + "}\n")
         os.replace(tmp, out)
-    except BaseException as e:
+    except BaseException:
         tmp.unlink(missing_ok=True)
-        if isinstance(e, OSError) and e.filename is None:  # a full disk's error names no file
-            e.filename = str(out)
         raise
     slices: dict = {}
     for k in kinds.values():  # in order of each unit's first slice
@@ -554,6 +553,7 @@ def main(argv=None) -> int:
     if not args or args[0] in ("-h", "--help"):
         print("usage: python -m kbframe.report.trace [--power] RUN_DIR|op_log.jsonl [trace.json]")
         return 0 if args else 2
+    dst = None
     try:
         src = op_log_file(args[0])
         dst = Path(args[1]) if len(args) > 1 else src.with_name("trace.json")
@@ -564,6 +564,8 @@ def main(argv=None) -> int:
             raise ValueError(f"--power: {metrics} has no energy section (a run of a kbframe with energy tables)")
         info = write_trace(src, dst, tracks, power=power_from_metrics(m) if power else None)
     except (OSError, ValueError) as e:
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT) and e.filename is None and dst:
+            e.filename = str(dst)  # a full disk's error names no file
         print(f"kbframe: error: {e}", file=sys.stderr)
         return 1
     print(f"{dst}: {sum(info['slices'].values())} slices, {info['flows']} flows")
