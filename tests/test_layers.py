@@ -1,8 +1,8 @@
 """Folder rules of the package (DESIGN.md, layers): imports flow one way, down the layers.
 
 Order, top to bottom: cli → run → (report, workloads) → kernels → tl → sim → hw → ir →
-foundation (errors, timebase, files, params, records: the run's record table, with
-record_fields and periodic_form, which report/ reads too). A module may import its own folder
+foundation (errors, timebase, files, yaml_values, params, records: the run's record table,
+with record_fields and periodic_form, which report/ reads too). A module may import its own folder
 and any folder below it; ``report/`` reads files, record tables and metrics only, so it
 imports no simulation layer.
 """
@@ -25,7 +25,7 @@ ALLOWED = {
     "run": {"workloads", "kernels", "report", "tl", "sim", "hw", "ir"},
     "cli": {"run", "report", "workloads", "tl", "sim", "hw", "ir"},
 }
-FOUNDATION = {"errors", "timebase", "files", "internals", "params", "records", "record_fields", "periodic_form",
+FOUNDATION = {"errors", "timebase", "files", "yaml_values", "internals", "params", "records", "record_fields", "periodic_form",
               "repeated", "sorting"}
 
 
