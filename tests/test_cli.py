@@ -12,6 +12,7 @@ import textwrap
 import numpy as np
 import pytest
 
+from cli_forkserver import run_many
 from conftest import REPO
 from kbframe.ir.micro_ops import MICRO_OPS
 
@@ -86,19 +87,15 @@ def _cases(tmp):
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
+    """Each case's command line, forked from a server that imported kbframe once
+    (tests/cli_forkserver.py: what ``python -m kbframe`` runs)."""
     tmp = tmp_path_factory.mktemp("cli")
     cases = _cases(tmp)
-    procs = {}
-    for name, (args, _) in cases.items():
-        run_dir = tmp / "runs" / name
-        procs[name] = (subprocess.Popen([sys.executable, "-m", "kbframe", *args, f"hydra.run.dir={run_dir}"],
-                                        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True),
-                       run_dir)
-    out = {}
-    for name, (p, run_dir) in procs.items():
-        so, se = p.communicate(timeout=300)
-        out[name] = (p.returncode, so, se, run_dir, cases[name][1])
-    return out
+    runs = {name: tmp / "runs" / name for name in cases}
+    res = run_many([{"id": name, "argv": [*args, f"hydra.run.dir={runs[name]}"], "cwd": str(REPO)}
+                    for name, (args, _) in cases.items()], jobs=2)
+    return {name: (res[name]["rc"], res[name]["stdout"], res[name]["stderr"], runs[name], cases[name][1])
+            for name in cases}
 
 
 ISSUE2_METRICS = {
