@@ -293,3 +293,36 @@ def test_memory_is_tuned_only_where_the_command_allowed_it():
     before allow (kbframe.cli.speed allows it for the command's own process)."""
     from kbframe.run import memory
     assert not memory._allowed and memory.ahead(1 << 30) is None and memory._libc is None
+
+
+def test_a_refused_run_removes_only_the_folders_it_made(tmp_path):
+    """The folders made for a single run's directory are removed while still empty; a path
+    through '..' names folders only as the file system resolves it, so none of its folders
+    is taken for one the command made (the user's own would go)."""
+    from kbframe.cli import checks
+    (tmp_path / "proj" / "results").mkdir(parents=True)
+    assert checks._writable_dir(str(tmp_path / "zz" / ".." / "proj" / "results")) is None
+    checks.remove_unused_run_dir()
+    assert (tmp_path / "proj" / "results").is_dir()
+    assert checks._writable_dir(str(tmp_path / "new" / "run")) is None
+    assert (tmp_path / "new" / "run").is_dir()
+    checks.remove_unused_run_dir()
+    assert not (tmp_path / "new").exists() and (tmp_path / "proj").is_dir()
+
+
+def test_an_interrupt_a_library_swallowed_is_raised_again():
+    """Once a signal stopped the command, the config loader raises it again after each file
+    and each composed config (OmegaConf turns the one the handler raised into its own error,
+    which Hydra's probe of the run mode swallows before composing again)."""
+    import signal
+
+    from kbframe.cli import stop
+    from kbframe.errors import Terminated
+    stop.reset()
+    stop.raise_if_stopped()  # not stopped: nothing
+    stop._stopped = signal.SIGTERM
+    try:
+        with pytest.raises(Terminated):
+            stop.raise_if_stopped()
+    finally:
+        stop.reset()

@@ -73,6 +73,15 @@ def _files(tmp):
     laughs = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"] + [
         f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 6)]
     (more / "bench" / "evil_laughs.yaml").write_text("# @package bench\n" + "\n".join(laughs) + "\n")
+    (more / "bench" / "evil.yml.yaml").write_text("# @package bench\n" + "\n".join(laughs) + "\n")  # +bench=evil.yml
+    (more / "bench" / "evil_deep.yaml").write_text("x: " + "[" * 400 + "]" * 400 + "\n")
+    (more / "bench" / "evil_utf8.yaml").write_bytes(b"x: \"\xff\xfe\"\n")
+    # each file under the limit, together over it
+    for i in range(3):
+        (more / "bench" / f"part{i}.yaml").write_text("x: [" + ", ".join(["1"] * 9000) + "]\n")
+    (more / "bench" / "evil_parts.yaml").write_text(
+        "# @package _global_\ndefaults:\n  - /bench/decode_opt2@bench\n" +
+        "".join(f"  - /bench/part{i}@p{i}\n" for i in range(3)) + "  - _self_\n")
     return victim
 
 
@@ -117,8 +126,12 @@ CASES = [
     ("dl_group_file", ["+bench=evil_dl_group", SP], "defaults entry '<up>/elsewhere@hardware: hw': a defaults list names a config group and a config in the config tree (names joined by '/', as /bench/decode_opt2), never a path out of it ('..') (set in <tmp>/more/bench/evil_dl_group.yaml)"),
     ("dl_group_choice", ["+bench=decode_opt2", "+sweep=evil_dl", SP], "defaults entry '<up>/elsewhere@/hardware: hw': a defaults list names a config group and a config in the config tree (names joined by '/', as /bench/decode_opt2), never a path out of it ('..') (set in <tmp>/more/sweep/evil_dl.yaml)"),
     ("choice_in_file", ["+bench=evil_choice", SP], "hardware '../../../../../../../<tmpnoslash>/elsewhere/hw': a config group choice is a name (of a file in hardware/ on the config search path), never a path (set in <tmp>/more/bench/evil_choice.yaml)"),
-    # 6. a config file stands for at most 100,000 values, its YAML aliases expanded
-    ("yaml_aliases", ["+bench=evil_laughs", SP], "config file '<tmp>/more/bench/evil_laughs.yaml': its YAML stands for more than 100,000 values with its aliases (*name) expanded; a config file holds at most 100,000"),
+    # 6. the config files of a config stand for at most 20,000 values, YAML aliases expanded
+    ("yaml_aliases", ["+bench=evil_laughs", SP], "config file '<tmp>/more/bench/evil_laughs.yaml': its YAML stands for more than 20,000 values with its aliases (*name) expanded; a config holds at most 20,000"),
+    ("yaml_aliases_yml", ["+bench=evil.yml", SP], "config file '<tmp>/more/bench/evil.yml.yaml': its YAML stands for more than 20,000 values with its aliases (*name) expanded; a config holds at most 20,000"),
+    ("yaml_parts", ["+bench=evil_parts", SP], "config file '<tmp>/more/bench/part0.yaml': with the config files read before it, the config stands for more than 20,000 values (aliases (*name) expanded); a config holds at most 20,000"),
+    ("yaml_deep", ["+bench=evil_deep", SP], "config file '<tmp>/more/bench/evil_deep.yaml' nests its lists or mappings deeper than 64 levels"),
+    ("yaml_utf8", ["+bench=evil_utf8", SP], "config file '<tmp>/more/bench/evil_utf8.yaml' is not UTF-8 text (byte 4: b'\\xff')"),
 ]
 
 
@@ -171,21 +184,28 @@ def test_a_yaml_files_values_are_counted_with_its_aliases_expanded():
     assert yaml_values("a: &x [1, 2]\nb: [*x, *x]\n") == 1 + 4 + 1 + 1 + 3 + 3
     assert yaml_values("a: &x [*x]\n") == MAX_YAML_VALUES + 1
     assert yaml_values("a: [1, 2\n") is None
+    assert yaml_values("a: " + "[" * 63 + "]" * 63) == 2 + 63  # 64 levels: the mapping and 63 lists
+    with pytest.raises(RecursionError):
+        yaml_values("a: " + "[" * 64 + "]" * 64)
 
 
 def test_a_report_does_not_expand_a_sweep_files_aliases(tmp_path):
-    """A sweep directory handed to the report tools may be anyone's: its multirun.yaml
-    is read only within the limit (else the sweep's jobs are found from its folders)."""
-    from kbframe.report.sweep_jobs import sweep_plan
-    from kbframe.yaml_values import TooManyValues, load_yaml
-    laughs = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"] + [
-        f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 9)]
-    (tmp_path / "multirun.yaml").write_text("hydra:\n  " + "\n  ".join(laughs) + "\n")
-    with pytest.raises(TooManyValues) as e:
-        load_yaml(tmp_path / "multirun.yaml")
-    assert str(e.value) == (f"config file '{tmp_path}/multirun.yaml': its YAML stands for more than 100,000 values "
-                            f"with its aliases (*name) expanded; a config file holds at most 100,000")
-    assert sweep_plan(tmp_path) is None
+    """A sweep directory handed to the report tools may be anyone's: its multirun.yaml and
+    its jobs' .hydra files are read only within the limit (else as unreadable: the sweep's
+    jobs are found from its folders, a job's overrides are unknown)."""
+    import shutil
+    from kbframe.report.sweep_jobs import collect, load_yaml, sweep_plan
+    laughs = "hydra:\n  " + "\n  ".join(["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"] + [
+        f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 9)]) + "\n"
+    (tmp_path / "multirun.yaml").write_text(laughs)
+    assert load_yaml(tmp_path / "multirun.yaml") is None and sweep_plan(tmp_path) is None
+    job = tmp_path / "0" / ".hydra"
+    job.mkdir(parents=True)
+    for name in ("overrides.yaml", "hydra.yaml", "config.yaml"):
+        (job / name).write_text(laughs)
+    [j] = collect(tmp_path)
+    assert (j.num, j.overrides, j.status) == (0, [], "missing")
+    shutil.rmtree(tmp_path / "0")
 
 
 # ---------------------------------------------------------------- 3. symbolic links inside a run or sweep directory

@@ -48,8 +48,10 @@ def _writable_dir(path: str, keep: bool = True) -> str | None:
     which the sweep makes when it locks it) the folders made to find out are removed again,
     so a sweep refused later (a search's objectives) leaves no empty directory."""
     p = Path(path)
-    made = _made_for_run if keep else []
-    made.clear()
+    # a path through '..' names its folders only as the file system resolves it: none is
+    # taken for one this command made (removing it could remove the user's)
+    made = _made_for_run if keep and ".." not in p.parts else []
+    _made_for_run.clear()
     try:
         for q in (p, *p.parents):
             if q.exists() or q.is_symlink():  # raise for a name the file system refuses (too long)

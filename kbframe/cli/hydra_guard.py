@@ -37,8 +37,8 @@ interpolation of another node stands for that node (:func:`expand`), and one a r
 would make into a node (``oc.create``) is refused. Every entry of the config search path is
 checked before Hydra makes a source of it (:func:`check_search_path`): a folder or kbframe's
 and Hydra's own packages, never another module, which Hydra would import. A config file in
-a folder is checked before it is read for the values its YAML aliases would expand it to
-(kbframe.yaml_values).
+a folder is checked before it is read: its size, UTF-8, and the values its YAML aliases would
+expand it to, with those of the files read before it for the same config (kbframe.yaml_values).
 
 Every defaults list of every config file Hydra reads is checked as the file is read, before
 any of its entries is loaded (:func:`install` wraps ``ConfigRepository.load_config``): each
@@ -58,7 +58,8 @@ import re
 from pathlib import PurePosixPath
 
 from ..errors import ConfigError
-from ..yaml_values import TooManyValues, check_yaml_values
+from ..yaml_values import YamlRefused, checked_values, read_yaml_text
+from . import stop
 
 #: a config group choice: a plain name (no path separator, no '..')
 _CHOICE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")
@@ -393,6 +394,10 @@ def _entry_text(d) -> str:
     return f"{d.path}{pkg}"
 
 
+#: the values of each config file read from a folder so far for the config being composed
+_values_read: dict[str, int] = {}
+
+
 def _file_to_read(repo, config_path: str) -> str | None:
     """The file Hydra's config repository ``repo`` would read for ``config_path``, if a
     folder on the search path holds it (the first source that has it, as Hydra picks);
@@ -401,7 +406,7 @@ def _file_to_read(repo, config_path: str) -> str | None:
         if source.is_config(config_path):
             if source.scheme() != "file":
                 return None
-            name = config_path if config_path.endswith((".yaml", ".yml")) else f"{config_path}.yaml"
+            name = config_path if config_path.endswith(".yaml") else f"{config_path}.yaml"  # as Hydra 1.3 names it
             return os.path.join(source.path, name)
     return None
 
@@ -479,10 +484,14 @@ def install() -> None:
         path = _file_to_read(self, config_path)
         if path is not None:
             try:
-                check_yaml_values(path)
-            except TooManyValues as e:
+                before = sum(n for p, n in _values_read.items() if p != path)  # a file read again counts once
+                _values_read[path] = checked_values(read_yaml_text(path), path, before) - before
+            except YamlRefused as e:
                 raise ConfigCompositionException(str(e)) from None
+            except OSError:
+                pass  # Hydra's own loading names what is wrong with the file
         res = load_config(self, config_path, *args, **kwargs)
+        stop.raise_if_stopped()  # an interrupt a library swallowed while the file was built
         if res is not None:
             check_defaults(res.defaults_list, _file(res, config_path))
         return res
@@ -496,7 +505,9 @@ def install() -> None:
     ConfigRepository.initialize_sources = checked_initialize_sources
 
     def load_configuration(self, config_name, overrides, run_mode, *args, **kwargs):
+        _values_read.clear()  # the files of one composed config count together
         cfg = original(self, config_name, overrides, run_mode, *args, **kwargs)
+        stop.raise_if_stopped()
         if "hydra" in cfg:
             try:
                 check_hydra(expand(OmegaConf.to_container(cfg.hydra, resolve=False), cfg))

@@ -109,6 +109,14 @@ def stopped() -> bool:
     return _stopped is not None
 
 
+def raise_if_stopped() -> None:
+    """Raise the interrupt again if a signal stopped the command: a library may have caught
+    the one the handler raised and gone on (OmegaConf turns it into an error of its own,
+    which Hydra's probe of the run mode swallows before it composes the config again)."""
+    if _stopped is not None:
+        raise Terminated() if _stopped == signal.SIGTERM else KeyboardInterrupt()
+
+
 def code() -> int:
     return EXIT_TERMINATED if _stopped == signal.SIGTERM else EXIT_INTERRUPTED
 

@@ -11,10 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import KbframeError
-from ..yaml_values import load_yaml
 from .markdown import fmt as _fmt, table as _md_table
 from .search import Search
-from .sweep_jobs import Job
+from .sweep_jobs import Job, load_yaml
 
 
 @dataclass
@@ -38,7 +37,10 @@ def search_of(jobs: list[Job]) -> Search | None:
         if j.dir is None or not (j.dir / ".hydra" / "config.yaml").is_file():
             continue
         try:
-            node = OmegaConf.select(load_yaml(j.dir / ".hydra" / "config.yaml"), "search", default=None)
+            cfg = load_yaml(j.dir / ".hydra" / "config.yaml")
+            if cfg is None:  # unreadable: no search
+                return None
+            node = OmegaConf.select(cfg, "search", default=None)
             return Search.from_config(OmegaConf.to_container(node, resolve=True) if node is not None else None)
         except (KbframeError, Exception):  # noqa: BLE001 (an unreadable config is no search)
             return None

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..files import dir_locked, read_small, read_status
-from ..yaml_values import load_yaml
+from ..yaml_values import checked_values
 
 #: columns every job has, as metrics.json paths; the workload's own ``shape.<key>`` columns
 #: (whatever its metrics.json ``shape`` holds) come between HEAD_COLUMNS and RESULT_COLUMNS
@@ -95,7 +95,8 @@ def sweep_plan(sweep_dir: Path) -> list[list[str]] | None:
         return None
     try:
         from ..internals import basic_sweeper
-        overrides = sweep_overrides(load_yaml(path).hydra)
+        plan = load_yaml(path)
+        overrides = sweep_overrides(plan.hydra) if plan is not None else None
         if overrides is None:
             return None
         return [list(job) for batch in basic_sweeper().split_arguments(overrides, None) for job in batch]
@@ -183,22 +184,28 @@ def _through_link(sweep_dir: Path, path: Path) -> bool:
     return False
 
 
-def _load_yaml(path: Path):
+def load_yaml(path: Path):
+    """A sweep's or a job's YAML file (``multirun.yaml``, ``.hydra/*.yaml``) as OmegaConf
+    reads it; None if it cannot be read, is over 1 MiB or not a regular file
+    (:func:`kbframe.files.read_small`), or stands for too many values with its aliases
+    expanded (kbframe.yaml_values: a directory handed to a report tool may be anyone's)."""
     from omegaconf import OmegaConf
     try:
-        return OmegaConf.create(read_small(path, 1 << 20))
-    except Exception:
+        text = read_small(path, 1 << 20)
+        checked_values(text, path)
+        return OmegaConf.create(text)
+    except Exception:  # noqa: BLE001 (unreadable, refused, or text OmegaConf cannot take: none)
         return None
 
 
 def _read_job(d: Path) -> Job:
     from omegaconf import OmegaConf
-    ov = _load_yaml(d / ".hydra" / "overrides.yaml")
+    ov = load_yaml(d / ".hydra" / "overrides.yaml")
     overrides = [str(o) for o in OmegaConf.to_container(ov)] if ov is not None else []
     st = read_status(d)
     num = st.get("num") if st else None
     if num is None:
-        hy = _load_yaml(d / ".hydra" / "hydra.yaml")
+        hy = load_yaml(d / ".hydra" / "hydra.yaml")
         num = OmegaConf.select(hy, "hydra.job.num", default=None) if hy is not None else None
     if num is None and d.name.isdigit():
         num = int(d.name)
@@ -240,7 +247,7 @@ def _read_job(d: Path) -> Job:
             for c in bad:
                 job.values[c] = None
     else:
-        cfg = job.config = _load_yaml(d / ".hydra" / "config.yaml")
+        cfg = job.config = load_yaml(d / ".hydra" / "config.yaml")
         for col, path in CONFIG_FALLBACK.items():
             try:
                 job.values[col] = OmegaConf.select(cfg, path, default=None) if cfg is not None else None
@@ -363,7 +370,7 @@ def _never_ran(jobs: list[Job]) -> list[Job]:
     from omegaconf import OmegaConf
     n = None
     for j in jobs:
-        hy = _load_yaml(j.dir / ".hydra" / "hydra.yaml") if j.dir is not None else None
+        hy = load_yaml(j.dir / ".hydra" / "hydra.yaml") if j.dir is not None else None
         if hy is not None:
             n = OmegaConf.select(hy, "hydra.sweeper.n_trials", default=None)
             break
