@@ -311,9 +311,9 @@ def test_a_refused_run_removes_only_the_folders_it_made(tmp_path):
 
 
 def test_an_interrupt_a_library_swallowed_is_raised_again():
-    """Once a signal stopped the command, the config loader raises it again after each file
-    and each composed config (OmegaConf turns the one the handler raised into its own error,
-    which Hydra's probe of the run mode swallows before composing again)."""
+    """Once a signal stopped the command, a run does not start: the interrupt is raised again
+    (OmegaConf turns the one the handler raised into its own error, which Hydra's probe of
+    the run mode swallows before composing again)."""
     import signal
 
     from kbframe.cli import stop

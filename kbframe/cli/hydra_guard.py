@@ -59,7 +59,6 @@ from pathlib import PurePosixPath
 
 from ..errors import ConfigError
 from ..yaml_values import YamlRefused, checked_values, read_yaml_text
-from . import stop
 
 #: a config group choice: a plain name (no path separator, no '..')
 _CHOICE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")
@@ -491,7 +490,6 @@ def install() -> None:
             except OSError:
                 pass  # Hydra's own loading names what is wrong with the file
         res = load_config(self, config_path, *args, **kwargs)
-        stop.raise_if_stopped()  # an interrupt a library swallowed while the file was built
         if res is not None:
             check_defaults(res.defaults_list, _file(res, config_path))
         return res
@@ -507,7 +505,6 @@ def install() -> None:
     def load_configuration(self, config_name, overrides, run_mode, *args, **kwargs):
         _values_read.clear()  # the files of one composed config count together
         cfg = original(self, config_name, overrides, run_mode, *args, **kwargs)
-        stop.raise_if_stopped()
         if "hydra" in cfg:
             try:
                 check_hydra(expand(OmegaConf.to_container(cfg.hydra, resolve=False), cfg))

@@ -72,6 +72,7 @@ def _hydra_main(cfg: DictConfig) -> dict:
     search = outcome = None
     with JobStatus.from_hydra() as job:
         job.proceed()  # a locked or unwritable run directory: one line, nothing touched
+        stop.raise_if_stopped()  # a signal whose interrupt a library swallowed while Hydra composed
         search = Search.from_config(cfg.get("search"))
         checks.check_composed_recipes()
         if "bench" not in cfg:

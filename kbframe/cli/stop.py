@@ -112,7 +112,8 @@ def stopped() -> bool:
 def raise_if_stopped() -> None:
     """Raise the interrupt again if a signal stopped the command: a library may have caught
     the one the handler raised and gone on (OmegaConf turns it into an error of its own,
-    which Hydra's probe of the run mode swallows before it composes the config again)."""
+    which Hydra's probe of the run mode swallows before it composes the config again), and
+    a run must not start then (kbframe.cli.main)."""
     if _stopped is not None:
         raise Terminated() if _stopped == signal.SIGTERM else KeyboardInterrupt()
 
