@@ -95,14 +95,14 @@ def atomic_write(path: Path, write) -> None:
 
     Raises:
         whatever ``write`` or the rename raises (OSError ...; one that names no file, as a
-        full disk's, then names ``path``); the temporary file is removed.
+        full disk's, or the temporary file then names ``path``); the temporary file is removed.
     """
     tmp = temp_path(path)
     try:
         write(tmp)
         os.replace(tmp, path)
     except OSError as e:
-        if e.filename is None:  # a write's error (a full disk) names no file: the line names the target
+        if e.filename is None or str(e.filename) == str(tmp):  # a full disk's names none, or the temporary
             e.filename = str(path)
         raise
     finally:

@@ -75,6 +75,7 @@ def test_unused_pes_are_not_built():
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -219,6 +220,27 @@ def test_a_full_disk_never_leaves_running(tmpfs_300k, case):
     assert st["status"] == "failed" and st["error_type"] == "OutputError"
     assert sorted(os.listdir(out)) == [".hydra", "status.json"]
     _describes_one_run(out)
+
+
+@pytest.mark.parametrize("inodes", [8, 9])
+def test_out_of_inodes_names_the_result_file_not_its_temporary(tmp_path, inodes):
+    """A file system out of inodes refuses a temporary's creation: the line names the result
+    file the user knows (``trace.json``), never the hidden temporary it was staged as."""
+    if not _is_root() or shutil.which("mount") is None:
+        pytest.skip("mounting a tmpfs needs root")
+    d = tmp_path / "ino"
+    d.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size=10m,nr_inodes={inodes}", "tmpfs", str(d)]).returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        p = subprocess.run([*CLI, "+bench=decode_opt2", "bench.S_kv=64", f"hydra.run.dir={d / 'run'}"], cwd=REPO,
+                           capture_output=True, text=True, timeout=120)
+    finally:
+        subprocess.run(["umount", str(d)])
+    assert p.returncode == 1 and p.stderr.count("\n") == 1, p.stderr
+    m = re.fullmatch(r"kbframe: error: cannot write '(.*)' in the run directory: No space left on device\n", p.stderr)
+    assert m and os.path.dirname(m[1]) == str(d / "run"), p.stderr
+    assert os.path.basename(m[1]) in ("trace.json", "tensors.npz", "op_log.jsonl", "metrics.json"), p.stderr
 
 
 def test_the_trace_tool_on_a_full_disk_names_the_trace_and_leaves_none(tmpfs_300k, tmp_path, capsys):

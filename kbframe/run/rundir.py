@@ -84,7 +84,10 @@ def is_temp(name: str) -> bool:
 
 
 def _oserror(path, e: OSError) -> OutputError:
-    where = f"'{e.filename}' in the run directory" if e.filename else f"the run directory '{path}'"
+    name = e.filename and Path(e.filename)
+    if name and TEMP_MARK in name.name:  # the file the user knows, not its hidden temporary (or a temporary's)
+        name = name.with_name(name.name.split(TEMP_MARK, 1)[0].lstrip("."))
+    where = f"'{name}' in the run directory" if name else f"the run directory '{path}'"
     return OutputError(f"cannot write {where}: {e.strerror or e}")
 
 
