@@ -12,7 +12,11 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -157,3 +161,28 @@ def pytest_collection_finish(session):
         if lost:
             raise pytest.UsageError(f"--dist loadgroup: {len(lost)} grouped test(s) lost their group, e.g. "
                                     f"{lost[0]}: pytest-xdist does not work with this pytest (pyproject.toml)")
+
+
+@contextmanager
+def tmpfs(d: Path, options: str):
+    """A tmpfs mounted on the new folder ``d`` with mount ``options`` (``size=300k``,
+    ``nr_inodes=8``): a disk that fills. Root only; the test is skipped otherwise."""
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("mounting a tmpfs needs root")
+    d.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(d)]).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        yield d
+    finally:
+        subprocess.run(["umount", str(d)])
+
+
+def fill_disk(d: Path) -> None:
+    """Take every block left on the file system of folder ``d`` (a file ``filler``)."""
+    with open(d / "filler", "wb", buffering=0) as f:
+        try:
+            while True:
+                f.write(b"x" * 4096)
+        except OSError:
+            pass

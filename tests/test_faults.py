@@ -81,7 +81,7 @@ import signal
 import subprocess
 import sys
 
-from conftest import REPO, run
+from conftest import REPO, fill_disk, run, tmpfs
 from kbframe.errors import OutputError
 from kbframe.files import TEMP_MARK, read_status
 from kbframe.run.rundir import RunDir, is_locked, lock
@@ -148,14 +148,8 @@ def _is_root() -> bool:
 @pytest.fixture
 def tmpfs_200k(tmp_path):
     """A 200 KB tmpfs (root only): a disk that fills during a run."""
-    if not _is_root() or shutil.which("mount") is None:
-        pytest.skip("mounting a tmpfs needs root")
-    d = tmp_path / "full"
-    d.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=200k", "tmpfs", str(d)]).returncode != 0:
-        pytest.skip("cannot mount a tmpfs here")
-    yield d
-    subprocess.run(["umount", str(d)])
+    with tmpfs(tmp_path / "full", "size=200k") as d:
+        yield d
 
 
 def test_disk_full_is_one_line_and_leaves_nothing(tmpfs_200k):
@@ -174,14 +168,8 @@ def test_disk_full_is_one_line_and_leaves_nothing(tmpfs_200k):
 @pytest.fixture
 def tmpfs_300k(tmp_path):
     """A 300 KB tmpfs (root only)."""
-    if not _is_root() or shutil.which("mount") is None:
-        pytest.skip("mounting a tmpfs needs root")
-    d = tmp_path / "full"
-    d.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=300k", "tmpfs", str(d)]).returncode != 0:
-        pytest.skip("cannot mount a tmpfs here")
-    yield d
-    subprocess.run(["umount", str(d)])
+    with tmpfs(tmp_path / "full", "size=300k") as d:
+        yield d
 
 
 def _describes_one_run(out):
@@ -226,17 +214,9 @@ def test_a_full_disk_never_leaves_running(tmpfs_300k, case):
 def test_out_of_inodes_names_the_result_file_not_its_temporary(tmp_path, inodes):
     """A file system out of inodes refuses a temporary's creation: the line names the result
     file the user knows (``trace.json``), never the hidden temporary it was staged as."""
-    if not _is_root() or shutil.which("mount") is None:
-        pytest.skip("mounting a tmpfs needs root")
-    d = tmp_path / "ino"
-    d.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size=10m,nr_inodes={inodes}", "tmpfs", str(d)]).returncode:
-        pytest.skip("cannot mount a tmpfs here")
-    try:
+    with tmpfs(tmp_path / "ino", f"size=10m,nr_inodes={inodes}") as d:
         p = subprocess.run([*CLI, "+bench=decode_opt2", "bench.S_kv=64", f"hydra.run.dir={d / 'run'}"], cwd=REPO,
                            capture_output=True, text=True, timeout=120)
-    finally:
-        subprocess.run(["umount", str(d)])
     assert p.returncode == 1 and p.stderr.count("\n") == 1, p.stderr
     m = re.fullmatch(r"kbframe: error: cannot write '(.*)' in the run directory: No space left on device\n", p.stderr)
     assert m and os.path.dirname(m[1]) == str(d / "run"), p.stderr
@@ -265,12 +245,7 @@ def test_a_run_on_a_disk_already_full_records_itself_not_the_earlier_run(tmpfs_3
                             f"hydra.run.dir={out}"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert first.returncode == 0, first.stderr
     kept = {n: (out / n).read_bytes() for n in ("metrics.json", "op_log.jsonl")}
-    with open(tmpfs_300k / "filler", "wb", buffering=0) as f:  # every block left
-        try:
-            while True:
-                f.write(b"x" * 4096)
-        except OSError:
-            pass
+    fill_disk(tmpfs_300k)
     p = subprocess.run([*CLI, "+bench=decode_opt2", "bench.S_kv=128", "bench.data=false", "run.trace=false",
                         f"hydra.run.dir={out}"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr

@@ -196,29 +196,16 @@ def test_a_report_on_a_full_disk_names_the_file_it_could_not_write(sweep, tmp_pa
     """Exit 2 with one line naming the report file the full disk refused (a write's own
     error names no file); nothing is left half-written."""
     import os
-    import subprocess
-    if os.geteuid() != 0 or shutil.which("mount") is None:
-        pytest.skip("mounting a tmpfs needs root")
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=300k", "tmpfs", str(disk)]).returncode != 0:
-        pytest.skip("cannot mount a tmpfs here")
-    try:
+    from conftest import fill_disk, tmpfs
+    with tmpfs(tmp_path / "disk", "size=300k") as disk:
         d = disk / "sweep"
         shutil.copytree(sweep, d, ignore=shutil.ignore_patterns("*.png", "sweep.csv", "summary.md", "op_log.jsonl",
                                                                 "trace.json", "tensors.npz"))
-        with open(disk / "filler", "wb", buffering=0) as f:  # every block left
-            try:
-                while True:
-                    f.write(b"x" * 4096)
-            except OSError:
-                pass
+        fill_disk(disk)
         capsys.readouterr()
         assert report.main([str(d)]) == 2
         err = capsys.readouterr().err
         left = sorted(n for n in os.listdir(d) if n in report.REPORT_FILES or n.startswith("."))
-    finally:
-        subprocess.run(["umount", str(disk)])
     assert err == f"kbframe: error: cannot write '{d / 'sweep.csv'}': No space left on device\n"
     assert left == []
 
