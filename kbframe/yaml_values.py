@@ -89,8 +89,9 @@ def read_yaml_text(path) -> str:
 
 
 def checked_values(text: str, path, before: int = 0) -> int:
-    """The values of the YAML ``text`` (of the file ``path``), with ``before`` values read
-    already for the same config; refused beyond :data:`MAX_YAML_VALUES` in all.
+    """The values of the YAML ``text`` (of the file ``path``; 0 if PyYAML cannot compose
+    it), refused if they and the ``before`` values read already for the same config are
+    more than :data:`MAX_YAML_VALUES`.
 
     Raises:
         YamlRefused: one line naming the file and the limit (or a nesting too deep to parse).
@@ -101,7 +102,7 @@ def checked_values(text: str, path, before: int = 0) -> int:
         raise YamlRefused(f"config file '{path}' nests its lists or mappings deeper than {MAX_YAML_DEPTH} levels") \
             from None
     if n is None:  # the loader's own error names what is wrong
-        return before
+        return 0
     if n > MAX_YAML_VALUES:
         raise YamlRefused(f"config file '{path}': its YAML stands for more than {MAX_YAML_VALUES:,} values with its "
                           f"aliases (*name) expanded; a config holds at most {MAX_YAML_VALUES:,}")
@@ -109,4 +110,4 @@ def checked_values(text: str, path, before: int = 0) -> int:
         raise YamlRefused(f"config file '{path}': with the config files read before it, the config stands for more "
                           f"than {MAX_YAML_VALUES:,} values (aliases (*name) expanded); a config holds at most "
                           f"{MAX_YAML_VALUES:,}")
-    return before + n
+    return n

@@ -193,7 +193,6 @@ def test_a_report_does_not_expand_a_sweep_files_aliases(tmp_path):
     """A sweep directory handed to the report tools may be anyone's: its multirun.yaml and
     its jobs' .hydra files are read only within the limit (else as unreadable: the sweep's
     jobs are found from its folders, a job's overrides are unknown)."""
-    import shutil
     from kbframe.report.sweep_jobs import collect, load_yaml, sweep_plan
     laughs = "hydra:\n  " + "\n  ".join(["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"] + [
         f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 9)]) + "\n"
@@ -205,7 +204,6 @@ def test_a_report_does_not_expand_a_sweep_files_aliases(tmp_path):
         (job / name).write_text(laughs)
     [j] = collect(tmp_path)
     assert (j.num, j.overrides, j.status) == (0, [], "missing")
-    shutil.rmtree(tmp_path / "0")
 
 
 # ---------------------------------------------------------------- 3. symbolic links inside a run or sweep directory

@@ -484,7 +484,7 @@ def install() -> None:
         if path is not None:
             try:
                 before = sum(n for p, n in _values_read.items() if p != path)  # a file read again counts once
-                _values_read[path] = checked_values(read_yaml_text(path), path, before) - before
+                _values_read[path] = checked_values(read_yaml_text(path), path, before)
             except YamlRefused as e:
                 raise ConfigCompositionException(str(e)) from None
             except OSError:
