@@ -146,10 +146,19 @@ def rng():
 def pytest_collection_modifyitems(config, items):
     """Under pytest-xdist (``make test``: ``-n auto --dist loadgroup``): the tests marked
     ``serial`` share one xdist group, so one worker runs them one after another and no two
-    of them signal or wait on processes of their own at the same time."""
+    of them signal or wait on processes of their own at the same time. A test that uses a
+    module-scoped fixture (and has no group of its own) is grouped with its module, so one
+    worker builds that fixture once instead of each worker building its own."""
     for item in items:
         if item.get_closest_marker("serial") is not None:
             item.add_marker(pytest.mark.xdist_group("serial"))
+        elif item.get_closest_marker("xdist_group") is None and _uses_module_fixture(item):
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+
+
+def _uses_module_fixture(item) -> bool:
+    info = getattr(item, "_fixtureinfo", None)
+    return info is not None and any(d.scope == "module" for defs in info.name2fixturedefs.values() for d in defs)
 
 
 def pytest_collection_finish(session):
