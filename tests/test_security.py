@@ -74,6 +74,10 @@ def _files(tmp):
         f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 6)]
     (more / "bench" / "evil_laughs.yaml").write_text("# @package bench\n" + "\n".join(laughs) + "\n")
     (more / "bench" / "evil.yml.yaml").write_text("# @package bench\n" + "\n".join(laughs) + "\n")  # +bench=evil.yml
+    # the same with interpolations: each of ten ${...} names the list before it
+    interps = ["a0: [x, x, x, x, x, x, x, x, x, x]"] + [
+        f"a{i}: [" + ", ".join([f'"${{..a{i - 1}}}"'] * 10) + "]" for i in range(1, 6)]
+    (more / "bench" / "evil_interps.yaml").write_text("# @package bench\n" + "\n".join(interps) + "\n")
     (more / "bench" / "evil_deep.yaml").write_text("x: " + "[" * 400 + "]" * 400 + "\n")
     (more / "bench" / "evil_utf8.yaml").write_bytes(b"x: \"\xff\xfe\"\n")
     # each file under the limit, together over it
@@ -126,10 +130,13 @@ CASES = [
     ("dl_group_file", ["+bench=evil_dl_group", SP], "defaults entry '<up>/elsewhere@hardware: hw': a defaults list names a config group and a config in the config tree (names joined by '/', as /bench/decode_opt2), never a path out of it ('..') (set in <tmp>/more/bench/evil_dl_group.yaml)"),
     ("dl_group_choice", ["+bench=decode_opt2", "+sweep=evil_dl", SP], "defaults entry '<up>/elsewhere@/hardware: hw': a defaults list names a config group and a config in the config tree (names joined by '/', as /bench/decode_opt2), never a path out of it ('..') (set in <tmp>/more/sweep/evil_dl.yaml)"),
     ("choice_in_file", ["+bench=evil_choice", SP], "hardware '../../../../../../../<tmpnoslash>/elsewhere/hw': a config group choice is a name (of a file in hardware/ on the config search path), never a path (set in <tmp>/more/bench/evil_choice.yaml)"),
-    # 6. the config files of a config stand for at most 20,000 values, YAML aliases expanded
+    # 6. the config files of a config stand for at most 20,000 values, YAML aliases
+    # expanded and interpolations resolved
     ("yaml_aliases", ["+bench=evil_laughs", SP], "config file '<tmp>/more/bench/evil_laughs.yaml': its YAML stands for more than 20,000 values with its aliases (*name) expanded; a config holds at most 20,000"),
     ("yaml_aliases_yml", ["+bench=evil.yml", SP], "config file '<tmp>/more/bench/evil.yml.yaml': its YAML stands for more than 20,000 values with its aliases (*name) expanded; a config holds at most 20,000"),
     ("yaml_parts", ["+bench=evil_parts", SP], "config file '<tmp>/more/bench/part0.yaml': with the config files read before it, the config stands for more than 20,000 values (aliases (*name) expanded); a config holds at most 20,000"),
+    ("yaml_interps", ["+bench=evil_interps", SP], "bench.a5[0]: its interpolations (${...}) resolve the config to more than 20,000 values; a config holds at most 20,000"),
+    ("yaml_interps_sweep", ["-m", "+bench=evil_interps", SP, "hydra.sweep.dir=<tmp>/sweeps/interps"], "bench.a5[0]: its interpolations (${...}) resolve the config to more than 20,000 values; a config holds at most 20,000"),
     ("yaml_deep", ["+bench=evil_deep", SP], "config file '<tmp>/more/bench/evil_deep.yaml' nests its lists or mappings deeper than 64 levels"),
     ("yaml_utf8", ["+bench=evil_utf8", SP], "config file '<tmp>/more/bench/evil_utf8.yaml' is not UTF-8 text (byte 4: b'\\xff')"),
 ]
@@ -189,13 +196,42 @@ def test_a_yaml_files_values_are_counted_with_its_aliases_expanded():
         yaml_values("a: " + "[" * 64 + "]" * 64)
 
 
-def test_a_report_does_not_expand_a_sweep_files_aliases(tmp_path):
+def test_a_configs_values_are_counted_with_its_interpolations_resolved():
+    """Each value once per place it stands, as in a YAML file: an interpolation counts the
+    node it names (absolute, relative, through another interpolation, or named by
+    oc.select); a key not in the config, or a cycle, counts one; the key named is the
+    interpolation that stands for the most."""
+    from kbframe.errors import ConfigError
+    from kbframe.yaml_values import MAX_YAML_VALUES, check_resolved, resolved_values
+    assert resolved_values({"a": [1, 2]}) == (5, "")
+    assert resolved_values({"a": [1, 2], "b": "${a}"}) == (1 + 4 + 1 + 4, "b")
+    assert resolved_values({"a": {"x": [1, 2], "y": "${.x}", "z": "${..a.x}"}}) == (1 + 1 + 1 + 3 * 2 + 2 * 4, "a.y")
+    assert resolved_values({"a": [1, 2], "b": "${a}", "c": "${b[1]}", "d": "${oc.select:a,0}${a}${oc.env:X}"}) == (
+        1 + 4 + 5 + 3 + 8, "d")
+    assert resolved_values({"a": "${nope}", "b": "${b}", "c": "\\${a}"}) == (1 + 2 + 3 + 3, "b")
+    bomb = {"a0": 1, **{f"a{i}": [f"${{a{i - 1}}}"] * 10 for i in range(1, 6)}}
+    assert resolved_values(bomb) == (MAX_YAML_VALUES + 1, "a5[0]")
+    a1 = 1 + 10 * (1 + 1)  # the list, and ten strings each naming a0's one value
+    assert resolved_values(bomb, ("a3",)) == (1 + 10 * (1 + 1 + 10 * (1 + a1)), "a3[0]")
+    with pytest.raises(ConfigError, match=r"^a5\[0\]: its interpolations \(\$\{\.\.\.\}\) resolve the config to "
+                                          r"more than 20,000 values; a config holds at most 20,000$"):
+        check_resolved(bomb)
+
+
+@pytest.mark.parametrize("how", ["aliases", "interpolations"])
+def test_a_report_does_not_expand_a_sweep_files_aliases(tmp_path, how):
     """A sweep directory handed to the report tools may be anyone's: its multirun.yaml and
-    its jobs' .hydra files are read only within the limit (else as unreadable: the sweep's
-    jobs are found from its folders, a job's overrides are unknown)."""
+    its jobs' .hydra files are read only within the limit, YAML aliases expanded and
+    interpolations resolved (else as unreadable: the sweep's jobs are found from its
+    folders, a job's overrides are unknown)."""
     from kbframe.report.sweep_jobs import collect, load_yaml, sweep_plan
-    laughs = "hydra:\n  " + "\n  ".join(["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"] + [
-        f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 9)]) + "\n"
+    if how == "aliases":
+        lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"] + [
+            f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 9)]
+    else:
+        lines = ["a0: [x, x, x, x, x, x, x, x, x, x]"] + [
+            f"a{i}: [" + ", ".join([f'"${{hydra.a{i - 1}}}"'] * 10) + "]" for i in range(1, 9)]
+    laughs = "hydra:\n  " + "\n  ".join(lines) + "\n"
     (tmp_path / "multirun.yaml").write_text(laughs)
     assert load_yaml(tmp_path / "multirun.yaml") is None and sweep_plan(tmp_path) is None
     job = tmp_path / "0" / ".hydra"

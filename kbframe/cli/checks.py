@@ -25,6 +25,7 @@ from pathlib import Path
 
 from ..errors import ConfigError, KbframeError, RecipeError
 from ..tl import recipe as recipe_files
+from ..yaml_values import check_resolved
 
 
 GROUPS = ("bench", "hardware", "calibration", "energy", "model", "search")
@@ -204,7 +205,9 @@ def _raw_value(cfg, key: str):
 def check_config(cfg) -> None:
     """The composed config, before kbframe reads it: every section a run needs is there,
     and every value resolves (an interpolation in an override, ``${oc.env:NOPE}`` or a
-    cycle, is an error naming the key, not a traceback from wherever it is first read).
+    cycle, is an error naming the key, not a traceback from wherever it is first read),
+    to at most :data:`~kbframe.yaml_values.MAX_YAML_VALUES` values (counted before it is
+    resolved, kbframe.yaml_values.resolved_values).
 
     Raises:
         ConfigError: names the key and why.
@@ -215,6 +218,7 @@ def check_config(cfg) -> None:
         if sec not in cfg:
             raise ConfigError(f"the config has no '{sec}' section (deleted with ~{sec}?); every run needs "
                               f"{', '.join(SECTIONS)}")
+    check_resolved(OmegaConf.to_container(cfg, resolve=False))
     try:
         OmegaConf.to_container(cfg, resolve=True)
     except OmegaConfBaseException as e:

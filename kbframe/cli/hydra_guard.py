@@ -466,6 +466,17 @@ def check_search_path(entry: str) -> None:
         f"code; a search path entry names a folder (file://DIR) or kbframe's own configs (pkg://kbframe)")
 
 
+def _null_parent(cfg, key: str) -> str:
+    """The first key on the way to ``key`` whose value is null (``key``'s parent if none)."""
+    from omegaconf import OmegaConf
+    parts = key.split(".")
+    for i in range(1, len(parts)):
+        prefix = ".".join(parts[:i])
+        if OmegaConf.select(cfg, prefix, throw_on_missing=False) is None:
+            return prefix
+    return ".".join(parts[:-1]) or key
+
+
 def install() -> None:
     """Wrap Hydra's config loader so that every composed config is checked, and its config
     repository so that every file's defaults list is checked as it is read (idempotent)."""
@@ -501,6 +512,19 @@ def install() -> None:
             check_search_path(str(sp.path))
         return initialize_sources(self, config_search_path, *args, **kwargs)
     ConfigRepository.initialize_sources = checked_initialize_sources
+
+    apply_overrides = ConfigLoaderImpl._apply_overrides_to_config
+
+    def checked_apply_overrides(overrides, cfg):
+        for override in overrides:  # one at a time, in order, as Hydra applies them
+            try:
+                apply_overrides([override], cfg)
+            except AssertionError:  # OmegaConf.update's, adding a key below a null value
+                parent = _null_parent(cfg, override.key_or_group)
+                raise ConfigCompositionException(
+                    f"Error merging override {override.input_line}: {parent} is null, so no key can be added below "
+                    f"it; give {parent} a mapping first") from None
+    ConfigLoaderImpl._apply_overrides_to_config = staticmethod(checked_apply_overrides)
 
     def load_configuration(self, config_name, overrides, run_mode, *args, **kwargs):
         _values_read.clear()  # the files of one composed config count together

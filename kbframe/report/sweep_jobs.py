@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..files import dir_locked, read_small, read_status
-from ..yaml_values import checked_values
+from ..yaml_values import check_resolved, checked_values
 
 #: columns every job has, as metrics.json paths; the workload's own ``shape.<key>`` columns
 #: (whatever its metrics.json ``shape`` holds) come between HEAD_COLUMNS and RESULT_COLUMNS
@@ -188,12 +188,15 @@ def load_yaml(path: Path):
     """A sweep's or a job's YAML file (``multirun.yaml``, ``.hydra/*.yaml``) as OmegaConf
     reads it; None if it cannot be read, is over 1 MiB or not a regular file
     (:func:`kbframe.files.read_small`), or stands for too many values with its aliases
-    expanded (kbframe.yaml_values: a directory handed to a report tool may be anyone's)."""
+    expanded or its interpolations resolved (kbframe.yaml_values: a directory handed to a
+    report tool may be anyone's)."""
     from omegaconf import OmegaConf
     try:
         text = read_small(path, 1 << 20)
         checked_values(text, path)
-        return OmegaConf.create(text)
+        cfg = OmegaConf.create(text)
+        check_resolved(OmegaConf.to_container(cfg, resolve=False))
+        return cfg
     except Exception:  # noqa: BLE001 (unreadable, refused, or text OmegaConf cannot take: none)
         return None
 
