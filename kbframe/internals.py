@@ -42,6 +42,17 @@ KEPT = {
         "kbframe.cli.hydra_guard.source_of: the file a refused key was set in, found in the defaults "
         "list with the repository Hydra composed from (hydra.searchpath included); the public "
         "compute_defaults_list gives no repository to read the files back",
+    "omegaconf.base.Container._resolve_node_interpolation, omegaconf.base.Container._evaluate_custom_resolver, "
+    "omegaconf.base.Container.resolve_parse_tree":
+        "kbframe.yaml_values.check_resolves: a config's interpolations are resolved once within a budget "
+        "(each ${key}, resolver call and parsed string counted) before anything resolves them unchecked; "
+        "a key or a resolver's argument may be computed as it resolves, and OmegaConf has no hook or limit",
+    "hydra._internal.config_loader_impl.ConfigLoaderImpl._apply_overrides_to_config":
+        "kbframe.cli.hydra_guard.install: the overrides applied one at a time, so one that adds a key "
+        "below a null value (OmegaConf's AssertionError) is refused in one line naming it",
+    "hydra._internal.config_loader_impl.ConfigLoaderImpl._load_single_config":
+        "kbframe.cli.hydra_guard.install: each config counted as it is merged, each time a defaults list "
+        "names it (Hydra's repository reads a file once and merges it per entry), before the next merge",
     "hydra._internal.hydra.run_job, hydra._internal.core_plugins.basic_launcher.run_job":
         "kbframe.cli.job_dirs.install: a run's directory is checked (links, another program's files) "
         "before Hydra writes into it; run_job is public, but the modules that call it imported it "
@@ -107,3 +118,9 @@ def defaults_list(loader, config_name, overrides, run_mode):
     dl = create_defaults_list(repo=repo, config_name=config_name, overrides_list=parsed, prepend_hydra=True,
                               skip_missing=run_mode == RunMode.MULTIRUN)
     return dl, repo
+
+
+def omegaconf_container_class():
+    """OmegaConf's ``Container`` (its resolution methods: :data:`KEPT`)."""
+    from omegaconf.base import Container
+    return Container

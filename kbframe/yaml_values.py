@@ -13,12 +13,12 @@ a file over :data:`MAX_YAML_BYTES` is refused unread.
 
 An interpolation (``${a.b}``) does to a composed config what an alias does to a file: ten
 keys of ten ``${...}`` each, every one naming the key before it, resolve to ten billion
-values, and OmegaConf resolves them one at a time. :func:`resolved_values` counts them on
-the unresolved config, each key's count once.
+values, and OmegaConf resolves them one at a time; a key or a resolver's argument may be
+computed as it resolves, so no count on the unresolved config can follow them all.
+:func:`check_resolves` resolves the config once with OmegaConf itself, counting what it
+spends (values, interpolations resolved, a string's characters), and stops at the limit.
 """
 from __future__ import annotations
-
-import re
 
 from .errors import ConfigError
 
@@ -124,148 +124,146 @@ def checked_values(text: str, path, before: int = 0) -> int:
     return n
 
 
-#: an interpolation holding no other (``${a.b}``, ``${oc.env:X}``; the inner one of
-#: ``${oc.create:${a}}``). An escaped one (``\${a}``) counts too: ``oc.decode`` resolves it
-_INTERPOLATION = re.compile(r"\$\{([^${}]*)\}")
-#: resolvers whose first argument is a config key, resolving to the node it names
-_KEY_RESOLVERS = frozenset({"oc.select", "oc.dict.keys", "oc.dict.values"})
-_KEY_PART = re.compile(r"([^.\[\]]+)|\[\s*([^\]]*?)\s*\]")
+#: interpolations OmegaConf may resolve while one check runs (a node's ``${key}``, a
+#: resolver's call, a string's parse; kbframe's own configs resolve a few dozen)
+MAX_RESOLUTIONS = 20_000
+#: characters of one string an interpolation resolves to (what a config file may hold)
+MAX_RESOLVED_CHARS = MAX_YAML_BYTES
 
 
-def resolved_values(root, at: tuple = ()) -> tuple[int, str]:
-    """The values (as :func:`yaml_values` counts them) the node at path ``at`` of the
-    config ``root`` stands for with its interpolations resolved, counted up to just past
-    :data:`MAX_YAML_VALUES`, and the key of the interpolation that stands for the most.
-    ``root``: the config as plain containers, unresolved
-    (``OmegaConf.to_container(cfg, resolve=False)``). Each ``${key}`` (absolute, or relative:
-    ``${.key}``, ``${..key}``; or the key an ``oc.select`` / ``oc.dict`` resolver names)
-    counts what the node it names stands for, each key's count taken once; a key that is
-    not in ``root`` counts as one value (OmegaConf says why when it resolves it)."""
-    return _Resolved(root).count(at)
+class _Budget:
+    """What OmegaConf's resolutions under :func:`check_resolves` may still spend."""
+
+    #: the budget of the check running now; None: resolutions are not counted
+    active: _Budget | None = None
+
+    def __init__(self) -> None:
+        self.resolutions = 0
+        self.over: str | None = None  # why the budget is spent: every later resolution stops at once
+
+    def spend(self) -> None:
+        self.resolutions += 1
+        if self.resolutions > MAX_RESOLUTIONS and self.over is None:
+            self.over = "steps"
+        if self.over is not None:
+            raise _Spent(self.over)
+
+    def check_text(self, value) -> None:
+        if isinstance(value, str) and len(value) > MAX_RESOLVED_CHARS and self.over is None:
+            self.over = "chars"
+        if self.over is not None:
+            raise _Spent(self.over)
 
 
-def check_resolved(root, at: tuple = (), what: str = "the config") -> None:
-    """:func:`resolved_values` of the node at ``at`` of ``root``, refused over
-    :data:`MAX_YAML_VALUES` before OmegaConf resolves it.
+class _Spent(Exception):
+    """Raised inside OmegaConf's resolution once the budget is spent. OmegaConf may wrap it
+    in an error of its own, so :func:`check_resolves` reads the budget, not the exception."""
+
+
+def _install() -> None:
+    """Count OmegaConf's resolutions while a check runs (idempotent; kbframe.internals)."""
+    from .internals import omegaconf_container_class
+    container = omegaconf_container_class()
+    if getattr(container.resolve_parse_tree, "__kbframe_budget__", False):
+        return
+    node, resolver, tree = (container._resolve_node_interpolation, container._evaluate_custom_resolver,
+                            container.resolve_parse_tree)
+
+    def counted_node(self, *args, **kwargs):
+        if _Budget.active is not None:
+            _Budget.active.spend()
+        return node(self, *args, **kwargs)
+
+    def counted_resolver(self, *args, **kwargs):
+        if _Budget.active is not None:
+            _Budget.active.spend()
+        return resolver(self, *args, **kwargs)
+
+    def counted_tree(self, *args, **kwargs):
+        budget = _Budget.active
+        if budget is None:
+            return tree(self, *args, **kwargs)
+        budget.spend()
+        value = tree(self, *args, **kwargs)
+        budget.check_text(value)
+        return value
+    counted_tree.__kbframe_budget__ = True
+    container._resolve_node_interpolation = counted_node
+    container._evaluate_custom_resolver = counted_resolver
+    container.resolve_parse_tree = counted_tree
+
+
+def check_resolves(cfg, at: str = "", skip: tuple = ()) -> None:
+    """Resolve every value of the OmegaConf config ``cfg`` (named ``at`` in messages) once,
+    as ``OmegaConf.to_container(resolve=True)`` would, within budgets, so that a caller
+    resolves it in bounded time: at most :data:`MAX_YAML_VALUES` values (an interpolation of
+    a list or mapping counts each of its values again), :data:`MAX_RESOLUTIONS`
+    interpolations resolved (a computed key, a resolver's call and a string's parse each
+    count) and strings of :data:`MAX_RESOLVED_CHARS` characters. A value that does not
+    resolve is left to the caller's own resolution, which names it; ``skip``: keys not
+    read (text no one resolves).
 
     Raises:
-        ConfigError: one line naming the interpolation's key and the limit.
+        ConfigError: one line naming the key being resolved when a budget ran out.
     """
-    n, key = resolved_values(root, at)
-    if n > MAX_YAML_VALUES:
-        raise ConfigError(f"{key or _dotted(at) or 'config'}: its interpolations (${{...}}) resolve "
-                          f"{what} to more than {MAX_YAML_VALUES:,} values; a config holds at most "
-                          f"{MAX_YAML_VALUES:,}")
+    from omegaconf import DictConfig, ListConfig
+
+    def children(key: str, node) -> list:
+        if isinstance(node, DictConfig):
+            return [(f"{key}.{k}" if key else str(k), node, k) for k in node.keys()]
+        if isinstance(node, ListConfig):
+            return [(f"{key}[{i}]", node, i) for i in range(len(node))]
+        return []
+
+    _install()
+    budget, values, key = _Budget(), 0, at
+    previous, _Budget.active = _Budget.active, budget
+    try:
+        stack = children(at, cfg)[::-1]
+        while stack:
+            key, parent, k = stack.pop()
+            if key in skip:
+                continue
+            values += 1
+            if values > MAX_YAML_VALUES:
+                budget.over = "values"
+                raise _Spent(budget.over)
+            try:
+                value = parent[k]
+            except Exception:  # noqa: BLE001 (the caller's resolution names what does not resolve)
+                if budget.over is not None:
+                    raise
+                continue
+            stack.extend(children(key, value)[::-1])
+    except Exception:  # noqa: BLE001 (_Spent, or OmegaConf's error wrapping it)
+        if budget.over is None:
+            raise
+        raise ConfigError(_spent_message(key, budget.over)) from None
+    finally:
+        _Budget.active = previous
 
 
-class _Resolved:
-    """:func:`resolved_values`: counts memoised by a node's path in ``root``."""
-
-    def __init__(self, root):
-        self.root = root
-        self.counts: dict[tuple, int] = {}
-        self.busy: set[tuple] = set()
-        self.largest = (0, "")
-
-    def count(self, at: tuple) -> tuple[int, str]:
-        found = self._node(at)
-        if found is None:
-            return 0, ""
-        try:
-            n = self._count(*found)
-        except RecursionError:  # a chain of keys naming keys deeper than Python's stack
-            return MAX_YAML_VALUES + 1, self.largest[1]
-        return n, self.largest[1]
-
-    def _count(self, path: tuple, node) -> int:
-        if path in self.counts:
-            return self.counts[path]
-        if path in self.busy:  # a cycle: OmegaConf names it when it resolves it
-            return 1
-        self.busy.add(path)
-        over = MAX_YAML_VALUES + 1
-        if isinstance(node, dict):
-            n = 1
-            for k, v in node.items():
-                n = min(over, n + 1 + self._count(path + (k,), v))
-        elif isinstance(node, list):
-            n = 1
-            for i, v in enumerate(node):
-                n = min(over, n + self._count(path + (i,), v))
-        elif isinstance(node, str) and "${" in node:
-            n = 1
-            for key in _referenced(node):
-                found = self._node(_key_path(path[:-1], key))
-                if found is not None:
-                    n = min(over, n + self._count(*found))
-            if n > self.largest[0]:
-                self.largest = (n, _dotted(path))
-        else:
-            n = 1
-        self.busy.discard(path)
-        self.counts[path] = n
-        return n
-
-    def _node(self, path: tuple | None, hops: int = 0):
-        """``(path, node)``: the node at ``path``, interpolations on the way followed (a
-        node that is one ``${key}`` stands for the node ``key`` names); None if none."""
-        if path is None or hops > MAX_YAML_DEPTH:
-            return None
-        node, here = self.root, ()
-        for part in path:
-            found = self._follow(here, node, hops)
-            if found is None:
-                return None
-            here, node = found
-            if isinstance(node, dict) and part in node:
-                node = node[part]
-            elif isinstance(node, dict) and str(part) in node:
-                part = str(part)
-                node = node[part]
-            elif isinstance(node, list) and str(part).lstrip("-").isdigit() and -len(node) <= int(part) < len(node):
-                part = int(part) % len(node)
-                node = node[part]
-            else:
-                return None
-            here = here + (part,)
-        return self._follow(here, node, hops)
-
-    def _follow(self, here: tuple, node, hops: int):
-        if isinstance(node, str) and node.startswith("${") and node.endswith("}"):
-            keys = _referenced(node)
-            if len(keys) == 1 and _INTERPOLATION.fullmatch(node):
-                return self._node(_key_path(here[:-1], keys[0]), hops + 1) or (here, node)
-        return here, node
+def container_values(node) -> int:
+    """The values (as :func:`yaml_values` counts them) of ``node``, plain dicts and lists
+    (``OmegaConf.to_container(cfg, resolve=False)``): interpolations not resolved."""
+    n, stack = 0, [node]
+    while stack:
+        x = stack.pop()
+        n += 1
+        if isinstance(x, dict):
+            n += len(x)
+            stack.extend(x.values())
+        elif isinstance(x, list):
+            stack.extend(x)
+    return n
 
 
-def _referenced(text: str) -> list[str]:
-    """The config keys the interpolations in ``text`` name."""
-    keys = []
-    for m in _INTERPOLATION.finditer(text):
-        body = m.group(1).strip()
-        name, colon, args = body.partition(":")
-        if not colon:
-            keys.append(body)
-        elif name.strip() in _KEY_RESOLVERS:
-            keys.append(args.split(",")[0].strip().strip("'\""))
-    return keys
-
-
-def _key_path(parent: tuple, key: str) -> tuple | None:
-    """The path of ``key`` as an interpolation in the node at ``parent`` names it
-    (``.key`` from ``parent``, ``..key`` from its parent); None if it leaves the config."""
-    dots = len(key) - len(key.lstrip("."))
-    if dots:
-        up = dots - 1
-        if up > len(parent):
-            return None
-        start = parent[:len(parent) - up]
-    else:
-        start = ()
-    parts = tuple(name or index for name, index in _KEY_PART.findall(key[dots:]))
-    return start + parts
-
-
-def _dotted(path: tuple) -> str:
-    """``('a', 'b', 0)`` → ``a.b[0]``, as errors name a key."""
-    return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path).lstrip(".")
+def _spent_message(key: str, why: str) -> str:
+    if why == "values":
+        return (f"{key}: the config's interpolations (${{...}}) resolve to more than {MAX_YAML_VALUES:,} values "
+                f"by here; a config holds at most {MAX_YAML_VALUES:,}")
+    if why == "steps":
+        return (f"{key}: resolving the config's interpolations (${{...}}) takes more than {MAX_RESOLUTIONS:,} "
+                f"steps by here; a config may take at most {MAX_RESOLUTIONS:,}")
+    return (f"{key}: an interpolation (${{...}}) resolves to a string of more than {MAX_RESOLVED_CHARS:,} "
+            f"characters; a config's strings hold at most that many")

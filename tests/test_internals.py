@@ -13,7 +13,7 @@ from kbframe import internals
 
 
 def test_every_kept_name_has_a_test_here():
-    assert len(internals.KEPT) == 10
+    assert len(internals.KEPT) == 13
 
 
 def test_hydra_get_mode_takes_the_config_name_and_overrides():
@@ -171,3 +171,36 @@ def test_hydras_single_run_and_basic_launcher_call_the_run_job_they_imported():
     assert p.returncode == 0, p.stderr
     assert p.stdout.split("\n")[0] == str(["task_function", "config", "job_dir_key", "job_subdir_key",
                                           "hydra_context", "configure_logging"])
+
+
+def test_omegaconf_resolves_through_the_three_container_methods():
+    """Each ${key}, resolver call and parsed string goes through the methods
+    kbframe.yaml_values counts (kbframe.internals.omegaconf_container_class)."""
+    container = internals.omegaconf_container_class()
+    names = ("_resolve_node_interpolation", "_evaluate_custom_resolver", "resolve_parse_tree")
+    seen = []
+    saved = {n: getattr(container, n) for n in names}
+
+    def spy(name):
+        def f(self, *a, **k):
+            seen.append(name)
+            return saved[name](self, *a, **k)
+        return f
+    try:
+        for n in names:
+            setattr(container, n, spy(n))
+        cfg = OmegaConf.create({"a": 1, "b": "${a}", "c": "x${oc.decode:'2'}"})
+        assert (cfg.b, cfg.c) == (1, "x2")
+    finally:
+        for n in names:
+            setattr(container, n, saved[n])
+    assert seen == ["resolve_parse_tree", "_resolve_node_interpolation", "resolve_parse_tree",
+                    "_evaluate_custom_resolver", "resolve_parse_tree"]
+
+
+def test_hydra_applies_overrides_and_loads_configs_through_the_wrapped_methods():
+    loader = internals.config_loader_class()
+    for name in ("_apply_overrides_to_config", "_load_single_config"):
+        assert callable(getattr(loader, name))
+    assert list(inspect.signature(loader._load_single_config).parameters) == ["self", "default", "repo"]
+    assert list(inspect.signature(loader._apply_overrides_to_config).parameters)[:2] == ["overrides", "cfg"]

@@ -83,6 +83,9 @@ def _files(tmp):
     # each file under the limit, together over it
     for i in range(3):
         (more / "bench" / f"part{i}.yaml").write_text("x: [" + ", ".join(["1"] * 9000) + "]\n")
+    (more / "bench" / "evil_same_part.yaml").write_text(  # one file under the limit, merged three times
+        "# @package _global_\ndefaults:\n  - /bench/decode_opt2@bench\n" +
+        "".join(f"  - /bench/part0@p{i}\n" for i in range(3)) + "  - _self_\n")
     (more / "bench" / "evil_parts.yaml").write_text(
         "# @package _global_\ndefaults:\n  - /bench/decode_opt2@bench\n" +
         "".join(f"  - /bench/part{i}@p{i}\n" for i in range(3)) + "  - _self_\n")
@@ -135,8 +138,11 @@ CASES = [
     ("yaml_aliases", ["+bench=evil_laughs", SP], "config file '<tmp>/more/bench/evil_laughs.yaml': its YAML stands for more than 20,000 values with its aliases (*name) expanded; a config holds at most 20,000"),
     ("yaml_aliases_yml", ["+bench=evil.yml", SP], "config file '<tmp>/more/bench/evil.yml.yaml': its YAML stands for more than 20,000 values with its aliases (*name) expanded; a config holds at most 20,000"),
     ("yaml_parts", ["+bench=evil_parts", SP], "config file '<tmp>/more/bench/part0.yaml': with the config files read before it, the config stands for more than 20,000 values (aliases (*name) expanded); a config holds at most 20,000"),
-    ("yaml_interps", ["+bench=evil_interps", SP], "bench.a5[0]: its interpolations (${...}) resolve the config to more than 20,000 values; a config holds at most 20,000"),
-    ("yaml_interps_sweep", ["-m", "+bench=evil_interps", SP, "hydra.sweep.dir=<tmp>/sweeps/interps"], "bench.a5[0]: its interpolations (${...}) resolve the config to more than 20,000 values; a config holds at most 20,000"),
+    ("yaml_interps", ["+bench=evil_interps", SP], "bench.a4[0][6][5][8][1]: the config's interpolations (${...}) resolve to more than 20,000 values by here; a config holds at most 20,000"),
+    ("yaml_interps_sweep", ["-m", "+bench=evil_interps", SP, "hydra.sweep.dir=<tmp>/sweeps/interps"], "bench.a4[0][6][4][8]: the config's interpolations (${...}) resolve to more than 20,000 values by here; a config holds at most 20,000"),
+    ("interp_env_set", ["+bench=decode_opt2", "+hydra.job.env_set.S0=x"] + [
+        f"+hydra.job.env_set.S{i}='" + f"${{.S{i - 1}}}" * 10 + "'" for i in range(1, 7)], "hydra.job.env_set.S5: resolving the config's interpolations (${...}) takes more than 20,000 steps by here; a config may take at most 20,000"),
+    ("yaml_same_part", ["+bench=evil_same_part", SP], "config '<tmp>/more/bench/part0.yaml': merged with the configs before it (each as many times as a defaults list names it), the config holds more than 20,000 values; a config holds at most 20,000"),
     ("yaml_deep", ["+bench=evil_deep", SP], "config file '<tmp>/more/bench/evil_deep.yaml' nests its lists or mappings deeper than 64 levels"),
     ("yaml_utf8", ["+bench=evil_utf8", SP], "config file '<tmp>/more/bench/evil_utf8.yaml' is not UTF-8 text (byte 4: b'\\xff')"),
 ]
@@ -196,26 +202,40 @@ def test_a_yaml_files_values_are_counted_with_its_aliases_expanded():
         yaml_values("a: " + "[" * 64 + "]" * 64)
 
 
-def test_a_configs_values_are_counted_with_its_interpolations_resolved():
-    """Each value once per place it stands, as in a YAML file: an interpolation counts the
-    node it names (absolute, relative, through another interpolation, or named by
-    oc.select); a key not in the config, or a cycle, counts one; the key named is the
-    interpolation that stands for the most."""
+def test_a_configs_interpolations_resolve_within_their_budgets():
+    """OmegaConf resolves every value once, counted: values (an interpolation of a list
+    counts its values again), interpolations resolved (a computed key, a resolver's call and a
+    parsed string each count) and a string's characters; a value that does not resolve is
+    left to the caller; the count stops with the check."""
+    from omegaconf import OmegaConf
+
     from kbframe.errors import ConfigError
-    from kbframe.yaml_values import MAX_YAML_VALUES, check_resolved, resolved_values
-    assert resolved_values({"a": [1, 2]}) == (5, "")
-    assert resolved_values({"a": [1, 2], "b": "${a}"}) == (1 + 4 + 1 + 4, "b")
-    assert resolved_values({"a": {"x": [1, 2], "y": "${.x}", "z": "${..a.x}"}}) == (1 + 1 + 1 + 3 * 2 + 2 * 4, "a.y")
-    assert resolved_values({"a": [1, 2], "b": "${a}", "c": "${b[1]}", "d": "${oc.select:a,0}${a}${oc.env:X}"}) == (
-        1 + 4 + 5 + 3 + 8, "d")
-    assert resolved_values({"a": "${nope}", "b": "${b}", "c": "\\${a}"}) == (1 + 2 + 3 + 3, "b")
-    bomb = {"a0": 1, **{f"a{i}": [f"${{a{i - 1}}}"] * 10 for i in range(1, 6)}}
-    assert resolved_values(bomb) == (MAX_YAML_VALUES + 1, "a5[0]")
-    a1 = 1 + 10 * (1 + 1)  # the list, and ten strings each naming a0's one value
-    assert resolved_values(bomb, ("a3",)) == (1 + 10 * (1 + 1 + 10 * (1 + a1)), "a3[0]")
-    with pytest.raises(ConfigError, match=r"^a5\[0\]: its interpolations \(\$\{\.\.\.\}\) resolve the config to "
-                                          r"more than 20,000 values; a config holds at most 20,000$"):
-        check_resolved(bomb)
+    from kbframe.yaml_values import _Budget, check_resolves, container_values
+    ok = OmegaConf.create({"a": [1, 2], "b": "${a}", "c": "${nope}", "d": "${oc.decode:'[${a}]'}", "e": "???"})
+    check_resolves(ok)
+    assert _Budget.active is None and container_values(OmegaConf.to_container(ok)) == 1 + 5 + 3 + 4  # the mapping, keys, list, strings
+
+    def refused(cfg, skip=()):
+        with pytest.raises(ConfigError) as e:
+            check_resolves(OmegaConf.create(cfg), skip=skip)
+        assert _Budget.active is None
+        return str(e.value)
+    bomb = {"a0": [1] * 10, **{f"a{i}": [f"${{a{i - 1}}}"] * 10 for i in range(1, 6)}}
+    assert refused(bomb) == ("a4[0][6][8][8][9]: the config's interpolations (${...}) resolve to more than 20,000 "
+                             "values by here; a config holds at most 20,000")
+    check_resolves(OmegaConf.create(bomb), skip=("a4", "a5"))  # 11 + 10·12 + 10·122 + 10·1222 values
+    # keys computed as they resolve: ${oc.select:x.${n1}}, ${x.${n2}} ... (n_i names x.a_{i-1})
+    computed = {"n": {f"n{i}": f"a{i - 1}" for i in range(1, 6)}, "x": {"a0": [1] * 10, **{
+        f"a{i}": [f"${{oc.select:x.${{n.n{i}}}}}" if i % 2 else f"${{x.${{n.n{i}}}}}"] * 10 for i in range(1, 6)}}}
+    assert computed["x"]["a1"][0] == "${oc.select:x.${n.n1}}" and computed["x"]["a2"][0] == "${x.${n.n2}}"
+    assert list(OmegaConf.create(computed).x.a2[3][0]) == [1] * 10  # a2 → a1 → a0
+    assert refused(computed).endswith("resolve to more than 20,000 values by here; a config holds at most 20,000")
+    doubling = {"s0": "x", **{f"s{i}": f"${{s{i - 1}}}${{s{i - 1}}}" for i in range(1, 40)}}
+    assert refused(doubling) == ("s12: resolving the config's interpolations (${...}) takes more than 20,000 steps "
+                                 "by here; a config may take at most 20,000")
+    wide = {"big": "x" * 20_000, "s": "${big}" * 60}
+    assert refused(wide) == ("s: an interpolation (${...}) resolves to a string of more than 1,048,576 characters; "
+                             "a config's strings hold at most that many")
 
 
 @pytest.mark.parametrize("how", ["aliases", "interpolations"])

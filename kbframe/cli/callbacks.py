@@ -119,6 +119,20 @@ class SweepReport(Callback):
         self.x = x
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        """:meth:`_start`, where an error that is not a refusal stops the sweep too: Hydra
+        would only warn of it and run the sweep with the checks after it skipped."""
+        try:
+            self._start(config)
+        except (KbframeError, SystemExit, KeyboardInterrupt):
+            raise
+        except Exception as e:  # noqa: BLE001 (one line, whatever raised it)
+            key = getattr(e, "full_key", None)
+            why = (str(getattr(e, "msg", None) or e).strip().splitlines() or [type(e).__name__])[0]
+            if key and type(e).__module__ == "omegaconf.errors":
+                _fail(f"{key}: cannot resolve: {why}")
+            _fail(f"{key}: {why}" if key else f"the sweep cannot start: {type(e).__name__}: {why}")
+
+    def _start(self, config: DictConfig) -> None:
         """Before Hydra writes the sweep's ``multirun.yaml``: check a design-space search
         whole (kbframe.cli.search_space.check_sweep), lock the sweep directory for the
         sweep, and refuse one that holds another sweep's jobs (its report would mix them

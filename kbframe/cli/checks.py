@@ -25,7 +25,7 @@ from pathlib import Path
 
 from ..errors import ConfigError, KbframeError, RecipeError
 from ..tl import recipe as recipe_files
-from ..yaml_values import check_resolved
+from ..yaml_values import check_resolves
 
 
 GROUPS = ("bench", "hardware", "calibration", "energy", "model", "search")
@@ -206,8 +206,7 @@ def check_config(cfg) -> None:
     """The composed config, before kbframe reads it: every section a run needs is there,
     and every value resolves (an interpolation in an override, ``${oc.env:NOPE}`` or a
     cycle, is an error naming the key, not a traceback from wherever it is first read),
-    to at most :data:`~kbframe.yaml_values.MAX_YAML_VALUES` values (counted before it is
-    resolved, kbframe.yaml_values.resolved_values).
+    within the budgets of :func:`kbframe.yaml_values.check_resolves` (20,000 values).
 
     Raises:
         ConfigError: names the key and why.
@@ -218,7 +217,7 @@ def check_config(cfg) -> None:
         if sec not in cfg:
             raise ConfigError(f"the config has no '{sec}' section (deleted with ~{sec}?); every run needs "
                               f"{', '.join(SECTIONS)}")
-    check_resolved(OmegaConf.to_container(cfg, resolve=False))
+    check_resolves(cfg)
     try:
         OmegaConf.to_container(cfg, resolve=True)
     except OmegaConfBaseException as e:

@@ -58,7 +58,8 @@ import re
 from pathlib import PurePosixPath
 
 from ..errors import ConfigError
-from ..yaml_values import YamlRefused, checked_values, read_yaml_text
+from ..yaml_values import (MAX_YAML_VALUES, YamlRefused, check_resolves, checked_values, container_values,
+                           read_yaml_text)
 
 #: a config group choice: a plain name (no path separator, no '..')
 _CHOICE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")
@@ -395,6 +396,9 @@ def _entry_text(d) -> str:
 
 #: the values of each config file read from a folder so far for the config being composed
 _values_read: dict[str, int] = {}
+#: the values of each config merged so far into the config being composed (by config path),
+#: and under None their sum, each config counted each time it is merged
+_values_merged: dict[str | None, int] = {}
 
 
 def _file_to_read(repo, config_path: str) -> str | None:
@@ -467,10 +471,11 @@ def check_search_path(entry: str) -> None:
 
 
 def _null_parent(cfg, key: str) -> str:
-    """The first key on the way to ``key`` whose value is null (``key``'s parent if none)."""
+    """The first key on the way to ``key``, or ``key``, whose value is null (``key``'s parent
+    if none)."""
     from omegaconf import OmegaConf
     parts = key.split(".")
-    for i in range(1, len(parts)):
+    for i in range(1, len(parts) + 1):
         prefix = ".".join(parts[:i])
         if OmegaConf.select(cfg, prefix, throw_on_missing=False) is None:
             return prefix
@@ -519,17 +524,43 @@ def install() -> None:
         for override in overrides:  # one at a time, in order, as Hydra applies them
             try:
                 apply_overrides([override], cfg)
-            except AssertionError:  # OmegaConf.update's, adding a key below a null value
-                parent = _null_parent(cfg, override.key_or_group)
+            except (AssertionError, AttributeError):  # OmegaConf.update's, merging into a null value
+                key = override.key_or_group
+                null = _null_parent(cfg, key)
+                what = "nothing can be merged into it" if null == key else "no key can be added below it"
                 raise ConfigCompositionException(
-                    f"Error merging override {override.input_line}: {parent} is null, so no key can be added below "
-                    f"it; give {parent} a mapping first") from None
+                    f"Error merging override {override.input_line}: {null} is null, so {what} from the command "
+                    f"line; set {null} in a config file instead (as conf/sweep/*.yaml set hydra.sweeper.params)") \
+                    from None
     ConfigLoaderImpl._apply_overrides_to_config = staticmethod(checked_apply_overrides)
+
+    load_single_config = ConfigLoaderImpl._load_single_config
+
+    def counted_load_single_config(self, default, repo):
+        res = load_single_config(self, default, repo)
+        n = _values_merged.get(default.config_path)
+        if n is None:  # a config's own values, counted once: its text is the same each time
+            n = _values_merged[default.config_path] = container_values(
+                OmegaConf.to_container(res.config, resolve=False))
+        _values_merged[None] = total = _values_merged.get(None, 0) + n
+        if total > MAX_YAML_VALUES:
+            where = _file_to_read(repo, default.config_path) or default.config_path
+            raise ConfigCompositionException(
+                f"config '{where}': merged with the configs before it (each as many times as a defaults list "
+                f"names it), the config holds more than {MAX_YAML_VALUES:,} values; a config holds at most "
+                f"{MAX_YAML_VALUES:,}")
+        return res
+    ConfigLoaderImpl._load_single_config = counted_load_single_config
 
     def load_configuration(self, config_name, overrides, run_mode, *args, **kwargs):
         _values_read.clear()  # the files of one composed config count together
+        _values_merged.clear()
         cfg = original(self, config_name, overrides, run_mode, *args, **kwargs)
         if "hydra" in cfg:
+            try:  # before Hydra resolves hydra.run.dir, hydra.job.env_set ... unchecked
+                check_resolves(cfg.hydra, "hydra", skip=("hydra.overrides",))
+            except ConfigError as e:
+                raise ConfigCompositionException(str(e)) from None
             try:
                 check_hydra(expand(OmegaConf.to_container(cfg.hydra, resolve=False), cfg))
             except Refusal as r:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from ..errors import ConfigError
 from ..report.search import Search
-from ..yaml_values import check_resolved
+from ..yaml_values import check_resolves
 
 
 def _param(key: str, value: str, where: str):
@@ -47,16 +47,14 @@ def check_sweep(config) -> None:
     ``hydra.sweeper.direction`` equal to ``search.directions``, sweep parameters that are
     config keys (a ``hydra.*`` parameter could move a trial out of the sweep directory) and
     a well-formed ``search.when``. A grid sweep only gets its ``search`` section checked.
-    First, the config's interpolations must resolve to at most
-    :data:`~kbframe.yaml_values.MAX_YAML_VALUES` values (kbframe.yaml_values.check_resolved).
+    First, the config's interpolations must resolve within the budgets of
+    :func:`kbframe.yaml_values.check_resolves`.
 
     Raises:
         ConfigError: one line naming the key.
     """
     from omegaconf import OmegaConf
-    root = OmegaConf.to_container(config, resolve=False)
-    check_resolved({k: v for k, v in root.items() if k != "hydra"})  # the overrides Hydra records are text
-    check_resolved(root, ("hydra", "sweeper"))
+    check_resolves(config, skip=("hydra.overrides",))  # the overrides Hydra records are text
     search = Search.from_config(OmegaConf.to_container(config.search, resolve=True)
                                 if config.get("search") is not None else None)
     sweeper = config.hydra.sweeper

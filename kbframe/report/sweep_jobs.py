@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..files import dir_locked, read_small, read_status
-from ..yaml_values import check_resolved, checked_values
+from ..yaml_values import check_resolves, checked_values
 
 #: columns every job has, as metrics.json paths; the workload's own ``shape.<key>`` columns
 #: (whatever its metrics.json ``shape`` holds) come between HEAD_COLUMNS and RESULT_COLUMNS
@@ -195,7 +195,7 @@ def load_yaml(path: Path):
         text = read_small(path, 1 << 20)
         checked_values(text, path)
         cfg = OmegaConf.create(text)
-        check_resolved(OmegaConf.to_container(cfg, resolve=False))
+        check_resolves(cfg)
         return cfg
     except Exception:  # noqa: BLE001 (unreadable, refused, or text OmegaConf cannot take: none)
         return None
