@@ -61,7 +61,6 @@ class GqaDecode(Workload):
     file_scalars = ("scale",)
 
     def validate(self) -> None:
-        c = self.cfg
         self._validate_design()  # ranges and choices: the Config's declarations (kbframe.params)
 
     def _validate_design(self) -> None:

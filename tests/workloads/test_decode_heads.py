@@ -4,7 +4,6 @@ Every head of every sequence against an independent float64 reference, a sequenc
 0 giving 0 (not NaN), G = 7 (Qwen2.5-7B), the blocked and round-robin mappings (the same
 numbers, the work on the PEs the mapping names), one item on one PE identical to decode_opt2,
 and the model presets."""
-import json
 import math
 
 import numpy as np
@@ -58,7 +57,6 @@ def test_mappings_give_the_same_numbers_on_the_pes_they_name(tmp_path):
     {0, 4}, {1, 5}, {2}, {3}; each PE's DMA reads are exactly its items' q, K and V bytes;
     the outputs are bit-identical (each item runs the same commands wherever it runs)."""
     outs, reads = {}, {}
-    lengths = [40, 24]  # items (b, h): b = 0 → 40 keys, b = 1 → 24 keys; H_kv = 3
     for mapping in ("blocked", "round_robin"):
         d = tmp_path / mapping
         run(d, "bench.H_q=6", "bench.H_kv=3", "bench.d=8", "bench.S_kv=[40,24]", "bench.tile=16",
