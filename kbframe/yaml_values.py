@@ -20,6 +20,8 @@ spends (values, interpolations resolved, a string's characters), and stops at th
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 from .errors import ConfigError
 
 #: values the config files of one composed config may stand for together, aliases expanded
@@ -124,11 +126,16 @@ def checked_values(text: str, path, before: int = 0) -> int:
     return n
 
 
-#: interpolations OmegaConf may resolve while one check runs (a node's ``${key}``, a
-#: resolver's call, a string's parse; kbframe's own configs resolve a few dozen)
+#: steps OmegaConf's resolution may take while one check runs: a node's ``${key}``, a
+#: resolver's call, each value a resolver builds, and each 200 characters of a parsed
+#: string (parsing one costs about what resolving a key does); kbframe's own configs take
+#: a few dozen
 MAX_RESOLUTIONS = 20_000
 #: characters of one string an interpolation resolves to (what a config file may hold)
 MAX_RESOLVED_CHARS = MAX_YAML_BYTES
+#: characters of all the strings of one config, resolved
+MAX_RESOLVED_TOTAL_CHARS = 8 * MAX_YAML_BYTES
+_CHARS_PER_STEP = 200
 
 
 class _Budget:
@@ -141,8 +148,8 @@ class _Budget:
         self.resolutions = 0
         self.over: str | None = None  # why the budget is spent: every later resolution stops at once
 
-    def spend(self) -> None:
-        self.resolutions += 1
+    def spend(self, steps: int = 1) -> None:
+        self.resolutions += steps
         if self.resolutions > MAX_RESOLUTIONS and self.over is None:
             self.over = "steps"
         if self.over is not None:
@@ -175,15 +182,25 @@ def _install() -> None:
         return node(self, *args, **kwargs)
 
     def counted_resolver(self, *args, **kwargs):
-        if _Budget.active is not None:
-            _Budget.active.spend()
-        return resolver(self, *args, **kwargs)
+        budget = _Budget.active
+        if budget is None:
+            return resolver(self, *args, **kwargs)
+        budget.spend()
+        if kwargs.get("inter_type") == "oc.create":  # YAML text: its aliases expand as it is built
+            for arg in kwargs.get("inter_args") or ():
+                if isinstance(arg, str):
+                    budget.spend(_created_values(arg))
+        value = resolver(self, *args, **kwargs)
+        if hasattr(value, "__len__") and not isinstance(value, str):  # each value a resolver built
+            budget.spend(len(value))
+        return value
 
     def counted_tree(self, *args, **kwargs):
         budget = _Budget.active
         if budget is None:
             return tree(self, *args, **kwargs)
-        budget.spend()
+        parse_tree = kwargs.get("parse_tree", args[0] if args else None)
+        budget.spend(1 + len(parse_tree.getText()) // _CHARS_PER_STEP if parse_tree is not None else 1)
         value = tree(self, *args, **kwargs)
         budget.check_text(value)
         return value
@@ -193,13 +210,50 @@ def _install() -> None:
     container.resolve_parse_tree = counted_tree
 
 
+def _created_values(text: str) -> int:
+    """The values ``oc.create`` builds from the YAML ``text``, aliases expanded (past the
+    limit: too deep or recursive)."""
+    try:
+        n = yaml_values(text)
+    except RecursionError:
+        return MAX_RESOLUTIONS + 1
+    return n or 1
+
+
+@contextmanager
+def composition_budget():
+    """Count the resolutions Hydra makes while it composes a config (it resolves some keys
+    of its own section, ``hydra.job.env_copy`` and ``override_dirname``'s, before any check).
+
+    Raises:
+        ConfigError: one line when the budget ran out.
+    """
+    _install()
+    budget = _Budget()
+    previous, _Budget.active = _Budget.active, budget
+    try:
+        yield
+        if budget.over is not None:  # Hydra swallowed it
+            raise _Spent(budget.over)
+    except Exception:
+        if budget.over is None:
+            raise
+        if budget.over == "steps":
+            raise ConfigError(f"composing the config, Hydra's resolving of its interpolations (${{...}}) takes more "
+                              f"than {MAX_RESOLUTIONS:,} steps; a config may take at most {MAX_RESOLUTIONS:,}") from None
+        raise ConfigError(_spent_message("hydra", budget.over)) from None
+    finally:
+        _Budget.active = previous
+
+
 def check_resolves(cfg, at: str = "", skip: tuple = ()) -> None:
     """Resolve every value of the OmegaConf config ``cfg`` (named ``at`` in messages) once,
     as ``OmegaConf.to_container(resolve=True)`` would, within budgets, so that a caller
-    resolves it in bounded time: at most :data:`MAX_YAML_VALUES` values (an interpolation of
-    a list or mapping counts each of its values again), :data:`MAX_RESOLUTIONS`
-    interpolations resolved (a computed key, a resolver's call and a string's parse each
-    count) and strings of :data:`MAX_RESOLVED_CHARS` characters. A value that does not
+    resolves it in bounded time and memory: at most :data:`MAX_YAML_VALUES` values (an
+    interpolation of a list or mapping counts each of its values again),
+    :data:`MAX_RESOLUTIONS` steps (a computed key, a resolver's call, each value it builds
+    and a string's parse each count), strings of :data:`MAX_RESOLVED_CHARS` characters and
+    :data:`MAX_RESOLVED_TOTAL_CHARS` in all. A value that does not
     resolve is left to the caller's own resolution, which names it; ``skip``: keys not
     read (text no one resolves).
 
@@ -216,7 +270,7 @@ def check_resolves(cfg, at: str = "", skip: tuple = ()) -> None:
         return []
 
     _install()
-    budget, values, key = _Budget(), 0, at
+    budget, values, chars, key = _Budget(), 0, 0, at
     previous, _Budget.active = _Budget.active, budget
     try:
         stack = children(at, cfg)[::-1]
@@ -234,6 +288,11 @@ def check_resolves(cfg, at: str = "", skip: tuple = ()) -> None:
                 if budget.over is not None:
                     raise
                 continue
+            if isinstance(value, str):
+                chars += len(value)
+                if chars > MAX_RESOLVED_TOTAL_CHARS:
+                    budget.over = "total"
+                    raise _Spent(budget.over)
             stack.extend(children(key, value)[::-1])
     except Exception:  # noqa: BLE001 (_Spent, or OmegaConf's error wrapping it)
         if budget.over is None:
@@ -265,5 +324,8 @@ def _spent_message(key: str, why: str) -> str:
     if why == "steps":
         return (f"{key}: resolving the config's interpolations (${{...}}) takes more than {MAX_RESOLUTIONS:,} "
                 f"steps by here; a config may take at most {MAX_RESOLUTIONS:,}")
+    if why == "total":
+        return (f"{key}: the config's strings resolve to more than {MAX_RESOLVED_TOTAL_CHARS:,} characters in all "
+                f"by here; a config's strings hold at most that many")
     return (f"{key}: an interpolation (${{...}}) resolves to a string of more than {MAX_RESOLVED_CHARS:,} "
             f"characters; a config's strings hold at most that many")

@@ -229,10 +229,19 @@ def test_a_configs_interpolations_resolve_within_their_budgets():
         f"a{i}": [f"${{oc.select:x.${{n.n{i}}}}}" if i % 2 else f"${{x.${{n.n{i}}}}}"] * 10 for i in range(1, 6)}}}
     assert computed["x"]["a1"][0] == "${oc.select:x.${n.n1}}" and computed["x"]["a2"][0] == "${x.${n.n2}}"
     assert list(OmegaConf.create(computed).x.a2[3][0]) == [1] * 10  # a2 → a1 → a0
-    assert refused(computed).endswith("resolve to more than 20,000 values by here; a config holds at most 20,000")
+    assert refused(computed) == ("x.a4[0][3][8]: resolving the config's interpolations (${...}) takes more than "
+                                 "20,000 steps by here; a config may take at most 20,000")  # oc.select's lists count
     doubling = {"s0": "x", **{f"s{i}": f"${{s{i - 1}}}${{s{i - 1}}}" for i in range(1, 40)}}
     assert refused(doubling) == ("s12: resolving the config's interpolations (${...}) takes more than 20,000 steps "
                                  "by here; a config may take at most 20,000")
+    laughs = "[&a [x, x, x, x, x, x, x, x, x, x], " + ", ".join(
+        f"&{c} [{', '.join([f'*{p}'] * 10)}]" for p, c in zip("abcde", "bcdef")) + "]"
+    assert refused({"j": f"${{oc.create:'{laughs}'}}"}) == (
+        "j: resolving the config's interpolations (${...}) takes more than 20,000 steps by here; a config may take "
+        "at most 20,000")  # oc.create's YAML, its aliases counted before it is built
+    assert refused({"big": "x" * 600_000, "l": ["${big}"] * 20}) == (
+        "l[12]: the config's strings resolve to more than 8,388,608 characters in all by here; a config's strings "
+        "hold at most that many")
     wide = {"big": "x" * 20_000, "s": "${big}" * 60}
     assert refused(wide) == ("s: an interpolation (${...}) resolves to a string of more than 1,048,576 characters; "
                              "a config's strings hold at most that many")

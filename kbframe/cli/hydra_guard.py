@@ -58,8 +58,8 @@ import re
 from pathlib import PurePosixPath
 
 from ..errors import ConfigError
-from ..yaml_values import (MAX_YAML_VALUES, YamlRefused, check_resolves, checked_values, container_values,
-                           read_yaml_text)
+from ..yaml_values import (MAX_YAML_VALUES, YamlRefused, check_resolves, checked_values, composition_budget,
+                           container_values, read_yaml_text)
 
 #: a config group choice: a plain name (no path separator, no '..')
 _CHOICE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")
@@ -396,9 +396,13 @@ def _entry_text(d) -> str:
 
 #: the values of each config file read from a folder so far for the config being composed
 _values_read: dict[str, int] = {}
-#: the values of each config merged so far into the config being composed (by config path),
-#: and under None their sum, each config counted each time it is merged
-_values_merged: dict[str | None, int] = {}
+#: the values of each config merged into the config being composed (by config path)
+_values_merged: dict[str, int] = {}
+#: the config being composed so far: its values, each config counted each time it is
+#: merged, and its merges
+_merged = {"values": 0, "merges": 0}
+#: configs one composition merges (kbframe's own: a few dozen, Hydra's included)
+MAX_MERGES = 256
 
 
 def _file_to_read(repo, config_path: str) -> str | None:
@@ -482,6 +486,20 @@ def _null_parent(cfg, key: str) -> str:
     return ".".join(parts[:-1]) or key
 
 
+def _check_hydra_resolves(cfg) -> None:
+    """:func:`~kbframe.yaml_values.check_resolves` on Hydra's section of ``cfg``, with
+    ``${hydra:...}`` answered from it, as Hydra answers it once it runs a job (the text of the
+    overrides it records is not resolved)."""
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf
+    hc = HydraConfig.instance()
+    saved, hc.cfg = hc.cfg, OmegaConf.masked_copy(cfg, "hydra")
+    try:
+        check_resolves(cfg.hydra, "hydra", skip=("hydra.overrides",))
+    finally:
+        hc.cfg = saved
+
+
 def install() -> None:
     """Wrap Hydra's config loader so that every composed config is checked, and its config
     repository so that every file's defaults list is checked as it is read (idempotent)."""
@@ -542,7 +560,14 @@ def install() -> None:
         if n is None:  # a config's own values, counted once: its text is the same each time
             n = _values_merged[default.config_path] = container_values(
                 OmegaConf.to_container(res.config, resolve=False))
-        _values_merged[None] = total = _values_merged.get(None, 0) + n
+        _merged["values"] += n
+        _merged["merges"] += 1
+        total = _merged["values"]
+        if _merged["merges"] > MAX_MERGES:  # each merge walks the config so far: their cost grows as their square
+            where = _file_to_read(repo, default.config_path) or default.config_path
+            raise ConfigCompositionException(
+                f"config '{where}': the config merges more than {MAX_MERGES} configs (each as many times as a "
+                f"defaults list names it); a config merges at most {MAX_MERGES}")
         if total > MAX_YAML_VALUES:
             where = _file_to_read(repo, default.config_path) or default.config_path
             raise ConfigCompositionException(
@@ -555,10 +580,21 @@ def install() -> None:
     def load_configuration(self, config_name, overrides, run_mode, *args, **kwargs):
         _values_read.clear()  # the files of one composed config count together
         _values_merged.clear()
-        cfg = original(self, config_name, overrides, run_mode, *args, **kwargs)
+        _merged.update(values=0, merges=0)
+        try:
+            with composition_budget():
+                cfg = original(self, config_name, overrides, run_mode, *args, **kwargs)
+        except ConfigError as e:
+            raise ConfigCompositionException(str(e)) from None
+        except KeyError as e:  # hydra.job.env_copy names a variable the environment does not have
+            name = e.args[0] if e.args else ""
+            if not isinstance(name, str) or name in os.environ:
+                raise
+            raise ConfigCompositionException(f"hydra.job.env_copy: environment variable '{name}' is not set (env_copy "
+                                             f"copies variables of this environment into the job's)") from None
         if "hydra" in cfg:
             try:  # before Hydra resolves hydra.run.dir, hydra.job.env_set ... unchecked
-                check_resolves(cfg.hydra, "hydra", skip=("hydra.overrides",))
+                _check_hydra_resolves(cfg)
             except ConfigError as e:
                 raise ConfigCompositionException(str(e)) from None
             try:
