@@ -16,7 +16,7 @@ keys of ten ``${...}`` each, every one naming the key before it, resolve to ten 
 values, and OmegaConf resolves them one at a time; a key or a resolver's argument may be
 computed as it resolves, so no count on the unresolved config can follow them all.
 :func:`check_resolves` resolves the config once with OmegaConf itself, counting what it
-spends (values, interpolations resolved, a string's characters), and stops at the limit.
+spends (values, steps of resolution, characters), and stops at the first limit.
 """
 from __future__ import annotations
 
@@ -139,7 +139,8 @@ _CHARS_PER_STEP = 200
 
 
 class _Budget:
-    """What OmegaConf's resolutions under :func:`check_resolves` may still spend."""
+    """What OmegaConf's resolutions under :func:`check_resolves` or :func:`composition_budget` may
+    still spend."""
 
     #: the budget of the check running now; None: resolutions are not counted
     active: _Budget | None = None
