@@ -588,7 +588,13 @@ def install() -> None:
             raise ConfigCompositionException(str(e)) from None
         except KeyError as e:  # hydra.job.env_copy names a variable the environment does not have
             name = e.args[0] if e.args else ""
-            if not isinstance(name, str) or name in os.environ:
+            files, tb = [], e.__traceback__
+            while tb is not None:
+                files.append(tb.tb_frame.f_code.co_filename)
+                tb = tb.tb_next
+            from_environ = (files[-1] in (os.__file__, "<frozen os>")  # os.environ[name], in Hydra's loader
+                            and any(f.endswith("config_loader_impl.py") for f in files))
+            if not isinstance(name, str) or name in os.environ or not from_environ:
                 raise
             raise ConfigCompositionException(f"hydra.job.env_copy: environment variable '{name}' is not set (env_copy "
                                              f"copies variables of this environment into the job's)") from None
