@@ -1,8 +1,9 @@
 """How many values a config stands for, checked before anything builds or resolves them:
 a YAML file's aliases expanded (the config files Hydra reads from folders on its search
 path, kbframe.cli.hydra_guard; a sweep's files a report tool reads,
-kbframe.report.sweep_jobs), and a composed config's interpolations resolved
-(kbframe.cli.checks, kbframe.cli.search_space).
+kbframe.report.sweep_jobs), and a composed config's interpolations resolved (Hydra's own
+section and what Hydra resolves as it composes, kbframe.cli.hydra_guard; each run,
+kbframe.cli.checks; a sweep, kbframe.cli.search_space; a report's files).
 
 A YAML alias (``*a``) repeats the node its anchor (``&a``) names, so a few lines of aliases
 of aliases stand for billions of values ("billion laughs"). PyYAML composes the file as a
@@ -222,6 +223,25 @@ def _created_values(text: str) -> int:
 
 
 @contextmanager
+def _counted(message):
+    """Count OmegaConf's resolutions inside the block (:class:`_Budget`, yielded); when the
+    budget runs out, raise ConfigError with ``message(why)``, whatever OmegaConf or Hydra
+    made of the stop inside."""
+    _install()
+    budget = _Budget()
+    previous, _Budget.active = _Budget.active, budget
+    try:
+        yield budget
+        if budget.over is not None:  # the stop was swallowed inside
+            raise _Spent(budget.over)
+    except Exception:  # noqa: BLE001 (_Spent, or an error wrapping it)
+        if budget.over is None:
+            raise
+        raise ConfigError(message(budget.over)) from None
+    finally:
+        _Budget.active = previous
+
+
 def composition_budget():
     """Count the resolutions Hydra makes while it composes a config (it resolves some keys
     of its own section, ``hydra.job.env_copy`` and ``override_dirname``'s, before any check).
@@ -229,22 +249,10 @@ def composition_budget():
     Raises:
         ConfigError: one line when the budget ran out.
     """
-    _install()
-    budget = _Budget()
-    previous, _Budget.active = _Budget.active, budget
-    try:
-        yield
-        if budget.over is not None:  # Hydra swallowed it
-            raise _Spent(budget.over)
-    except Exception:
-        if budget.over is None:
-            raise
-        if budget.over == "steps":
-            raise ConfigError(f"composing the config, Hydra's resolving of its interpolations (${{...}}) takes more "
-                              f"than {MAX_RESOLUTIONS:,} steps; a config may take at most {MAX_RESOLUTIONS:,}") from None
-        raise ConfigError(_spent_message("hydra", budget.over)) from None
-    finally:
-        _Budget.active = previous
+    return _counted(lambda why: (
+        f"composing the config, Hydra's resolving of its interpolations (${{...}}) takes more than "
+        f"{MAX_RESOLUTIONS:,} steps; a config may take at most {MAX_RESOLUTIONS:,}" if why == "steps"
+        else _spent_message("hydra", why)))
 
 
 def check_resolves(cfg, at: str = "", skip: tuple = ()) -> None:
@@ -270,10 +278,8 @@ def check_resolves(cfg, at: str = "", skip: tuple = ()) -> None:
             return [(f"{key}[{i}]", node, i) for i in range(len(node))]
         return []
 
-    _install()
-    budget, values, chars, key = _Budget(), 0, 0, at
-    previous, _Budget.active = _Budget.active, budget
-    try:
+    values, chars, key = 0, 0, at
+    with _counted(lambda why: _spent_message(key, why)) as budget:
         stack = children(at, cfg)[::-1]
         while stack:
             key, parent, k = stack.pop()
@@ -295,12 +301,6 @@ def check_resolves(cfg, at: str = "", skip: tuple = ()) -> None:
                     budget.over = "total"
                     raise _Spent(budget.over)
             stack.extend(children(key, value)[::-1])
-    except Exception:  # noqa: BLE001 (_Spent, or OmegaConf's error wrapping it)
-        if budget.over is None:
-            raise
-        raise ConfigError(_spent_message(key, budget.over)) from None
-    finally:
-        _Budget.active = previous
 
 
 def container_values(node) -> int:
